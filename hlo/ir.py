@@ -1,0 +1,407 @@
+"""The HLO graph: ``Instruction``, ``Computation``, ``Module``.
+
+Invariants kept by every mutation method here (and checked by ``hlo.verify``):
+- ``inst.users`` lists each instruction that uses ``inst`` exactly once, in insertion order;
+- every operand belongs to the same computation as its user;
+- a computation's ``instructions`` are in an order where operands come before users (the
+  order is the schedule when the module ``is_scheduled``);
+- instruction and computation names are unique within the module.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterable, Iterator, Optional
+
+import numpy as np
+
+from .attrs import COMPUTATION_ATTRS, FrontendAttributes, Metadata
+from .errors import HlotkError
+from .ops import OpDef, get_op
+from .shape import AnyShape, Shape, TupleShape
+
+
+class IRError(HlotkError):
+    """Misuse of the IR API (e.g. removing an instruction that still has users)."""
+
+
+_ids = itertools.count()
+
+
+class Instruction:
+    """One HLO instruction. ``attrs`` holds everything XLA prints after the operands."""
+
+    __slots__ = ("name", "opcode", "operands", "shape", "attrs", "users", "parent",
+                 "literal", "parameter_number", "control_predecessors", "uid", "__weakref__")
+
+    def __init__(self, opcode: str, operands: Iterable["Instruction"], shape: AnyShape,
+                 attrs: Optional[dict[str, Any]] = None, name: Optional[str] = None,
+                 literal: Optional[np.ndarray] = None, parameter_number: Optional[int] = None):
+        get_op(opcode)  # raises on an unknown opcode
+        self.opcode = opcode
+        self.operands: list[Instruction] = []
+        self.shape = shape
+        self.attrs: dict[str, Any] = dict(attrs or {})
+        self.users: list[Instruction] = []
+        self.parent: Optional[Computation] = None
+        self.name = name or ""
+        # constant: a numpy array of the shape's dtype/dims (tuple of arrays for tuple
+        # constants); None when XLA elided it as ``{...}``.
+        self.literal = literal
+        self.parameter_number = parameter_number
+        self.control_predecessors: list[Instruction] = []
+        self.uid = next(_ids)
+        for op in operands:
+            self._append_operand(op)
+
+    # --- structure ----------------------------------------------------------------------
+    @property
+    def op(self) -> OpDef:
+        return get_op(self.opcode)
+
+    def _append_operand(self, op: "Instruction") -> None:
+        if not isinstance(op, Instruction):
+            raise IRError(f"operand of {self.opcode} must be an Instruction, got {type(op).__name__}")
+        self.operands.append(op)
+        if self not in op.users:
+            op.users.append(self)
+
+    def replace_operand(self, index: int, new: "Instruction") -> None:
+        old = self.operands[index]
+        self.operands[index] = new
+        if self not in new.users:
+            new.users.append(self)
+        if old is not new and all(o is not old for o in self.operands):
+            old.users.remove(self)
+
+    def replace_operand_with(self, old: "Instruction", new: "Instruction") -> None:
+        """Replace every occurrence of ``old`` among the operands with ``new``."""
+        for i, o in enumerate(self.operands):
+            if o is old:
+                self.replace_operand(i, new)
+
+    def replace_all_uses_with(self, new: "Instruction") -> None:
+        """Every user of self uses ``new`` instead; if self is a root, ``new`` becomes root."""
+        if new is self:
+            return
+        for user in list(self.users):
+            user.replace_operand_with(self, new)
+        if self.parent is not None and self.parent.root is self:
+            self.parent.root = new
+
+    def drop_operands(self) -> None:
+        for o in self.operands:
+            if self in o.users:
+                o.users.remove(self)
+        self.operands = []
+
+    @property
+    def called_computations(self) -> list["Computation"]:
+        out: list[Computation] = []
+        for key in COMPUTATION_ATTRS:
+            v = self.attrs.get(key)
+            if isinstance(v, Computation):
+                out.append(v)
+            elif isinstance(v, (tuple, list)):
+                out.extend(c for c in v if isinstance(c, Computation))
+        return out
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is not None and self.parent.root is self
+
+    @property
+    def metadata(self) -> Metadata:
+        return self.attrs.get("metadata") or Metadata()
+
+    @property
+    def sharding(self) -> Any:
+        return self.attrs.get("sharding")
+
+    @property
+    def frontend_attributes(self) -> FrontendAttributes:
+        return self.attrs.get("frontend_attributes") or FrontendAttributes()
+
+    @property
+    def is_side_effecting(self) -> bool:
+        if self.opcode == "custom-call":
+            return bool(self.attrs.get("custom_call_has_side_effect"))
+        return self.op.side_effecting
+
+    def to_text(self, **options: Any) -> str:
+        from .text.printer import print_instruction
+        return print_instruction(self, **options)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def __repr__(self) -> str:
+        return f"<Instruction %{self.name} = {self.shape} {self.opcode}>"
+
+
+class Computation:
+    """A list of instructions with parameters and a root; the entry or a called body."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.instructions: list[Instruction] = []
+        self.parameters: list[Instruction] = []   # by parameter number
+        self.root: Optional[Instruction] = None
+        self.parent: Optional[Module] = None
+        # The fusion instruction this computation is the body of, if any.
+        self.fusion_instruction: Optional[Instruction] = None
+        # True when parsed with ``execution_thread=...`` etc.; extra signature text verbatim.
+        self.extra_attrs: str = ""
+
+    # --- building -----------------------------------------------------------------------
+    def add_instruction(self, inst: Instruction, name: Optional[str] = None) -> Instruction:
+        """Append ``inst`` (its operands must already be in this computation)."""
+        if inst.parent is not None:
+            raise IRError(f"%{inst.name} already belongs to %{inst.parent.name}")
+        for o in inst.operands:
+            if o.parent is not self:
+                raise IRError(f"operand %{o.name} of new {inst.opcode} is not in %{self.name}")
+        inst.parent = self
+        if name is not None:
+            inst.name = name
+        if self.parent is not None:
+            inst.name = self.parent.unique_name(inst.name or inst.opcode.replace("-", "_"))
+        elif not inst.name:
+            inst.name = f"{inst.opcode.replace('-', '_')}.{inst.uid}"
+        if inst.opcode == "parameter":
+            n = inst.parameter_number
+            if n is None:
+                n = inst.parameter_number = len(self.parameters)
+            while len(self.parameters) <= n:
+                self.parameters.append(None)  # type: ignore[arg-type]
+            if self.parameters[n] is not None:
+                raise IRError(f"%{self.name} already has parameter({n}): %{self.parameters[n].name}")
+            self.parameters[n] = inst
+        self.instructions.append(inst)
+        return inst
+
+    def insert_before(self, inst: Instruction, anchor: Instruction) -> Instruction:
+        """Add ``inst`` and place it just before ``anchor`` in the instruction order."""
+        self.add_instruction(inst)
+        self.instructions.remove(inst)
+        self.instructions.insert(self.instructions.index(anchor), inst)
+        return inst
+
+    def remove_instruction(self, inst: Instruction) -> None:
+        if inst.users:
+            raise IRError(f"cannot remove %{inst.name}: still used by "
+                          + ", ".join("%" + u.name for u in inst.users))
+        if inst is self.root:
+            raise IRError(f"cannot remove the root %{inst.name} of %{self.name}")
+        if inst.opcode == "parameter":
+            raise IRError(f"cannot remove parameter %{inst.name}")
+        inst.drop_operands()
+        for other in self.instructions:
+            if inst in other.control_predecessors:
+                other.control_predecessors.remove(inst)
+        self.instructions.remove(inst)
+        if self.parent is not None:
+            self.parent._names.discard(inst.name)
+        inst.parent = None
+
+    def replace_all_uses_with(self, old: Instruction, new: Instruction) -> None:
+        old.replace_all_uses_with(new)
+
+    def replace_instruction(self, old: Instruction, new: Instruction) -> None:
+        """Use ``new`` (added if needed) in place of ``old`` and remove ``old``."""
+        if new.parent is None:
+            self.insert_before(new, old)
+        old.replace_all_uses_with(new)
+        self.remove_instruction(old)
+
+    def remove_dead(self) -> int:
+        """Remove instructions that do not reach the root and have no side effects."""
+        live: set[int] = set()
+        stack = [self.root] if self.root is not None else []
+        stack += [i for i in self.instructions if i.is_side_effecting or i.opcode == "parameter"]
+        while stack:
+            i = stack.pop()
+            if id(i) in live:
+                continue
+            live.add(id(i))
+            stack.extend(i.operands)
+            stack.extend(i.control_predecessors)
+        removed = 0
+        for inst in reversed(list(self.instructions)):
+            if id(inst) not in live:
+                inst.drop_operands()
+                self.instructions.remove(inst)
+                if self.parent is not None:
+                    self.parent._names.discard(inst.name)
+                inst.parent = None
+                removed += 1
+        for inst in self.instructions:
+            for u in list(inst.users):
+                if u.parent is not self:
+                    inst.users.remove(u)
+        return removed
+
+    # --- queries ------------------------------------------------------------------------
+    def post_order(self) -> list[Instruction]:
+        """Instructions in an order where operands (and control predecessors) come first."""
+        seen: set[int] = set()
+        order: list[Instruction] = []
+        for start in self.instructions:
+            if id(start) in seen:
+                continue
+            stack: list[tuple[Instruction, bool]] = [(start, False)]
+            while stack:
+                inst, done = stack.pop()
+                if done:
+                    order.append(inst)
+                    continue
+                if id(inst) in seen:
+                    continue
+                seen.add(id(inst))
+                stack.append((inst, True))
+                for o in reversed(inst.operands + inst.control_predecessors):
+                    if id(o) not in seen:
+                        stack.append((o, False))
+        return order
+
+    @property
+    def parameter_shapes(self) -> list[AnyShape]:
+        return [p.shape for p in self.parameters]
+
+    @property
+    def result_shape(self) -> AnyShape:
+        assert self.root is not None
+        return self.root.shape
+
+    @property
+    def is_entry(self) -> bool:
+        return self.parent is not None and self.parent.entry is self
+
+    def get(self, name: str) -> Instruction:
+        for i in self.instructions:
+            if i.name == name:
+                return i
+        raise KeyError(f"no instruction %{name} in %{self.name}")
+
+    def __iter__(self) -> Iterator[Instruction]:
+        return iter(self.instructions)
+
+    def __len__(self) -> int:
+        return len(self.instructions)
+
+    def to_text(self, **options: Any) -> str:
+        from .text.printer import print_computation
+        return print_computation(self, **options)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def __repr__(self) -> str:
+        return f"<Computation %{self.name}: {len(self.instructions)} instructions>"
+
+
+class Module:
+    """An HLO module: computations (called ones first, as XLA prints them) and an entry."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.computations: list[Computation] = []
+        self.entry: Optional[Computation] = None
+        # Header attributes after the name (``is_scheduled``, ``entry_computation_layout``,
+        # ``input_output_alias``, ``replica_count``, ``num_partitions``,
+        # ``frontend_attributes`` ...): name -> typed value or attrs.Raw, printing order.
+        self.config: dict[str, Any] = {}
+        # ``FileNames``/``FunctionNames``/``FileLocations``/``StackFrames`` sections: kept as
+        # parsed lines (``id -> text``) so metadata's stack_frame_id stays meaningful.
+        self.sections: dict[str, list[tuple[int, str]]] = {}
+        self._names: set[str] = set()
+
+    def unique_name(self, base: str) -> str:
+        """``base`` if unused in this module, else ``base.N`` for the first free N."""
+        name = base
+        if name in self._names:
+            stem = base
+            n = 1
+            while f"{stem}.{n}" in self._names:
+                n += 1
+            name = f"{stem}.{n}"
+        self._names.add(name)
+        return name
+
+    def add_computation(self, comp: Computation, entry: bool = False) -> Computation:
+        if comp.parent is not None and comp.parent is not self:
+            raise IRError(f"computation %{comp.name} belongs to another module")
+        if comp in self.computations:
+            raise IRError(f"computation %{comp.name} already in module")
+        comp.parent = self
+        comp.name = self.unique_name(comp.name)
+        for inst in comp.instructions:
+            if inst.name in self._names:
+                inst.name = self.unique_name(inst.name)
+            else:
+                self._names.add(inst.name)
+        self.computations.append(comp)
+        if entry:
+            self.entry = comp
+            # The entry prints last.
+            self.computations.remove(comp)
+            self.computations.append(comp)
+        return comp
+
+    def remove_computation(self, comp: Computation) -> None:
+        if comp is self.entry:
+            raise IRError("cannot remove the entry computation")
+        self.computations.remove(comp)
+        comp.parent = None
+
+    def computation(self, name: str) -> Computation:
+        for c in self.computations:
+            if c.name == name:
+                return c
+        raise KeyError(f"no computation %{name} in module {self.name}")
+
+    def reachable_computations(self) -> list[Computation]:
+        """Computations reachable from the entry, callees before callers."""
+        order: list[Computation] = []
+        seen: set[int] = set()
+
+        def visit(c: Computation) -> None:
+            if id(c) in seen:
+                return
+            seen.add(id(c))
+            for inst in c.instructions:
+                for callee in inst.called_computations:
+                    visit(callee)
+            order.append(c)
+        if self.entry is not None:
+            visit(self.entry)
+        return order
+
+    def remove_unreachable_computations(self) -> int:
+        keep = {id(c) for c in self.reachable_computations()}
+        dead = [c for c in self.computations if id(c) not in keep]
+        for c in dead:
+            self.remove_computation(c)
+        return len(dead)
+
+    def all_instructions(self) -> Iterator[Instruction]:
+        for c in self.computations:
+            yield from c.instructions
+
+    @property
+    def is_scheduled(self) -> bool:
+        return bool(self.config.get("is_scheduled"))
+
+    def clone(self) -> "Module":
+        """A deep copy (through the text format, which is lossless for hlotk's IR)."""
+        from .text.parser import parse_hlo
+        return parse_hlo(self.to_text())
+
+    def to_text(self, **options: Any) -> str:
+        from .text.printer import print_module
+        return print_module(self, **options)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def __repr__(self) -> str:
+        return f"<Module {self.name}: {len(self.computations)} computations>"

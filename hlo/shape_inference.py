@@ -1,0 +1,1 @@
+"""Shape inference rules (being written)."""

@@ -1,0 +1,1 @@
+"""HLO text format: printer and parser."""

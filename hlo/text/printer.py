@@ -1,0 +1,1 @@
+"""HLO text printer (being written)."""
