@@ -314,6 +314,9 @@ class Module:
         # parsed lines (``id -> text``) so metadata's stack_frame_id stays meaningful.
         self.sections: dict[str, list[tuple[int, str]]] = {}
         self._names: set[str] = set()
+        # Computation names live apart from instruction names, as in XLA (a computation
+        # %fft.1 and an instruction %fft.1 may coexist in one module).
+        self._computation_names: set[str] = set()
 
     def unique_name(self, base: str) -> str:
         """``base`` if unused in this module, else ``base.N`` for the first free N."""
@@ -327,13 +330,22 @@ class Module:
         self._names.add(name)
         return name
 
+    def unique_computation_name(self, base: str) -> str:
+        """Like ``unique_name``, among computation names."""
+        name, n = base, 1
+        while name in self._computation_names:
+            name = f"{base}.{n}"
+            n += 1
+        self._computation_names.add(name)
+        return name
+
     def add_computation(self, comp: Computation, entry: bool = False) -> Computation:
         if comp.parent is not None and comp.parent is not self:
             raise IRError(f"computation %{comp.name} belongs to another module")
         if comp in self.computations:
             raise IRError(f"computation %{comp.name} already in module")
         comp.parent = self
-        comp.name = self.unique_name(comp.name)
+        comp.name = self.unique_computation_name(comp.name)
         for inst in comp.instructions:
             if inst.name in self._names:
                 inst.name = self.unique_name(inst.name)
@@ -351,6 +363,7 @@ class Module:
         if comp is self.entry:
             raise IRError("cannot remove the entry computation")
         self.computations.remove(comp)
+        self._computation_names.discard(comp.name)
         comp.parent = None
 
     def computation(self, name: str) -> Computation:

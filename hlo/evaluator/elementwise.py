@@ -1,1 +1,544 @@
-"""(rules registered here)"""
+"""Elementwise ops with XLA's exact semantics.
+
+Integers wrap (two's complement) at every width, division by zero and INT_MIN / -1 give
+XLA's fixed answers, shifts saturate, narrow floats are computed in f32 and rounded back
+after every op (XLA:CPU), maximum/minimum propagate NaN and order -0 below +0.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import dtypes as dt
+from ..dtypes import DType
+from ..errors import EvaluationError, UnimplementedError
+from ..ir import Instruction
+from ..ops import rule
+from .numerics import (compute_dtype, float_op, from_bits, hlo_dtype, int_range,
+                       reduce_precision, round_half_away, to_bits, widen, wrap_int)
+
+
+def _out_dtype(inst: Instruction) -> DType:
+    return inst.shape.dtype
+
+
+def _int_op(fn: Callable[..., np.ndarray], dtype: DType, *args: np.ndarray) -> np.ndarray:
+    """Integer op computed wide, then wrapped into ``dtype``."""
+    with np.errstate(all="ignore"):
+        return wrap_int(fn(*[widen(np.asarray(a)) for a in args]), dtype)
+
+
+def _arith(inst: Instruction, ops: list, float_fn, int_fn=None, complex_fn=None,
+           pred_fn=None) -> np.ndarray:
+    """Dispatch an arithmetic op on the operands' element type."""
+    dtype = hlo_dtype(np.asarray(ops[0]))
+    if dtype.is_float:
+        return float_op(float_fn, dtype, *ops)
+    if dtype.is_complex:
+        with np.errstate(all="ignore"):
+            return np.asarray((complex_fn or float_fn)(*ops)).astype(dtype.np_dtype)
+    if dtype.is_integer and int_fn is not None:
+        return _int_op(int_fn, dtype, *ops)
+    if dtype.is_pred and pred_fn is not None:
+        return np.asarray(pred_fn(*ops)).astype(np.bool_)
+    raise EvaluationError(f"{inst.opcode} is not defined for element type {dtype}")
+
+
+# --- simple binary arithmetic -------------------------------------------------------------
+@rule("evaluate", "add")
+def _add(inst, ops, ctx):
+    return _arith(inst, ops, np.add, np.add, pred_fn=np.logical_or)
+
+
+@rule("evaluate", "subtract")
+def _subtract(inst, ops, ctx):
+    return _arith(inst, ops, np.subtract, np.subtract)
+
+
+@rule("evaluate", "multiply")
+def _multiply(inst, ops, ctx):
+    return _arith(inst, ops, np.multiply, np.multiply, pred_fn=np.logical_and)
+
+
+def _int_divide(a: np.ndarray, b: np.ndarray, dtype: DType) -> np.ndarray:
+    """XLA: x / 0 = -1 (all ones), INT_MIN / -1 = INT_MIN, truncation toward zero."""
+    a, b = np.broadcast_arrays(widen(a), widen(b))
+    zero = b == 0
+    lo, _ = int_range(dtype)
+    overflow = (a == lo) & (b == -1) if dtype.kind == "sint" else np.zeros_like(zero)
+    safe_b = np.where(zero | overflow, 1, b).astype(b.dtype)
+    with np.errstate(all="ignore"):
+        q = a // safe_b
+        if dtype.kind == "sint":
+            # numpy floors; XLA truncates toward zero.
+            q = np.where((np.fmod(a, safe_b) != 0) & ((a < 0) != (safe_b < 0)), q + 1, q)
+    q = np.where(zero, -1 if dtype.kind == "sint" else np.uint64(2**64 - 1) if a.dtype == np.uint64
+                 else (1 << dtype.bits) - 1, q)
+    q = np.where(overflow, lo, q)
+    return wrap_int(q, dtype)
+
+
+def _int_remainder(a: np.ndarray, b: np.ndarray, dtype: DType) -> np.ndarray:
+    """XLA: x % 0 = x, INT_MIN % -1 = 0, the result has the dividend's sign."""
+    a, b = np.broadcast_arrays(widen(a), widen(b))
+    zero = b == 0
+    safe_b = np.where(zero | ((b == -1) if dtype.kind == "sint" else zero), 1, b).astype(b.dtype)
+    with np.errstate(all="ignore"):
+        r = np.fmod(a, safe_b)
+    return wrap_int(np.where(zero, a, r), dtype)
+
+
+@rule("evaluate", "divide")
+def _divide(inst, ops, ctx):
+    dtype = hlo_dtype(ops[0])
+    if dtype.is_integer:
+        return _int_divide(ops[0], ops[1], dtype)
+    return _arith(inst, ops, np.divide)
+
+
+@rule("evaluate", "remainder")
+def _remainder(inst, ops, ctx):
+    dtype = hlo_dtype(ops[0])
+    if dtype.is_integer:
+        return _int_remainder(ops[0], ops[1], dtype)
+    return _arith(inst, ops, np.fmod)
+
+
+def _int_power(base: np.ndarray, exponent: np.ndarray, dtype: DType) -> np.ndarray:
+    """XLA's integer pow: square-and-multiply over the exponent's low 6 bits (any larger
+    exponent overflows anyway); a negative exponent gives 1 for base 1, else 0."""
+    b, e = np.broadcast_arrays(widen(base), widen(exponent))
+    acc = np.ones_like(b)
+    cur = b.copy()
+    bits = to_bits(wrap_int(e, dtype)).astype(np.uint64)
+    with np.errstate(all="ignore"):
+        for _ in range(6):
+            acc = np.where((bits & np.uint64(1)) == 1, wrap_int(acc * cur, dtype).astype(acc.dtype),
+                           acc)
+            cur = wrap_int(cur * cur, dtype).astype(cur.dtype)
+            bits = bits >> np.uint64(1)
+    negative = (e < 0) if dtype.kind == "sint" else np.zeros(e.shape, bool)
+    return wrap_int(np.where(negative, np.where(b == 1, 1, 0), acc), dtype)
+
+
+@rule("evaluate", "power")
+def _power(inst, ops, ctx):
+    dtype = hlo_dtype(ops[0])
+    if dtype.is_integer:
+        return _int_power(ops[0], ops[1], dtype)
+    return _arith(inst, ops, np.power)
+
+
+@rule("evaluate", "atan2")
+def _atan2(inst, ops, ctx):
+    dtype = hlo_dtype(ops[0])
+    if dtype.is_complex:
+        # StableHLO: atan2 on complex is -i * log((x + i*y) / sqrt(x*x + y*y)).
+        x, y = ops[1], ops[0]
+        with np.errstate(all="ignore"):
+            return (-1j * np.log((x + 1j * y) / np.sqrt(x * x + y * y))).astype(dtype.np_dtype)
+    return _arith(inst, ops, np.arctan2)
+
+
+def _float_max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """NaN-propagating maximum with -0 < +0 (what XLA:CPU returns)."""
+    a, b = np.broadcast_arrays(a, b)
+    pick_a = (a > b) | ((a == b) & ~np.signbit(a))
+    out = np.where(pick_a, a, b)
+    return np.where(np.isnan(a), a, np.where(np.isnan(b), b, out))
+
+
+def _float_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = np.broadcast_arrays(a, b)
+    pick_a = (a < b) | ((a == b) & np.signbit(a))
+    out = np.where(pick_a, a, b)
+    return np.where(np.isnan(a), a, np.where(np.isnan(b), b, out))
+
+
+def _complex_lex(fn_name: str):
+    # XLA orders complex numbers lexicographically (real part, then imaginary) for max/min.
+    def f(a, b):
+        a, b = np.broadcast_arrays(a, b)
+        a_first = (a.real > b.real) | ((a.real == b.real) & (a.imag >= b.imag))
+        if fn_name == "min":
+            a_first = (a.real < b.real) | ((a.real == b.real) & (a.imag <= b.imag))
+        return np.where(a_first, a, b)
+    return f
+
+
+@rule("evaluate", "maximum")
+def _maximum(inst, ops, ctx):
+    return _arith(inst, ops, _float_max, np.maximum, _complex_lex("max"), np.logical_or)
+
+
+@rule("evaluate", "minimum")
+def _minimum(inst, ops, ctx):
+    return _arith(inst, ops, _float_min, np.minimum, _complex_lex("min"), np.logical_and)
+
+
+@rule("evaluate", "clamp")
+def _clamp(inst, ops, ctx):
+    lo, x, hi = ops
+    dtype = hlo_dtype(x)
+    if dtype.is_float:
+        return float_op(lambda l, v, h: _float_min(h, _float_max(l, v)), dtype, lo, x, hi)
+    if dtype.is_integer:
+        return np.minimum(hi, np.maximum(lo, x)).astype(dtype.np_dtype)
+    if dtype.is_pred:
+        return np.logical_and(hi, np.logical_or(lo, x))
+    raise EvaluationError(f"clamp is not defined for {dtype}")
+
+
+# --- logical / bitwise ---------------------------------------------------------------------
+def _bitwise(inst, ops, np_fn, pred_fn):
+    dtype = hlo_dtype(ops[0])
+    if dtype.is_pred:
+        return pred_fn(*ops)
+    if dtype.is_integer:
+        return _int_op(np_fn, dtype, *ops)
+    raise EvaluationError(f"{inst.opcode} is not defined for element type {dtype}")
+
+
+@rule("evaluate", "and")
+def _and(inst, ops, ctx):
+    return _bitwise(inst, ops, np.bitwise_and, np.logical_and)
+
+
+@rule("evaluate", "or")
+def _or(inst, ops, ctx):
+    return _bitwise(inst, ops, np.bitwise_or, np.logical_or)
+
+
+@rule("evaluate", "xor")
+def _xor(inst, ops, ctx):
+    return _bitwise(inst, ops, np.bitwise_xor, np.logical_xor)
+
+
+@rule("evaluate", "not")
+def _not(inst, ops, ctx):
+    return _bitwise(inst, ops, np.invert, np.logical_not)
+
+
+def _shift_amount(rhs: np.ndarray, dtype: DType) -> tuple[np.ndarray, np.ndarray]:
+    """(amount clamped to [0, 63], mask of amounts >= bit width); rhs read as unsigned."""
+    u = to_bits(rhs).astype(np.uint64)
+    too_big = u >= np.uint64(dtype.bits)
+    return np.where(too_big, np.uint64(0), u), too_big
+
+
+@rule("evaluate", "shift-left")
+def _shl(inst, ops, ctx):
+    lhs, rhs = np.broadcast_arrays(*ops)
+    dtype = hlo_dtype(lhs)
+    amount, too_big = _shift_amount(rhs, dtype)
+    bits = to_bits(lhs).astype(np.uint64) << amount
+    out = from_bits(bits & np.uint64((1 << dtype.bits) - 1), dtype)
+    return np.where(too_big, np.zeros((), dtype.np_dtype), out).astype(dtype.np_dtype)
+
+
+@rule("evaluate", "shift-right-logical")
+def _shrl(inst, ops, ctx):
+    lhs, rhs = np.broadcast_arrays(*ops)
+    dtype = hlo_dtype(lhs)
+    amount, too_big = _shift_amount(rhs, dtype)
+    out = from_bits(to_bits(lhs).astype(np.uint64) >> amount, dtype)
+    return np.where(too_big, np.zeros((), dtype.np_dtype), out).astype(dtype.np_dtype)
+
+
+@rule("evaluate", "shift-right-arithmetic")
+def _shra(inst, ops, ctx):
+    lhs, rhs = np.broadcast_arrays(*ops)
+    dtype = hlo_dtype(lhs)
+    amount, too_big = _shift_amount(rhs, dtype)
+    # Read the bits as a signed number of the same width, shift in int64 (sign-filling).
+    bits = to_bits(lhs).astype(np.int64) if dtype.bits < 64 else to_bits(lhs).view(np.int64)
+    if dtype.bits < 64:
+        bits = np.where(bits >= (1 << (dtype.bits - 1)), bits - (1 << dtype.bits), bits)
+    shifted = bits >> np.where(too_big, np.uint64(63), amount).astype(np.int64)
+    return wrap_int(shifted, dtype)
+
+
+@rule("evaluate", "popcnt")
+def _popcnt(inst, ops, ctx):
+    dtype = hlo_dtype(ops[0])
+    counts = np.bitwise_count(to_bits(ops[0]))
+    return wrap_int(counts.astype(np.int64), dtype)
+
+
+@rule("evaluate", "count-leading-zeros")
+def _clz(inst, ops, ctx):
+    dtype = hlo_dtype(ops[0])
+    u = to_bits(ops[0]).astype(np.uint64)
+    length = np.zeros(u.shape, np.int64)   # bit length, by binary search
+    for step in (32, 16, 8, 4, 2, 1):
+        big = u >= (np.uint64(1) << np.uint64(step))
+        u = np.where(big, u >> np.uint64(step), u)
+        length += np.where(big, step, 0)
+    length += (u > 0).astype(np.int64)
+    return wrap_int(dtype.bits - length, dtype)
+
+
+# --- unary ---------------------------------------------------------------------------------
+@rule("evaluate", "abs")
+def _abs(inst, ops, ctx):
+    x = ops[0]
+    dtype = hlo_dtype(x)
+    if dtype.is_complex:
+        with np.errstate(all="ignore"):
+            return np.abs(x).astype(_out_dtype(inst).np_dtype)
+    if dtype.is_unsigned:
+        return x.copy()
+    return _arith(inst, ops, np.abs, np.abs)
+
+
+@rule("evaluate", "negate")
+def _negate(inst, ops, ctx):
+    return _arith(inst, ops, np.negative, np.negative)
+
+
+@rule("evaluate", "sign")
+def _sign(inst, ops, ctx):
+    x = ops[0]
+    dtype = hlo_dtype(x)
+    if dtype.is_complex:
+        with np.errstate(all="ignore"):
+            mag = np.abs(x)
+            out = np.where(mag == 0, 0, x / np.where(mag == 0, 1, mag))
+        return np.where(np.isnan(x.real) | np.isnan(x.imag), complex(np.nan, np.nan),
+                        out).astype(dtype.np_dtype)
+    if dtype.is_float:
+        # sign(+-0) = +-0, sign(NaN) = NaN: np.sign keeps NaN; fix up the zeros' signs.
+        return float_op(lambda v: np.where(v == 0, v, np.sign(v)), dtype, x)
+    if dtype.is_integer:
+        return _int_op(np.sign, dtype, x)
+    raise EvaluationError(f"sign is not defined for {dtype}")
+
+
+def _float_unary(np_fn: Callable, *, wide: bool = False):
+    """Rule for a float/complex unary op. ``wide``: compute f32 in f64 and round once
+    (correctly rounded, the reference for functions numpy approximates loosely)."""
+    def evaluate(inst, ops, ctx):
+        x = ops[0]
+        dtype = hlo_dtype(x)
+        if dtype.is_float:
+            if wide and dtype.bits <= 32:
+                with np.errstate(all="ignore"):
+                    return np.asarray(np_fn(x.astype(np.float64))).astype(dtype.np_dtype)
+            return float_op(np_fn, dtype, x)
+        if dtype.is_complex:
+            with np.errstate(all="ignore"):
+                return np.asarray(np_fn(x)).astype(dtype.np_dtype)
+        raise EvaluationError(f"{inst.opcode} is not defined for element type {dtype}")
+    return evaluate
+
+
+def _logistic(x: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+_erf_vec = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    return _erf_vec(x.astype(np.float64)) if x.size else x.astype(np.float64)
+
+
+def _rsqrt(x: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return 1.0 / np.sqrt(x)
+
+
+for _opcode, _fn, _wide in [
+        ("cbrt", np.cbrt, True), ("cosine", np.cos, False), ("sine", np.sin, False),
+        ("tan", np.tan, False), ("tanh", np.tanh, False), ("exponential", np.exp, False),
+        ("exponential-minus-one", np.expm1, False), ("log", np.log, False),
+        ("log-plus-one", np.log1p, False), ("sqrt", np.sqrt, False),
+        ("rsqrt", _rsqrt, True), ("logistic", _logistic, True), ("erf", _erf, True),
+        ("ceil", np.ceil, False), ("floor", np.floor, False),
+        ("round-nearest-even", np.rint, False), ("round-nearest-afz", round_half_away, False)]:
+    rule("evaluate", _opcode)(_float_unary(_fn, wide=_wide))
+
+
+@rule("evaluate", "is-finite")
+def _is_finite(inst, ops, ctx):
+    return np.isfinite(ops[0].astype(compute_dtype(hlo_dtype(ops[0]))))
+
+
+@rule("evaluate", "real")
+def _real(inst, ops, ctx):
+    x = ops[0]
+    return np.real(x).astype(_out_dtype(inst).np_dtype)
+
+
+@rule("evaluate", "imag")
+def _imag(inst, ops, ctx):
+    x = ops[0]
+    if not np.iscomplexobj(x):
+        return np.zeros_like(x)
+    return np.imag(x).astype(_out_dtype(inst).np_dtype)
+
+
+@rule("evaluate", "complex")
+def _complex(inst, ops, ctx):
+    re, im = np.broadcast_arrays(*ops)
+    out = np.empty(re.shape, _out_dtype(inst).np_dtype)
+    out.real = re
+    out.imag = im
+    return out
+
+
+@rule("evaluate", "copy")
+def _copy(inst, ops, ctx):
+    v = ops[0]
+    return v.copy() if isinstance(v, np.ndarray) else v
+
+
+@rule("evaluate", "reduce-precision")
+def _reduce_precision(inst, ops, ctx):
+    return reduce_precision(ops[0], int(inst.attrs["exponent_bits"]),
+                            int(inst.attrs["mantissa_bits"]))
+
+
+# --- select / compare --------------------------------------------------------------------
+@rule("evaluate", "select")
+def _select(inst, ops, ctx):
+    pred, on_true, on_false = ops
+    return np.where(np.asarray(pred, bool), on_true, on_false).astype(on_true.dtype)
+
+
+def _total_order_key(x: np.ndarray) -> np.ndarray:
+    """Signed integers ordered like XLA's total order: -NaN < -inf < .. < -0 < +0 < .. < NaN."""
+    dtype = hlo_dtype(x)
+    n = dtype.bits
+    if n == 64:
+        signed = to_bits(x).view(np.int64)
+    else:
+        bits = to_bits(x).astype(np.int64)
+        signed = np.where(bits >= (1 << (n - 1)), bits - (1 << n), bits)
+    # Negative floats: larger magnitude has larger bit pattern, so flip the magnitude bits.
+    return np.where(signed < 0, signed ^ np.int64((1 << (n - 1)) - 1), signed)
+
+
+_CMP = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
+        "GT": np.greater, "GE": np.greater_equal}
+
+
+@rule("evaluate", "compare")
+def _compare(inst, ops, ctx):
+    direction = str(inst.attrs.get("direction", ""))
+    if direction not in _CMP:
+        raise EvaluationError(f"compare: unknown direction {direction!r}")
+    a, b = ops
+    dtype = hlo_dtype(a)
+    cmp_type = str(inst.attrs.get("type", "")) or None
+    if dtype.is_complex and direction not in ("EQ", "NE"):
+        raise EvaluationError(f"compare {direction} is not defined for {dtype}")
+    if cmp_type == "TOTALORDER" and dtype.is_float:
+        return _CMP[direction](_total_order_key(a), _total_order_key(b))
+    if dtype.is_float:
+        a, b = a.astype(compute_dtype(dtype)), b.astype(compute_dtype(dtype))
+    elif dtype.is_integer:
+        a, b = widen(a), widen(b)
+        if cmp_type == "UNSIGNED" and dtype.kind == "sint":
+            a, b = to_bits(ops[0]).astype(np.uint64), to_bits(ops[1]).astype(np.uint64)
+        elif cmp_type == "SIGNED" and dtype.kind == "uint":
+            signed = dt.by_name("s" + dtype.name[1:])
+            a, b = widen(from_bits(to_bits(ops[0]), signed)), widen(from_bits(to_bits(ops[1]), signed))
+    with np.errstate(all="ignore"):
+        return np.asarray(_CMP[direction](a, b), dtype=bool)
+
+
+# --- conversions ---------------------------------------------------------------------------
+def convert_array(x: np.ndarray, to: DType) -> np.ndarray:
+    """XLA's convert: wrap int->int, saturate float->int (NaN -> 0), RNE to floats,
+    x != 0 to pred, real part of complex."""
+    src = hlo_dtype(x)
+    if src == to:
+        return x.copy()
+    if src.is_complex and not to.is_complex:
+        x = np.real(x)
+        src = src.component
+    if to.is_pred:
+        return np.asarray(x != 0, dtype=bool) if not src.is_float else \
+            np.asarray(x.astype(np.float32 if src.bits < 32 else x.dtype) != 0, bool)
+    if to.is_complex:
+        return x.astype(np.float64 if src.bits > 32 else np.float32).astype(to.np_dtype) \
+            if not (src.is_integer or src.is_pred) else x.astype(np.float64).astype(to.np_dtype)
+    if to.is_integer:
+        if src.is_float:
+            lo, hi = int_range(to)
+            f = x.astype(np.float64)
+            with np.errstate(all="ignore"):
+                t = np.trunc(np.where(np.isnan(f), 0.0, f))
+                inside = (t >= float(lo)) & (t < float(hi) + 1.0)
+                v = np.where(inside, t, 0.0)
+                wide_t = np.uint64 if to.name == "u64" else np.int64
+                out = v.astype(wide_t)
+            out = np.where(t < float(lo), lo, out)
+            out = np.where(t >= float(hi) + 1.0, np.asarray(hi, dtype=wide_t), out)
+            return wrap_int(out.astype(wide_t), to)
+        return wrap_int(widen(x) if not src.is_pred else x.astype(np.int64), to)
+    # to float
+    if src.is_integer and to.bits < 32 and src.bits > 16:
+        # One rounding straight to the narrow type: go through f64 (exact for <= 2**53).
+        return x.astype(np.float64).astype(to.np_dtype)
+    if src.bits < 8 and src.is_integer:
+        return x.astype(np.int64).astype(to.np_dtype)
+    if src.is_pred:
+        return x.astype(np.float32).astype(to.np_dtype)
+    with np.errstate(all="ignore"):
+        return x.astype(to.np_dtype)
+
+
+@rule("evaluate", "convert")
+def _convert(inst, ops, ctx):
+    return convert_array(ops[0], _out_dtype(inst))
+
+
+@rule("evaluate", "bitcast-convert")
+def _bitcast_convert(inst, ops, ctx):
+    x = ops[0]
+    src, to = hlo_dtype(x), _out_dtype(inst)
+    if src.bits == to.bits:
+        return from_bits(to_bits(x), to) if not (src.is_complex or to.is_complex) else \
+            np.ascontiguousarray(x).view(to.np_dtype)
+    if src.bits % 8 or to.bits % 8:
+        raise UnimplementedError(f"bitcast-convert between {src} and {to} (sub-byte widths)")
+    # StableHLO: a wider result drops the operand's minor dim; a narrower one adds one.
+    # Bytes are little-endian within each element, which is numpy's view on x86.
+    if src.is_pred or to.is_pred:
+        raise EvaluationError(f"bitcast-convert between {src} and {to} of different widths")
+    raw = np.ascontiguousarray(x)
+    if src.bits > to.bits:
+        raw = raw.reshape(x.shape + (1,))
+    return raw.view(np.uint8).view(to.np_dtype).reshape(inst.shape.dims)
+
+
+@rule("evaluate", "stochastic-convert")
+def _stochastic_convert(inst, ops, ctx):
+    """Round |x| up with probability frac(|x|), decided by comparing the random bits
+    (unsigned, same width as x) with frac * 2**bits; saturate at the int range, NaN -> 0."""
+    x, random = ops
+    src, to = hlo_dtype(x), _out_dtype(inst)
+    f = x.astype(np.float64)
+    a = np.abs(f)
+    trunc = np.floor(a)
+    frac_fixed = np.floor((a - trunc) * float(1 << src.bits))
+    r = to_bits(random).astype(np.float64)
+    rounded = trunc + (r < frac_fixed)
+    signed = np.where(f < 0, -rounded, rounded)
+    return convert_array(np.where(np.isnan(f), 0.0, signed), to)
+
+
+# --- map ------------------------------------------------------------------------------------
+@rule("evaluate", "map")
+def _map(inst, ops, ctx):
+    comp = inst.attrs["to_apply"]
+    out = np.empty(inst.shape.dims, _out_dtype(inst).np_dtype)
+    for idx in np.ndindex(*inst.shape.dims):
+        args = [np.asarray(o[idx]) for o in ops]
+        out[idx] = ctx.call(comp, args)
+    return out

@@ -1,0 +1,79 @@
+"""The pass contract, the pipeline spec, instrumentation, DCE and CSE."""
+import pytest
+
+import hlo
+import passes
+from passes import PassError, parse_pipeline, run_pipeline
+
+TEXT = """HloModule m
+
+ENTRY %main (p0: f32[4], p1: f32[4]) -> f32[4] {
+  %p0 = f32[4]{0} parameter(0)
+  %p1 = f32[4]{0} parameter(1)
+  %a = f32[4]{0} add(%p0, %p1)
+  %b = f32[4]{0} add(%p0, %p1)
+  %dead = f32[4]{0} multiply(%p0, %p0)
+  ROOT %m = f32[4]{0} multiply(%a, %b)
+}
+"""
+
+
+def test_spec_round_trips_and_lists_known_passes():
+    spec = "cse,fixpoint(dce,cse){max_iterations=3},dce{remove_computations=false}"
+    assert str(parse_pipeline(spec)) == spec
+    with pytest.raises(PassError, match="unknown pass 'nope'; known passes: .*cse.*dce"):
+        parse_pipeline("cse,nope")
+    with pytest.raises(PassError, match="no option 'bogus'; its options: only_constants"):
+        parse_pipeline("cse{bogus=1}")
+    with pytest.raises(PassError, match="column 5"):
+        parse_pipeline("cse,(")
+    with pytest.raises(PassError, match="not a valid bool"):
+        parse_pipeline("dce{remove_computations=maybe}")
+
+
+def test_cse_then_dce_rewrites_and_records():
+    m = hlo.parse_hlo(TEXT)
+    records = run_pipeline(m, "cse,dce", verify=True)
+    assert [r.name for r in records] == ["cse", "dce"]
+    assert [r.changed for r in records] == [True, True]
+    assert records[0].instructions_before == 6 and records[0].instructions_after == 5
+    assert records[1].instructions_after == 4
+    root = m.entry.root
+    assert root.opcode == "multiply" and root.operands[0] is root.operands[1]
+    assert [i.name for i in m.entry.instructions] == ["p0", "p1", "a", "m"]
+    x = [1.0, 2.0, 3.0, 4.0]
+    y = [0.5, 0.5, 0.5, 0.5]
+    import numpy as np
+    np.testing.assert_allclose(hlo.evaluate(m, [np.float32(x), np.float32(y)]),
+                               (np.float32(x) + np.float32(y)) ** 2)
+
+
+def test_fixpoint_stops_when_nothing_changes():
+    m = hlo.parse_hlo(TEXT)
+    records = run_pipeline(m, "fixpoint(cse,dce)")
+    # iteration 0 changes, iteration 1 confirms the fixed point
+    assert [(r.name, r.iteration, r.changed) for r in records] == [
+        ("cse", 0, True), ("dce", 0, True), ("cse", 1, False), ("dce", 1, False)]
+
+
+def test_hooks_see_before_and_after():
+    m = hlo.parse_hlo(TEXT)
+    seen = []
+    run_pipeline(m, "dce", hooks=[lambda ev, p, mod, rec: seen.append((ev, p.name, rec and rec.changed))])
+    assert seen == [("before", "dce", None), ("after", "dce", True)]
+
+
+def test_cse_keeps_side_effects_and_distinct_constants():
+    text = """HloModule m
+
+ENTRY %main () -> (f32[], f32[], f32[]) {
+  %c1 = f32[] constant(1)
+  %c1b = f32[] constant(1)
+  %c2 = f32[] constant(2)
+  ROOT %t = (f32[], f32[], f32[]) tuple(%c1, %c1b, %c2)
+}
+"""
+    m = hlo.parse_hlo(text)
+    assert passes.make_pass("cse").run(m)
+    t = m.entry.root
+    assert t.operands[0] is t.operands[1] and t.operands[2] is not t.operands[0]
