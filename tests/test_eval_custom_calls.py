@@ -147,3 +147,16 @@ def test_geev_unpacks_complex_pairs():
     ww, wv = jax.jit(jnp.linalg.eig)(a)
     np.testing.assert_allclose(w, ww, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(vr, wv, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fn", [jnp.linalg.cholesky, jnp.linalg.qr, jnp.linalg.eigh,
+                                jax.scipy.linalg.lu], ids=["cholesky", "qr", "eigh", "lu"])
+def test_jax_hlo_text_end_to_end(fn):
+    """jax's own HLO text (custom calls, backend_config dictionaries) parsed and evaluated."""
+    import hlo
+    a = spd(4, np.float32)
+    module = hlo.parse_hlo(jax.jit(fn).lower(a).as_text(dialect="hlo"))
+    got = hlo.evaluate(module, [a])
+    want = jax.jit(fn)(a)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)

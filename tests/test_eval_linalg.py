@@ -98,8 +98,6 @@ def run_conv(x, k, lhs_spec, rhs_spec, out_spec, strides, padding, lhs_dil, rhs_
         batch_group_count=bgc, preferred_element_type=out_dtype))
     want = np.asarray(fn(x, k))
 
-    def lab(spec, chars):
-        return "".join({spec[0]: chars[0], spec[1]: chars[1]}.get(c, c) for c in spec)
     # jax's spec letters -> XLA dim_labels: N/C/O/I + spatial letters in order.
     def to_labels(spec, a, b):
         sp = [c for c in spec if c not in (a, b)]
@@ -108,7 +106,6 @@ def run_conv(x, k, lhs_spec, rhs_spec, out_spec, strides, padding, lhs_dil, rhs_
     rhs_l = to_labels(rhs_spec, "O", "I").replace("x", "o").replace("y", "i")
     out_l = to_labels(out_spec, "N", "C").replace("x", "b").replace("y", "f")
     labels = ConvDimLabels.parse(f"{lhs_l}_{rhs_l}->{out_l}")
-    del lab
     nsp = len(strides)
     wd = tuple(WindowDim(k.shape[labels.kernel_spatial[i]], strides[i], padding[i][0],
                          padding[i][1], rhs_dil[i], lhs_dil[i]) for i in range(nsp))

@@ -156,7 +156,6 @@ def test_variadic_argmax_reduce(axis):
 # --- reduce-window ----------------------------------------------------------------------
 def run_reduce_window(x, init, opcode, wdims, dtype="f32"):
     comp = binary_comp(opcode, dtype)
-    want = None
     b = Builder("main")
     p = b.parameter(array(dtype, x.shape))
     i = b.parameter(scalar(dtype))
@@ -167,7 +166,6 @@ def run_reduce_window(x, init, opcode, wdims, dtype="f32"):
         span = (d.size - 1) * d.window_dilation + 1
         out.append((padded - span) // d.stride + 1)
     b.reduce_window(p, i, window=window, to_apply=comp, shape=array(dtype, out))
-    del want
     return evaluate(b.module(called=(comp,)), [x, np.asarray(init)])
 
 
@@ -375,3 +373,10 @@ def test_batch_norm_training_inference_grad():
     np.testing.assert_allclose(gx, wx, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(gs, ws, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(go, wo, rtol=1e-4, atol=1e-4)
+
+
+def test_reduce_s4_sum_wraps_in_four_bits():
+    x = np.array([[7, 7], [-8, -1]], ml_dtypes.int4)
+    got = run_reduce(x, 0, "add", (1,), "s4")
+    assert got.dtype == ml_dtypes.int4
+    assert got.astype(np.int8).tolist() == [-2, 7]      # 14 -> -2, -9 -> 7 modulo 16

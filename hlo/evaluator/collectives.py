@@ -288,8 +288,7 @@ class _DeviceCollectives:
             domain, kind = permute_domain(inst, self.device, self.R, self.P)
             got = self.rv.exchange((id(inst), seq, tuple(domain)), domain, self.device,
                                    arrays, inst)
-            to_dev = {(i if kind == "partition" else i): d for i, d in
-                      enumerate(domain)}
+            # Pair ids are replica (or partition) numbers: id i is device domain[i].
             me = domain.index(self.device)
             out = _zeros_like_result(inst, arrays[0])
             for src, dst in inst.attrs.get("source_target_pairs", ()):
@@ -297,7 +296,7 @@ class _DeviceCollectives:
                     raise EvaluationError(f"%{inst.name}: source_target_pairs names id "
                                           f"{max(src, dst)} beyond {len(domain)} {kind}s")
                 if dst == me:
-                    out = got[to_dev[src]][0].copy()
+                    out = got[domain[src]][0].copy()
             return _package(inst, operands, [out])
         group = group_of(inst, self.device, self.R, self.P)
         got = self.rv.exchange((id(inst), seq, tuple(group)), group, self.device, arrays, inst)

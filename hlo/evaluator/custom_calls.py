@@ -199,9 +199,6 @@ def _topk_target(inst: Instruction, operands: list, ctx: EvalContext) -> tuple:
 # ---------------------------------------------------------------------------------------
 # LAPACK targets
 # ---------------------------------------------------------------------------------------
-_PREFIX_DTYPE = {"s": np.float32, "d": np.float64, "c": np.complex64, "z": np.complex128}
-
-
 def _lapack(prefix: str, name: str):
     from scipy.linalg import lapack
     return getattr(lapack, prefix + name)

@@ -171,7 +171,6 @@ def conv_general(lhs: np.ndarray, rhs: np.ndarray, labels, dims, fgc: int, bgc: 
     x[:, :, o*stride + w*rhs_dilation] is contracted with kernel[..., w] over the input
     features of each group.
     """
-    nsp = len(labels.input_spatial)
     x = np.transpose(lhs, [labels.input_batch, labels.input_feature, *labels.input_spatial])
     k = np.transpose(rhs, [labels.kernel_output_feature, labels.kernel_input_feature,
                            *labels.kernel_spatial])

@@ -70,14 +70,20 @@ def _ufunc_for(opcode: str, dtype: np.dtype) -> Callable:
 
 
 def _is_subbyte_int(dtype: np.dtype) -> bool:
-    return dtype.kind == "V" or dtype.name in ("int2", "int4", "uint2", "uint4")
+    return dtype.name in ("int2", "int4", "uint2", "uint4")
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    """Any real float type, ml_dtypes' bf16/f8/f6/f4 included."""
+    try:
+        return dt.from_numpy(dtype).is_float
+    except dt.DTypeError:
+        return False
 
 
 def _is_low_float(dtype: np.dtype) -> bool:
     """bf16, f16 and the f8/f6/f4 formats: accumulate these in f32."""
-    if dtype in (np.float32, np.float64):
-        return False
-    return dtype == np.float16 or (dtype.kind == "V" or dtype.name.startswith(("bfloat", "float")))
+    return _is_float(dtype) and np.dtype(dtype).itemsize < 4
 
 
 def _compute_dtype(dtype: np.dtype) -> np.dtype:
@@ -88,7 +94,7 @@ def _compute_dtype(dtype: np.dtype) -> np.dtype:
         return np.dtype(np.int64)
     if dtype.name in ("uint2", "uint4"):
         return np.dtype(np.uint64)
-    if _is_low_float(dtype) and not np.issubdtype(dtype, np.integer):
+    if _is_low_float(dtype):
         return np.dtype(np.float32)
     return dtype
 
@@ -394,10 +400,9 @@ def _sort_comparator(comp: Computation) -> Optional[tuple[str, int, Optional[str
 
 
 def _keys_for(x: np.ndarray, ctype: Optional[str], canonical: bool) -> np.ndarray:
-    if x.dtype.kind == "c" or not (np.issubdtype(x.dtype, np.floating) or x.dtype.kind == "V"
-                                   or x.dtype.name.startswith(("bfloat", "float"))):
-        if x.dtype.kind == "c":
-            raise EvaluationError("complex sort keys need a general comparator")
+    if x.dtype.kind == "c":
+        raise EvaluationError("complex sort keys need a general comparator")
+    if not _is_float(x.dtype):
         return total_order_key(x)
     if canonical:
         x = np.where(x == 0, np.zeros((), x.dtype), x)
