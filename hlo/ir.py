@@ -298,6 +298,10 @@ class Computation:
     def __repr__(self) -> str:
         return f"<Computation %{self.name}: {len(self.instructions)} instructions>"
 
+    def _repr_html_(self) -> str:
+        from .render import repr_html
+        return repr_html(self)
+
 
 class Module:
     """An HLO module: computations (called ones first, as XLA prints them) and an entry."""
@@ -418,3 +422,8 @@ class Module:
 
     def __repr__(self) -> str:
         return f"<Module {self.name}: {len(self.computations)} computations>"
+
+    # Jupyter shows a module as its graph (or its text when graphviz is missing).
+    def _repr_html_(self) -> str:
+        from .render import repr_html
+        return repr_html(self)

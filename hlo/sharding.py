@@ -133,8 +133,8 @@ class Sharding:
     def tile_assignment(self) -> np.ndarray:
         """Device ids as an int64 array shaped like the tile grid.
 
-        Replicated/manual/unknown have no grid: a 0-d array ``[0]``-free placeholder is not
-        meaningful, so they raise; maximal gives the single device as a 1-element array.
+        Replicated/manual/unknown/tuple shardings have no grid and raise ValueError;
+        maximal gives its single device as a 1-element array.
         """
         if self.kind == TILED:
             if self.devices is not None:
@@ -428,6 +428,7 @@ def _parse_tile_assignment(r: _Reader) -> dict:
         devices.append(r.integer())
     if len(devices) != n:
         err = r.error("x", start)
-        raise ParseError(f"tile grid [{','.join(map(str, tile_dims))}] needs {n} device ids but found "
-                         f"{len(devices)} in sharding", err.line, err.column, r.filename)
+        grid = ",".join(map(str, tile_dims))
+        raise ParseError(f"tile grid [{grid}] needs {n} device ids but found {len(devices)} "
+                         "in sharding", err.line, err.column, r.filename)
     return {"tile_dims": tile_dims, "devices": tuple(devices)}

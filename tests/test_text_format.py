@@ -211,7 +211,7 @@ def test_xla_accepts_builder_module():
     s = b.add(x, c, shape=x.shape)
     m = b.module(root=b.tuple(s, x, shape=hlo.tuple_shape(x.shape, x.shape)))
     text = m.to_text()
-    assert "constant({ { 1.5, -inf, nan }, { 0.100000001, 2, 3 } })" in text
+    assert "constant({ { 1.5, -inf, nan }, { 0.1, 2, 3 } })" in text
     assert _xla_reprint([text])[0][0]
     m2 = hlo.parse_hlo(text)
     assert_same_module(m, m2)

@@ -16,7 +16,7 @@ from ..dtypes import DType
 from ..errors import EvaluationError, UnimplementedError
 from ..ir import Instruction
 from ..ops import rule
-from .numerics import (compute_dtype, float_op, from_bits, hlo_dtype, int_range,
+from .numerics import (compute_dtype, float_op, flush_denormals, from_bits, hlo_dtype, int_range,
                        reduce_precision, round_half_away, to_bits, widen, wrap_int)
 
 
@@ -38,7 +38,8 @@ def _arith(inst: Instruction, ops: list, float_fn, int_fn=None, complex_fn=None,
         return float_op(float_fn, dtype, *ops)
     if dtype.is_complex:
         with np.errstate(all="ignore"):
-            return np.asarray((complex_fn or float_fn)(*ops)).astype(dtype.np_dtype)
+            out = (complex_fn or float_fn)(*[flush_denormals(o) for o in ops])
+            return flush_denormals(np.asarray(out)).astype(dtype.np_dtype)
     if dtype.is_integer and int_fn is not None:
         return _int_op(int_fn, dtype, *ops)
     if dtype.is_pred and pred_fn is not None:
@@ -287,14 +288,19 @@ def _abs(inst, ops, ctx):
     dtype = hlo_dtype(x)
     if dtype.is_complex:
         with np.errstate(all="ignore"):
-            return np.abs(x).astype(_out_dtype(inst).np_dtype)
+            return flush_denormals(np.abs(flush_denormals(x))).astype(_out_dtype(inst).np_dtype)
     if dtype.is_unsigned:
         return x.copy()
+    if dtype.is_float:   # a sign-bit operation: subnormals survive
+        return float_op(np.abs, dtype, x, flush=False)
     return _arith(inst, ops, np.abs, np.abs)
 
 
 @rule("evaluate", "negate")
 def _negate(inst, ops, ctx):
+    dtype = hlo_dtype(ops[0])
+    if dtype.is_float:   # a sign-bit operation: subnormals survive
+        return float_op(np.negative, dtype, ops[0], flush=False)
     return _arith(inst, ops, np.negative, np.negative)
 
 
@@ -325,11 +331,14 @@ def _float_unary(np_fn: Callable, *, wide: bool = False):
         if dtype.is_float:
             if wide and dtype.bits <= 32:
                 with np.errstate(all="ignore"):
-                    return np.asarray(np_fn(x.astype(np.float64))).astype(dtype.np_dtype)
+                    x32 = flush_denormals(x.astype(np.float32))
+                    out = np.asarray(np_fn(x32.astype(np.float64))).astype(np.float32)
+                    return flush_denormals(out).astype(dtype.np_dtype)
             return float_op(np_fn, dtype, x)
         if dtype.is_complex:
             with np.errstate(all="ignore"):
-                return np.asarray(np_fn(x)).astype(dtype.np_dtype)
+                out = np.asarray(np_fn(flush_denormals(x)))
+                return flush_denormals(out.astype(dtype.np_dtype))
         raise EvaluationError(f"{inst.opcode} is not defined for element type {dtype}")
     return evaluate
 
@@ -438,8 +447,10 @@ def _compare(inst, ops, ctx):
         raise EvaluationError(f"compare {direction} is not defined for {dtype}")
     if cmp_type == "TOTALORDER" and dtype.is_float:
         return _CMP[direction](_total_order_key(a), _total_order_key(b))
-    if dtype.is_float:
-        a, b = a.astype(compute_dtype(dtype)), b.astype(compute_dtype(dtype))
+    if dtype.is_float or dtype.is_complex:
+        # Compared in the compute type with subnormals read as zero (XLA:CPU's DAZ).
+        a = flush_denormals(a.astype(compute_dtype(dtype)))
+        b = flush_denormals(b.astype(compute_dtype(dtype)))
     elif dtype.is_integer:
         a, b = widen(a), widen(b)
         if cmp_type == "UNSIGNED" and dtype.kind == "sint":
@@ -461,9 +472,10 @@ def convert_array(x: np.ndarray, to: DType) -> np.ndarray:
     if src.is_complex and not to.is_complex:
         x = np.real(x)
         src = src.component
+    if src.is_float and src.bits >= 32:
+        x = flush_denormals(x)   # DAZ: a subnormal f32/f64 operand reads as zero
     if to.is_pred:
-        return np.asarray(x != 0, dtype=bool) if not src.is_float else \
-            np.asarray(x.astype(np.float32 if src.bits < 32 else x.dtype) != 0, bool)
+        return np.asarray(x != 0, dtype=bool)
     if to.is_complex:
         return x.astype(np.float64 if src.bits > 32 else np.float32).astype(to.np_dtype) \
             if not (src.is_integer or src.is_pred) else x.astype(np.float64).astype(to.np_dtype)
@@ -490,7 +502,9 @@ def convert_array(x: np.ndarray, to: DType) -> np.ndarray:
     if src.is_pred:
         return x.astype(np.float32).astype(to.np_dtype)
     with np.errstate(all="ignore"):
-        return x.astype(to.np_dtype)
+        out = x.astype(to.np_dtype)
+    # FTZ applies to results in f32/f64 (f64 -> f32); narrow results keep their subnormals.
+    return flush_denormals(out) if src.is_float and to.bits >= 32 else out
 
 
 @rule("evaluate", "convert")

@@ -61,6 +61,30 @@ def wrap_int(values: np.ndarray, dtype: DType) -> np.ndarray:
     return v.astype(dtype.np_dtype)
 
 
+# XLA:CPU runs float arithmetic with the x86 MXCSR bits DAZ and FTZ set: subnormal f32/f64
+# inputs read as (signed) zero and subnormal results become (signed) zero. Moves, negate,
+# abs and exact widenings (f16/bf16 -> f32) are bit operations and keep subnormals. Set
+# this to False to get IEEE gradual underflow instead.
+FLUSH_DENORMALS = True
+
+
+def flush_denormals(x: np.ndarray) -> np.ndarray:
+    """Subnormal f32/f64 (or complex parts) to zero of the same sign, when enabled."""
+    if not FLUSH_DENORMALS:
+        return x
+    x = np.asarray(x)
+    if x.dtype.kind == "c":
+        return flush_denormals(x.real) + 1j * flush_denormals(x.imag) if x.size else x
+    if x.dtype not in (np.float32, np.float64):
+        return x
+    tiny = np.finfo(x.dtype).tiny
+    with np.errstate(invalid="ignore"):
+        sub = np.abs(x) < tiny
+    if not sub.any():
+        return x
+    return np.where(sub, np.copysign(np.zeros((), x.dtype), x), x)
+
+
 def compute_dtype(dtype: DType) -> np.dtype:
     """The numpy dtype XLA:CPU computes a float op in: f32 for narrow floats."""
     if dtype.is_float and dtype.bits < 32:
@@ -68,12 +92,21 @@ def compute_dtype(dtype: DType) -> np.dtype:
     return dtype.np_dtype
 
 
-def float_op(fn: Callable[..., np.ndarray], dtype: DType, *args: np.ndarray) -> np.ndarray:
-    """Apply ``fn`` in the compute type of ``dtype`` and round the result back (RNE)."""
+def float_op(fn: Callable[..., np.ndarray], dtype: DType, *args: np.ndarray,
+             flush: bool = True) -> np.ndarray:
+    """Apply ``fn`` in the compute type of ``dtype`` and round the result back (RNE).
+
+    ``flush``: treat subnormal inputs and results as zero, as XLA:CPU's arithmetic does.
+    """
     cd = compute_dtype(dtype)
     with np.errstate(all="ignore"):
-        out = fn(*[np.asarray(a).astype(cd) for a in args])
-    return np.asarray(out).astype(dtype.np_dtype)
+        wide = [np.asarray(a).astype(cd) for a in args]
+        if flush:
+            wide = [flush_denormals(w) for w in wide]
+        out = np.asarray(fn(*wide)).astype(cd)
+        if flush:
+            out = flush_denormals(out)
+    return out.astype(dtype.np_dtype)
 
 
 # --- bit views --------------------------------------------------------------------------
@@ -120,11 +153,10 @@ def float_format(dtype: DType) -> tuple[int, int]:
 def round_half_away(x: np.ndarray) -> np.ndarray:
     """Round to the nearest integer, ties away from zero (round-nearest-afz)."""
     with np.errstate(all="ignore"):
-        r = np.trunc(x + np.copysign(np.asarray(0.5, x.dtype), x))
-        # x + 0.5 can round up across an integer when |x| is just below .5 (e.g.
-        # 0.49999997f + 0.5f == 1.0f): if the result moved more than half away, step back.
-        too_far = np.abs(r - x) > np.asarray(0.5, x.dtype)
-        r = np.where(too_far, r - np.sign(x), r)
+        t = np.trunc(x)
+        # x - trunc(x) is exact in floating point, so the tie test is exact too (adding
+        # 0.5 first would round 0.49999997f + 0.5f up to 1).
+        r = np.where(np.abs(x - t) >= np.asarray(0.5, x.dtype), t + np.sign(x), t)
     return np.where(np.isfinite(x), r, x).astype(x.dtype)
 
 

@@ -11,7 +11,6 @@ error is an ``hlo.ParseError`` with ``file:line:col`` and what was expected/foun
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -27,7 +26,7 @@ from ..ir import Computation, Instruction, Module
 from ..ops import OPS
 from ..shape import AnyShape, Layout, Shape, TupleShape
 from ..sharding import parse_sharding
-from .lexer import EOF, NAME, NUMBER, STRING, Lexer, Token, unquote
+from .lexer import EOF, NAME, NUMBER, STRING, Lexer, unquote
 
 
 @dataclass(frozen=True)
@@ -180,9 +179,6 @@ class _Parser:
         # Add the computation first so instruction names register with the module.
         self.computations[name] = comp
         self.module_.add_computation(comp)
-        if comp.name != name:  # pragma: no cover - names are checked unique above
-            raise lx.error(f"computation name %{name} clashes with an instruction name",
-                           name_tok.pos)
         scope: dict[str, Instruction] = {}
         root: Optional[Instruction] = None
         while not lx.at("}"):
@@ -279,7 +275,8 @@ class _Parser:
         while True:
             tok = lx.peek()
             # Older XLA writes operands with their shapes: ``add(f32[] %a, f32[] %b)``.
-            if (tok.kind == NAME and tok.text in dt.BY_NAME and lx.text.startswith("[", tok.pos + len(tok.text))) or tok.text == "(":
+            typed = tok.kind == NAME and lx.text.startswith("[", tok.pos + len(tok.text))
+            if typed or tok.text == "(":
                 self.shape()
                 tok = lx.peek()
             name = self.name("an operand name")
@@ -648,13 +645,14 @@ class _Parser:
 
     def _elided(self) -> bool:
         """``{...}``: XLA left the value out."""
-        save = self.lx.pos
-        self.lx.expect("{")
-        if self.lx.accept("...") or (self.lx.text.startswith("...", self.lx.token_start())):
-            self.lx.pos = self.lx.token_start() + 3
-            self.lx.expect("}")
+        lx = self.lx
+        save = lx.pos
+        lx.expect("{")
+        if lx.text.startswith("...", lx.token_start()):
+            lx.pos += 3
+            lx.expect("}")
             return True
-        self.lx.pos = save
+        lx.pos = save
         return False
 
     def nested(self, dims: tuple[int, ...], level: int, out: list, dtype: dt.DType) -> None:

@@ -1,1 +1,0 @@
-"""Shape inference rules (being written)."""

@@ -1,0 +1,1 @@
+"""hlotk test suite (a package so benchmarks can import tests.zoo)."""
