@@ -108,13 +108,36 @@ def test_subbyte_int_wraps():
     np.testing.assert_array_equal(run_op("add", s2, s2).astype(int), [-2, 0])
 
 
+def xla_stablehlo_binary(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Run ``stablehlo.<op>`` on XLA:CPU directly, for ops jax.lax does not expose (integer
+    power). Uses jax's internal compile API; skips the test if that API moved."""
+    try:
+        from jax._src import xla_bridge
+        from jax._src.lib import xla_client as xc
+        backend = xla_bridge.get_backend("cpu")
+        ty = f"tensor<{'x'.join(map(str, a.shape))}x{dt.from_numpy(a.dtype).mlir}>"
+        text = (f"module @m {{ func.func public @main(%a: {ty}, %b: {ty}) -> {ty} {{ "
+                f"%0 = stablehlo.{op} %a, %b : {ty} return %0 : {ty} }} }}")
+        exe = backend.compile_and_load(text, xc.DeviceList(tuple(backend.devices()[:1])),
+                                       xc.CompileOptions())
+        out = exe.execute_sharded([jax.device_put(a), jax.device_put(b)])
+        return np.asarray(out.disassemble_into_single_device_arrays()[0][0])
+    except (ImportError, AttributeError, TypeError) as e:   # internal API changed
+        pytest.skip(f"cannot compile StableHLO text with this jax: {e}")
+
+
 def test_integer_power_follows_xla():
-    # XLA: square-and-multiply; negative exponent -> 1 for base 1, else 0.
-    base = np.array([2, 1, -1, 3, 0, -2, 5], I32)
-    exp = np.array([10, -3, -3, -1, 0, 3, 40], I32)
+    # XLA: square-and-multiply over the exponent's low 6 bits (2**65 == 2 in s8!); a
+    # negative exponent gives 0 unless the base is 1 or -1.
+    base = np.array([2, 1, -1, -1, 3, 0, -2, 5, 2, 2], np.int8)
+    exp = np.array([6, -3, -3, -2, -1, 0, 3, 40, 65, 64], np.int8)
     got = run_op("power", base, exp)
-    expect = [1024, 1, 0, 0, 1, -8, int(wrap_int(np.array(pow(5, 40, 2**32)), dt.S32))]
+    expect = [64, 1, -1, 1, 0, 1, -8, int(wrap_int(np.array(pow(5, 40, 256)), dt.S8)), 2, 1]
     np.testing.assert_array_equal(got, expect)
+    same_bits(got, xla_stablehlo_binary("power", base, exp))
+    a = np.array([7, -3, 2**31 - 1], I32)
+    k = np.array([3, 5, 2], I32)
+    same_bits(run_op("power", a, k), xla_stablehlo_binary("power", a, k))
 
 
 def test_shifts_saturate_at_bit_width():
@@ -224,6 +247,20 @@ def test_transcendentals_close_to_xla(opcode, fn):
     assert got.dtype == want.dtype
     # XLA's polynomial approximations and numpy/libm differ by a few ulps at most.
     np.testing.assert_allclose(got, want, rtol=4e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float16])
+def test_narrow_float_transcendentals_match_xla_exactly(dtype):
+    # Computed in f32 and rounded once -- except logistic, which XLA expands into
+    # 1 / (1 + exp(-x)) with a rounding after each step.
+    x = np.linspace(-5, 5, 401).astype(dtype)
+    for opcode, fn in [("exponential", lax.exp), ("tanh", lax.tanh), ("logistic", lax.logistic),
+                       ("sine", lax.sin), ("erf", lax.erf), ("cbrt", lax.cbrt)]:
+        same_bits(run_op(opcode, x), xla(fn, x))
+    pos = np.linspace(0.01, 50, 401).astype(dtype)
+    for opcode, fn in [("log", lax.log), ("sqrt", lax.sqrt), ("rsqrt", lax.rsqrt),
+                       ("log-plus-one", lax.log1p)]:
+        same_bits(run_op(opcode, pos), xla(fn, pos))
 
 
 def test_log1p_expm1_accurate_for_small_x():
@@ -338,9 +375,14 @@ def test_bitcast_convert_equal_and_different_widths():
 
 def test_reduce_precision_matches_xla():
     x = np.array([1.3, 1e6, 1e-7, np.nan, 3.5, -65520, 65519, 6e-5, -0.0], np.float32)
-    for e, m in [(5, 10), (8, 7), (5, 2), (4, 3), (8, 23), (11, 52)]:
+    x = np.concatenate([x, [np.inf, -np.inf, 1.5, 2.5, 3e38, 1e-30, -7.75]]).astype(np.float32)
+    for e, m in [(5, 10), (8, 7), (5, 2), (4, 3), (8, 23), (11, 52), (5, 0), (2, 1), (1, 0)]:
         same_bits(run_op("reduce-precision", x, exponent_bits=e, mantissa_bits=m),
                   xla(lambda v: lax.reduce_precision(v, e, m), x))
+    xb = x.astype(BF16)
+    for e, m in [(5, 2), (4, 3), (8, 7)]:
+        same_bits(run_op("reduce-precision", xb, exponent_bits=e, mantissa_bits=m),
+                  xla(lambda v: lax.reduce_precision(v, e, m), xb))
     # f32 -> (5, 10) equals a round trip through f16 for normal values.
     y = np.array([1.0009765625 + 2**-12, 3.14159, 1000.7], np.float32)
     same_bits(reduce_precision(y, 5, 10), y.astype(np.float16).astype(np.float32))
@@ -394,8 +436,9 @@ def test_integer_binary_ops_match_xla(op, dtype, data):
 def test_float_binary_ops_match_xla(op, dtype, data):
     opcode, fn = op
     floats = st.floats(width=32, allow_nan=True, allow_infinity=True)
-    a = np.array(data.draw(st.lists(floats, min_size=4, max_size=4)), np.float32).astype(dtype)
-    b = np.array(data.draw(st.lists(floats, min_size=4, max_size=4)), np.float32).astype(dtype)
+    with np.errstate(over="ignore"):   # f32 values beyond f16's range become inf
+        a = np.array(data.draw(st.lists(floats, min_size=4, max_size=4)), np.float32).astype(dtype)
+        b = np.array(data.draw(st.lists(floats, min_size=4, max_size=4)), np.float32).astype(dtype)
     same_bits(run_op(opcode, a, b), xla(fn, a, b))
 
 
@@ -411,10 +454,64 @@ def test_subnormals_flush_like_xla_cpu():
     same_bits(run_op("floor", d), xla(lax.floor, d))
     same_bits(run_op("sign", d), xla(lax.sign, d))
     same_bits(run_op("compare", d, z, out_dtype=np.bool_, direction="EQ"), xla(lax.eq, d, z))
-    same_bits(run_op("convert", d, out_dtype=np.float16),
-              xla(lambda v: lax.convert_element_type(v, jnp.float16), d))
+    for to in (np.float16, BF16, np.bool_):   # bf16 keeps 1e-39: narrowing is integer ops
+        same_bits(run_op("convert", d, out_dtype=to),
+                  xla(lambda v: lax.convert_element_type(v, to), d))
+    # f32 -> f64 reads the subnormals as zero (seen with jax_enable_x64 on XLA:CPU).
+    same_bits(run_op("convert", d, out_dtype=np.float64),
+              np.array([0.0, -0.0, 0.0, np.float32(1e-20)], np.float64))
     h = np.array([1e-7, 6e-8], np.float16)   # f16 subnormals are normal f32: kept
     same_bits(run_op("convert", h, out_dtype=np.float32),
               xla(lambda v: lax.convert_element_type(v, jnp.float32), h))
     b = np.array([1e-39], BF16)
     same_bits(run_op("add", b, np.zeros(1, BF16)), xla(lax.add, b, np.zeros(1, BF16)))
+
+
+_INT_EXTRA = [("and", lax.bitwise_and), ("or", lax.bitwise_or), ("xor", lax.bitwise_xor),
+              ("shift-left", lax.shift_left),
+              ("shift-right-arithmetic", lax.shift_right_arithmetic),
+              ("shift-right-logical", lax.shift_right_logical)]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(_INT_EXTRA), st.sampled_from([np.int8, np.int32, np.uint16]), st.data())
+def test_integer_bit_ops_match_xla(op, dtype, data):
+    opcode, fn = op
+    a = data.draw(hnp.arrays(dtype, (6,)))
+    b = data.draw(hnp.arrays(dtype, (6,), elements=st.integers(0, 40).map(dtype)))
+    same_bits(run_op(opcode, a, b), xla(fn, a, b))
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from([np.int8, np.uint8, np.int32, np.uint32, ml_dtypes.int4, BF16,
+                        np.float16]),
+       st.lists(st.floats(width=32), min_size=6, max_size=6))
+def test_convert_from_f32_matches_xla(to, values):
+    x = np.array(values, np.float32)
+    same_bits(run_op("convert", x, out_dtype=to),
+              xla(lambda v: lax.convert_element_type(v, to), x))
+
+
+def test_64_bit_integer_edge_cases():
+    old = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        lo = np.iinfo(np.int64).min
+        a = np.array([lo, lo, 7, -7, 2**62], np.int64)
+        b = np.array([-1, 0, 0, 2, 4], np.int64)
+        same_bits(run_op("divide", a, b), xla(lax.div, a, b))
+        same_bits(run_op("remainder", a, b), xla(lax.rem, a, b))
+        same_bits(run_op("multiply", a, b), xla(lax.mul, a, b))
+        s = np.array([63, 64, 1, 70, 2], np.int64)
+        same_bits(run_op("shift-left", a, s), xla(lax.shift_left, a, s))
+        same_bits(run_op("shift-right-arithmetic", a, s), xla(lax.shift_right_arithmetic, a, s))
+        u = np.array([2**64 - 1, 5, 0], np.uint64)
+        v = np.array([0, 0, 3], np.uint64)
+        same_bits(run_op("divide", u, v), xla(lax.div, u, v))
+        same_bits(run_op("count-leading-zeros", u), xla(lax.clz, u))
+        f = np.array([9.3e18, -9.3e18, 1.8e19, np.nan, -1.0], np.float64)
+        for to in (np.int64, np.uint64):
+            same_bits(run_op("convert", f, out_dtype=to),
+                      xla(lambda x: lax.convert_element_type(x, to), f))
+    finally:
+        jax.config.update("jax_enable_x64", old)

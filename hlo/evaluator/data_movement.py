@@ -7,7 +7,7 @@ update window when any part of it would fall outside the operand.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 

@@ -6,10 +6,10 @@ after every op (XLA:CPU), maximum/minimum propagate NaN and order -0 below +0.
 """
 from __future__ import annotations
 
-import math
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
+import scipy.special
 
 from .. import dtypes as dt
 from ..dtypes import DType
@@ -108,8 +108,8 @@ def _remainder(inst, ops, ctx):
 
 
 def _int_power(base: np.ndarray, exponent: np.ndarray, dtype: DType) -> np.ndarray:
-    """XLA's integer pow: square-and-multiply over the exponent's low 6 bits (any larger
-    exponent overflows anyway); a negative exponent gives 1 for base 1, else 0."""
+    """XLA's integer pow: square-and-multiply over the exponent's low 6 bits only (so
+    2**65 == 2 in XLA, checked on XLA:CPU); a negative exponent gives 0 unless |base| == 1."""
     b, e = np.broadcast_arrays(widen(base), widen(exponent))
     acc = np.ones_like(b)
     cur = b.copy()
@@ -121,7 +121,10 @@ def _int_power(base: np.ndarray, exponent: np.ndarray, dtype: DType) -> np.ndarr
             cur = wrap_int(cur * cur, dtype).astype(cur.dtype)
             bits = bits >> np.uint64(1)
     negative = (e < 0) if dtype.kind == "sint" else np.zeros(e.shape, bool)
-    return wrap_int(np.where(negative, np.where(b == 1, 1, 0), acc), dtype)
+    # 1/b**|e| truncates to 0 except for |b| == 1: 1 stays 1, -1 alternates with e's parity.
+    odd = (e % 2) != 0
+    inverse = np.where(b == 1, 1, np.where(b == -1, np.where(odd, -1, 1), 0))
+    return wrap_int(np.where(negative, inverse, acc), dtype)
 
 
 @rule("evaluate", "power")
@@ -343,16 +346,25 @@ def _float_unary(np_fn: Callable, *, wide: bool = False):
     return evaluate
 
 
-def _logistic(x: np.ndarray) -> np.ndarray:
+@rule("evaluate", "logistic")
+def _logistic(inst, ops, ctx):
+    # XLA expands logistic(x) into 1 / (1 + exp(-x)) before codegen (LogisticExpander), so
+    # for bf16/f16 each of the four steps rounds to the storage type.
+    x = ops[0]
+    dtype = hlo_dtype(x)
+    if not (dtype.is_float or dtype.is_complex):
+        raise EvaluationError(f"logistic is not defined for element type {dtype}")
+    step = (lambda fn, *a: float_op(fn, dtype, *a)) if dtype.is_float else \
+        (lambda fn, *a: np.asarray(fn(*a)).astype(dtype.np_dtype))
+    one = np.ones((), dtype.np_dtype)
     with np.errstate(all="ignore"):
-        return 1.0 / (1.0 + np.exp(-x))
-
-
-_erf_vec = np.vectorize(math.erf, otypes=[np.float64])
+        e = step(np.exp, step(np.negative, x))
+        return step(np.divide, one, step(np.add, e, one))
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
-    return _erf_vec(x.astype(np.float64)) if x.size else x.astype(np.float64)
+    # numpy has no erf; scipy's f64 erf rounded once to f32 is correctly rounded in practice.
+    return scipy.special.erf(x.astype(np.float64))
 
 
 def _rsqrt(x: np.ndarray) -> np.ndarray:
@@ -365,7 +377,7 @@ for _opcode, _fn, _wide in [
         ("tan", np.tan, False), ("tanh", np.tanh, False), ("exponential", np.exp, False),
         ("exponential-minus-one", np.expm1, False), ("log", np.log, False),
         ("log-plus-one", np.log1p, False), ("sqrt", np.sqrt, False),
-        ("rsqrt", _rsqrt, True), ("logistic", _logistic, True), ("erf", _erf, True),
+        ("rsqrt", _rsqrt, True), ("erf", _erf, True),
         ("ceil", np.ceil, False), ("floor", np.floor, False),
         ("round-nearest-even", np.rint, False), ("round-nearest-afz", round_half_away, False)]:
     rule("evaluate", _opcode)(_float_unary(_fn, wide=_wide))
@@ -472,8 +484,10 @@ def convert_array(x: np.ndarray, to: DType) -> np.ndarray:
     if src.is_complex and not to.is_complex:
         x = np.real(x)
         src = src.component
-    if src.is_float and src.bits >= 32:
-        x = flush_denormals(x)   # DAZ: a subnormal f32/f64 operand reads as zero
+    if src.is_float and src.bits >= 32 and (to.is_pred or to.bits >= 32):
+        # DAZ: a subnormal f32/f64 operand reads as zero in the FP unit (f32->f64 widening,
+        # f64->f32, != 0). Narrowing to bf16 is done with integer ops and keeps it.
+        x = flush_denormals(x)
     if to.is_pred:
         return np.asarray(x != 0, dtype=bool)
     if to.is_complex:
@@ -533,10 +547,14 @@ def _bitcast_convert(inst, ops, ctx):
 
 @rule("evaluate", "stochastic-convert")
 def _stochastic_convert(inst, ops, ctx):
-    """Round |x| up with probability frac(|x|), decided by comparing the random bits
-    (unsigned, same width as x) with frac * 2**bits; saturate at the int range, NaN -> 0."""
+    """XLA's decomposition: |x| rounds up when the unsigned random bits (same width as x)
+    are below frac(|x|) * 2**bits; the sign is put back, values beyond the range saturate,
+    NaN gives 0. XLA supports signed integer results only."""
     x, random = ops
     src, to = hlo_dtype(x), _out_dtype(inst)
+    if to.kind != "sint":
+        raise UnimplementedError(f"stochastic-convert from {src} to {to}: XLA supports only "
+                                 "signed integer results")
     f = x.astype(np.float64)
     a = np.abs(f)
     trunc = np.floor(a)

@@ -106,7 +106,7 @@ def float_op(fn: Callable[..., np.ndarray], dtype: DType, *args: np.ndarray,
         out = np.asarray(fn(*wide)).astype(cd)
         if flush:
             out = flush_denormals(out)
-    return out.astype(dtype.np_dtype)
+        return out.astype(dtype.np_dtype)
 
 
 # --- bit views --------------------------------------------------------------------------
@@ -198,6 +198,5 @@ def reduce_precision(x: np.ndarray, exponent_bits: int, mantissa_bits: int) -> n
         bits = np.where(exp_part > max_exp, inf_bits, bits)
         bits = np.where(exp_part <= min_exp, sign, bits)
     out = bits.view(wide)
-    if mantissa_bits > 0:   # with no mantissa bits there is no NaN: it became inf above
-        out = np.where(nan_mask, w, out)
+    out = np.where(nan_mask, w, out)   # NaN stays NaN (XLA keeps it even with 0 mantissa bits)
     return out.astype(x.dtype)

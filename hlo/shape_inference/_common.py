@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ...errors import ShapeError
-from ...ops import rule
-from ...shape import AnyShape, Shape, TupleShape
+from ..errors import ShapeError
+from ..ops import rule
+from ..shape import AnyShape, Shape, TupleShape
 
 
 class ShapeRequired(ShapeError):
@@ -113,3 +113,17 @@ def window_output_size(op: str, size: int, wd: Any, i: int) -> int:
     if padded < dilated_window:
         return 0
     return (padded - dilated_window) // wd.stride + 1
+
+
+# Checks of a *given* result shape for ops whose result is not inferred (reshape,
+# broadcast, convert, ...): ``fn(operand_shapes, attrs, result_shape)`` raising ShapeError.
+# The verifier runs them; they are the "what can still be checked" part.
+RESULT_CHECKS: dict[str, Callable] = {}
+
+
+def result_check(*opcodes: str) -> Callable:
+    def deco(fn: Callable) -> Callable:
+        for op in opcodes:
+            RESULT_CHECKS[op] = fn
+        return fn
+    return deco

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ... import dtypes as dt
-from ...errors import ShapeError
-from ...shape import AnyShape, Shape
+from .. import dtypes as dt
+from ..errors import ShapeError
+from ..shape import AnyShape, Shape
 from ._common import (array_operand, arity, computation_root_shape, infer, needs_shape,
-                      same_shapes)
+                      result_check, same_shapes)
 
 _FLOAT_OR_COMPLEX = ["cbrt", "cosine", "erf", "exponential", "exponential-minus-one", "log",
                      "log-plus-one", "logistic", "rsqrt", "sine", "sqrt", "tan", "tanh"]
@@ -29,12 +29,6 @@ def _unary(op: str, shapes: list[AnyShape]) -> Shape:
 def _require(op: str, s: Shape, ok: bool, what: str) -> None:
     if not ok:
         raise ShapeError(f"{op}: operand element type {s.dtype} is not {what}")
-
-
-@infer(*_FLOAT_OR_COMPLEX)
-def _float_or_complex(shapes: list[AnyShape], attrs: dict[str, Any], op: str = "") -> Shape:
-    s = _unary("unary op", shapes)
-    return s
 
 
 def _make_unary(op: str, check, what: str, result=None):
@@ -62,8 +56,14 @@ _make_unary("real", lambda d: d.is_float or d.is_complex, "floating point or com
 _make_unary("imag", lambda d: d.is_float or d.is_complex, "floating point or complex",
             result=lambda d: d.component)
 _make_unary("is-finite", lambda d: d.is_float, "floating point", result=lambda d: dt.PRED)
-_make_unary("copy", lambda d: True, "")
 _make_unary("reduce-precision", lambda d: d.is_float, "floating point")
+
+
+@infer("copy")
+def infer_copy(shapes: list[AnyShape], attrs: dict[str, Any]) -> AnyShape:
+    # copy also copies tuples (XLA deep-copies them element by element).
+    arity("copy", shapes, 1)
+    return shapes[0].without_layout()
 
 
 _ARITH = ["add", "subtract", "multiply", "divide", "maximum", "minimum", "remainder",
@@ -185,6 +185,35 @@ def infer_stochastic_convert(shapes: list[AnyShape], attrs: dict[str, Any]) -> S
         raise ShapeError(f"stochastic-convert: random must be an unsigned integer of "
                          f"{x.dtype.bits} bits like the operand, got {r.dtype}")
     raise needs_shape("stochastic-convert", "the target element type")
+
+
+@result_check("convert")
+def check_convert(shapes: list[AnyShape], attrs: dict[str, Any], result: AnyShape) -> None:
+    x = array_operand("convert", shapes[0])
+    r = array_operand("convert", result, "result")
+    if x.dims != r.dims:
+        raise ShapeError(f"convert: result {r.to_text(False)} must have the dimensions of "
+                         f"operand {x.to_text(False)}")
+
+
+@result_check("stochastic-convert")
+def check_stochastic_convert(shapes: list[AnyShape], attrs: dict[str, Any],
+                             result: AnyShape) -> None:
+    x = array_operand("stochastic-convert", shapes[0])
+    r = array_operand("stochastic-convert", result, "result")
+    if x.dims != r.dims:
+        raise ShapeError(f"stochastic-convert: result {r.to_text(False)} must have the "
+                         f"dimensions of operand {x.to_text(False)}")
+
+
+@result_check("bitcast-convert")
+def check_bitcast_convert_result(shapes: list[AnyShape], attrs: dict[str, Any],
+                                 result: AnyShape) -> None:
+    x = array_operand("bitcast-convert", shapes[0])
+    r = array_operand("bitcast-convert", result, "result")
+    why = check_bitcast_convert(x, r)
+    if why:
+        raise ShapeError("bitcast-convert: " + why)
 
 
 def check_bitcast_convert(operand: Shape, result: Shape) -> str | None:

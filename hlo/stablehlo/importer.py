@@ -18,7 +18,7 @@ from ..attrs import FrontendAttributes, Raw
 from ..errors import HloImportError
 from ..ir import Computation, Instruction, Module
 from ..shape import AnyShape, Shape, TupleShape
-from .mlir_utils import (location_metadata, make_context, short_location, to_shape)
+from .mlir_utils import (isa, location_metadata, make_context, short_location, to_shape)
 
 # op name -> rule(importer, scope, op) -> Instruction | list[Instruction] | None
 OP_RULES: dict[str, Callable] = {}
@@ -115,13 +115,13 @@ class Importer:
         results = list(op.results)
         if result is None:
             if results:
-                raise HloImportError("rule produced no value", op=op.name,
+                raise HloImportError("rule produced no value", op=op.operation.name,
                                      location=short_location(op.location))
             return
         if isinstance(result, (list, tuple)):
             if len(result) != len(results):
                 raise HloImportError(f"rule produced {len(result)} values for "
-                                     f"{len(results)} results", op=op.name)
+                                     f"{len(results)} results", op=op.operation.name)
             for r, inst in zip(results, result):
                 scope.values[r] = inst
         elif len(results) == 1:
@@ -159,7 +159,7 @@ class Importer:
 
     def region_computation(self, region: Any, base: str, tuple_params: bool = False,
                            captures: Sequence[Any] = (), outer: Optional[Scope] = None,
-                           extra_results: bool = False) -> Computation:
+                           extra_results: bool = False, force_tuple: bool = False) -> Computation:
         """A computation from a one-block region.
 
         Flat (default): one parameter per block argument. ``tuple_params``: one tuple
@@ -171,10 +171,17 @@ class Importer:
         scope = Scope(comp)
         block = region.blocks[0]
         args = list(block.arguments)
+        # Constants a region uses from outside are re-created inside it (as XLA does), so
+        # they need not travel as operands.
+        constants = [v for v in free_values([region]) if _is_constant(v)]
+        captures = [c for c in captures if not _is_constant(c)]
+        for v in constants:
+            owner = v.owner
+            self.bind_results(scope, owner, OP_RULES["stablehlo.constant"](self, scope, owner))
         if tuple_params:
             elems = [to_shape(a.type) for a in args] + [to_shape(c.type) for c in captures]
             all_vals = args + list(captures)
-            if len(all_vals) == 1:
+            if len(all_vals) == 1 and not force_tuple:
                 p = self._param(comp, 0, elems[0])
                 scope.values[all_vals[0]] = p
             else:
@@ -244,6 +251,13 @@ class Importer:
         return comp
 
 
+def _is_constant(v: Any) -> bool:
+    try:
+        return v.owner.operation.name == "stablehlo.constant"
+    except AttributeError:  # block arguments have a Block as owner
+        return False
+
+
 def free_values(regions: Sequence[Any]) -> list[Any]:
     """Values used inside ``regions`` but defined outside them, in first-use order."""
     defined: set = set()
@@ -290,7 +304,7 @@ def _loc_name(loc: Any) -> str:
 
 def _string_value(attr: Any) -> str:
     from jaxlib.mlir import ir
-    if ir.StringAttr.isinstance(attr):
+    if isa(attr, ir.StringAttr):
         return ir.StringAttr(attr).value
     return str(attr)
 
@@ -392,35 +406,40 @@ def from_stablehlo(text_or_bytes: str | bytes, **options: Any) -> Module:
     if isinstance(data, (bytes, bytearray, memoryview)):
         data = bytes(data)
         if data.startswith(b"ML\xefR"):
-            return _parse_and_import(data, options)
-        if _looks_like_exported(data):
+            return _parse_and_import(data, options, portable=True)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is None or "\x00" in text:
+            # Not text: a jax.export flatbuffer (``Exported.serialize()``), or garbage.
             try:
                 from jax import export
                 exp = export.deserialize(bytearray(data))
-            except Exception as e:  # flatbuffer errors are not a documented type
-                raise HloImportError(f"cannot deserialize jax.export bytes: {e}") from None
+            except Exception:  # flatbuffer errors have no documented type
+                raise HloImportError("input is neither MLIR text, MLIR bytecode nor a "
+                                     "serialized jax.export.Exported") from None
             return from_exported(exp, **options)
-        try:
-            data = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise HloImportError("input is neither MLIR text, MLIR bytecode nor a serialized "
-                                 "jax.export.Exported") from None
+        data = text
     if not isinstance(data, str):
         raise HloImportError(f"from_stablehlo expects str or bytes, got {type(data).__name__}")
     return _parse_and_import(data, options)
 
 
-def _looks_like_exported(data: bytes) -> bool:
-    # jax.export's flatbuffer carries the file identifier "jaxe" at offset 4.
-    return len(data) > 8 and data[4:8] == b"jaxe"
-
-
-def _parse_and_import(data: str | bytes, options: dict) -> Module:
+def _parse_and_import(data: str | bytes, options: dict, portable: bool = False) -> Module:
     from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import stablehlo as sh
     ctx = make_context(allow_unregistered=bool(options.get("allow_unregistered")))
     with ctx, ir.Location.unknown():
         try:
-            mod = ir.Module.parse(data)
+            mod = None
+            if portable:  # bytecode may be a VHLO portable artifact or plain StableHLO
+                try:
+                    mod = sh.deserialize_portable_artifact(ctx, data)
+                except Exception:
+                    mod = None
+            if mod is None:
+                mod = ir.Module.parse(data)
         except ir.MLIRError as e:
             msg = str(e).strip().splitlines()
             detail = "; ".join(line.strip() for line in msg[1:3]) or msg[0]
@@ -442,12 +461,11 @@ def from_exported(exported: Any, **options: Any) -> Module:
     from jaxlib.mlir.dialects import stablehlo as sh
     ctx = make_context()
     with ctx, ir.Location.unknown():
+        # jax.export stores a portable artifact (VHLO bytecode); turn it back into StableHLO.
         try:
-            mod = ir.Module.parse(bytecode)
+            mod = sh.deserialize_portable_artifact(ctx, bytecode)
         except Exception:
-            # Portable artifacts (VHLO) need deserializing first.
-            text = sh.deserialize_portable_artifact_str(bytecode)
-            mod = ir.Module.parse(text)
+            mod = ir.Module.parse(exported.mlir_module())
         m = _import_mlir_module(mod, options)
     if exported.fun_name and m.name == "module":
         m.name = _sanitize("jit_" + exported.fun_name)

@@ -25,6 +25,16 @@ def make_context(allow_unregistered: bool = False):
     return ctx
 
 
+def isa(x: Any, cls: Any) -> bool:
+    """isinstance on MLIR bindings objects, which may come back not yet downcast."""
+    if isinstance(x, cls):
+        return True
+    try:
+        return isinstance(x.maybe_downcast(), cls)
+    except Exception:
+        return False
+
+
 # --- types ------------------------------------------------------------------------------
 def element_dtype(elem_type: Any, where: str = "") -> dt.DType:
     name = str(elem_type)
@@ -40,13 +50,13 @@ def to_shape(ty: Any, where: str = "") -> AnyShape:
     """The HLO shape of an MLIR type, with XLA's default row-major layout."""
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import stablehlo as sh
-    if sh.TokenType.isinstance(ty):
+    if str(ty) == "!stablehlo.token" or isa(ty, sh.TokenType):
         return Shape(dt.TOKEN, ())
-    if ir.TupleType.isinstance(ty):
-        tt = ir.TupleType(ty)
+    if isa(ty, ir.TupleType):
+        tt = ty if isinstance(ty, ir.TupleType) else ty.maybe_downcast()
         return TupleShape(tuple(to_shape(tt.get_type(i), where) for i in range(tt.num_types)))
-    if ir.RankedTensorType.isinstance(ty):
-        rt = ir.RankedTensorType(ty)
+    if isa(ty, ir.RankedTensorType):
+        rt = ty if isinstance(ty, ir.RankedTensorType) else ty.maybe_downcast()
         if not rt.has_static_shape:
             raise HloImportError(f"dynamic shapes are not supported (type {ty})", location=where)
         if rt.encoding is not None:
@@ -54,11 +64,9 @@ def to_shape(ty: Any, where: str = "") -> AnyShape:
             raise HloImportError(f"dynamic shapes are not supported (type {ty})", location=where)
         dims = tuple(rt.shape)
         return Shape(element_dtype(rt.element_type, where), dims, Layout.row_major(len(dims)))
-    if ir.UnrankedTensorType.isinstance(ty):
+    if isa(ty, ir.UnrankedTensorType):
         raise HloImportError(f"dynamic shapes are not supported (unranked type {ty})",
                              location=where)
-    if ir.ShapedType.isinstance(ty) or ir.IntegerType.isinstance(ty) or ir.FloatType.isinstance(ty):
-        raise HloImportError(f"unsupported MLIR type {ty}: expected a ranked tensor", location=where)
     raise HloImportError(f"unsupported MLIR type {ty}", location=where)
 
 
@@ -164,8 +172,9 @@ def parse_dense(text: str, shape: Shape, where: str = "") -> np.ndarray:
                 pos += 1
         if dtype.is_complex:
             parts = _scalar_values(dtype.component, toks)
-            arr = (parts[0::2].astype(dtype.np_dtype) + 1j * parts[1::2].astype(dtype.np_dtype))
-            arr = arr.astype(dtype.np_dtype)
+            arr = np.empty(len(parts) // 2, dtype=dtype.np_dtype)
+            arr.real = parts[0::2]   # set parts separately: inf * 1j would make NaNs
+            arr.imag = parts[1::2]
         else:
             arr = _scalar_values(dtype, toks)
     if arr.size == 1 and n != 1:

@@ -1,0 +1,251 @@
+"""CHLO ops -> HLO, decomposed the way XLA's CHLO legalization does (real types).
+
+Ops with an HLO opcode map to it (erf, tan, top_k -> topk, ragged_dot -> ragged-dot); the
+rest are written as small HLO graphs. Complex inputs to the inverse/hyperbolic functions and
+the special functions not listed here raise ``hlo.ImportError``.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from .. import dtypes as dt
+from ..errors import HloImportError
+from ..ir import Instruction
+from ..shape import Layout, Shape, TupleShape
+from .importer import Importer, Scope, op_rule
+from .ops_table import int_attr, bool_attr, result_shape, results_shape, where
+
+
+class _G:
+    """Emits elementwise HLO on values of one shape (a tiny graph builder)."""
+
+    def __init__(self, imp: Importer, scope: Scope, op: Any):
+        self.imp, self.scope, self.op = imp, scope, op
+
+    def e(self, opcode: str, *xs: Instruction, shape: Shape | None = None, **attrs) -> Instruction:
+        return self.imp.emit(self.scope, opcode, list(xs), shape or xs[0].shape, attrs, self.op)
+
+    def c(self, value: float | int, like: Instruction) -> Instruction:
+        s = like.shape
+        k = self.imp.constant(self.scope, value, s.dtype, self.op)
+        if s.rank == 0:
+            return k
+        return self.e("broadcast", k, shape=s, dimensions=())
+
+    def cmp(self, a: Instruction, b: Instruction, direction: str) -> Instruction:
+        shape = Shape(dt.PRED, a.shape.dims, Layout.row_major(a.shape.rank))
+        ctype = "FLOAT" if a.shape.dtype.is_float else (
+            "UNSIGNED" if a.shape.dtype.is_unsigned else "SIGNED")
+        return self.e("compare", a, b, shape=shape, direction=direction, type=ctype)
+
+    def convert(self, x: Instruction, dtype) -> Instruction:
+        return self.e("convert", x, shape=Shape(dtype, x.shape.dims, x.shape.layout))
+
+
+def _real_unary(fn):
+    """A rule for a unary chlo op on real floats, written with the graph builder."""
+    def rule(imp, scope, op):
+        (x,) = imp.operands(scope, op)
+        if not x.shape.dtype.is_float:
+            raise HloImportError(f"only real floating-point operands are supported "
+                                 f"(got {x.shape.dtype})", op=op.operation.name, location=where(op))
+        g = _G(imp, scope, op)
+        # Narrow floats compute in f32, as XLA's decompositions upcast them.
+        orig = x.shape.dtype
+        if orig.bits < 32:
+            x = g.convert(x, dt.F32)
+        y = fn(g, x)
+        return g.convert(y, orig) if orig.bits < 32 else y
+    return rule
+
+
+def _direct(opcode: str):
+    def rule(imp, scope, op):
+        return imp.emit(scope, opcode, imp.operands(scope, op), result_shape(op), op=op)
+    return rule
+
+
+op_rule("chlo.erf")(_direct("erf"))
+op_rule("chlo.tan")(_direct("tan"))
+
+
+@op_rule("chlo.atan")
+def _atan(imp, scope, op):
+    (x,) = imp.operands(scope, op)
+    g = _G(imp, scope, op)
+    return g.e("atan2", x, g.c(1, x))
+
+
+def _asin(g: _G, x):
+    # asin(x) = 2 * atan2(x, 1 + sqrt(1 - x^2))
+    one = g.c(1, x)
+    root = g.e("sqrt", g.e("subtract", one, g.e("multiply", x, x)))
+    return g.e("multiply", g.c(2, x), g.e("atan2", x, g.e("add", one, root)))
+
+
+def _acos(g: _G, x):
+    # acos(x) = 2 * atan2(sqrt(1 - x^2), 1 + x), and pi at x == -1.
+    one = g.c(1, x)
+    root = g.e("sqrt", g.e("subtract", one, g.e("multiply", x, x)))
+    main = g.e("multiply", g.c(2, x), g.e("atan2", root, g.e("add", one, x)))
+    return g.e("select", g.cmp(x, g.c(-1, x), "NE"), main, g.c(math.pi, x))
+
+
+def _sinh(g: _G, x):
+    # Small |x|: from expm1 to keep precision; large: exp(±x + log(1/2)) avoids overflow.
+    half_log = g.c(math.log(0.5), x)
+    large = g.e("subtract", g.e("exponential", g.e("add", x, half_log)),
+                g.e("exponential", g.e("subtract", half_log, x)))
+    em1 = g.e("exponential-minus-one", x)
+    small = g.e("multiply", g.c(0.5, x),
+                g.e("add", em1, g.e("divide", em1, g.e("add", em1, g.c(1, x)))))
+    return g.e("select", g.cmp(g.e("abs", x), g.c(1, x), "LT"), small, large)
+
+
+def _cosh(g: _G, x):
+    half_log = g.c(math.log(0.5), x)
+    return g.e("add", g.e("exponential", g.e("add", x, half_log)),
+               g.e("exponential", g.e("subtract", half_log, x)))
+
+
+def _asinh(g: _G, x):
+    # sign(x) * log1p(a + a^2 / (1 + sqrt(1 + a^2))), a = |x|; log(a) + log(2) for huge a.
+    a = g.e("abs", x)
+    one = g.c(1, x)
+    a2 = g.e("multiply", a, a)
+    small = g.e("log-plus-one", g.e("add", a, g.e("divide", a2, g.e(
+        "add", one, g.e("sqrt", g.e("add", one, a2))))))
+    big = g.e("add", g.e("log", a), g.c(math.log(2), x))
+    limit = g.c(math.sqrt(float(_finfo_max(x))) / 2, x)
+    r = g.e("select", g.cmp(a, limit, "GE"), big, small)
+    return g.e("multiply", g.e("sign", x), r)
+
+
+def _acosh(g: _G, x):
+    one = g.c(1, x)
+    main = g.e("log", g.e("add", x, g.e("multiply", g.e("sqrt", g.e("add", x, one)),
+                                        g.e("sqrt", g.e("subtract", x, one)))))
+    big = g.e("add", g.e("log", x), g.c(math.log(2), x))
+    limit = g.c(math.sqrt(float(_finfo_max(x))) / 2, x)
+    return g.e("select", g.cmp(x, limit, "GE"), big, main)
+
+
+def _atanh(g: _G, x):
+    # 0.5 * (log1p(x) - log1p(-x)); NaN outside [-1, 1].
+    main = g.e("multiply", g.c(0.5, x), g.e("subtract", g.e("log-plus-one", x),
+                                            g.e("log-plus-one", g.e("negate", x))))
+    return g.e("select", g.cmp(g.e("abs", x), g.c(1, x), "GT"), g.c(float("nan"), x), main)
+
+
+def _erf_inv(g: _G, x):
+    # Giles, "Approximating the erfinv function" (single precision): two polynomials in
+    # w = -log((1 - x)(1 + x)); +-inf at x = +-1.
+    small_c = [2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
+               0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941]
+    big_c = [-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
+             0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682]
+    one = g.c(1, x)
+    w = g.e("negate", g.e("log", g.e("multiply", g.e("subtract", one, x), g.e("add", one, x))))
+    is_small = g.cmp(w, g.c(5, x), "LT")
+    w_small = g.e("subtract", w, g.c(2.5, x))
+    w_big = g.e("subtract", g.e("sqrt", w), g.c(3, x))
+    ww = g.e("select", is_small, w_small, w_big)
+    p = g.e("select", is_small, g.c(small_c[0], x), g.c(big_c[0], x))
+    for cs, cb in zip(small_c[1:], big_c[1:]):
+        p = g.e("add", g.e("select", is_small, g.c(cs, x), g.c(cb, x)), g.e("multiply", p, ww))
+    result = g.e("multiply", p, x)
+    is_one = g.cmp(g.e("abs", x), one, "EQ")
+    return g.e("select", is_one, g.e("multiply", x, g.c(float("inf"), x)), result)
+
+
+def _finfo_max(x: Instruction):
+    import numpy as np
+    import ml_dtypes
+    d = x.shape.dtype.np_dtype
+    try:
+        return np.finfo(d).max
+    except ValueError:
+        return ml_dtypes.finfo(d).max
+
+
+for _name, _fn in (("asin", _asin), ("acos", _acos), ("sinh", _sinh), ("cosh", _cosh),
+                   ("asinh", _asinh), ("acosh", _acosh), ("atanh", _atanh),
+                   ("erf_inv", _erf_inv)):
+    op_rule("chlo." + _name)(_real_unary(_fn))
+
+
+@op_rule("chlo.next_after")
+def _next_after(imp, scope, op):
+    x, y = imp.operands(scope, op)
+    d = x.shape.dtype
+    if not d.is_float:
+        raise HloImportError("next_after needs floating-point operands", op=op.operation.name,
+                             location=where(op))
+    g = _G(imp, scope, op)
+    ity = {16: dt.S16, 32: dt.S32, 64: dt.S64, 8: dt.S8}[d.bits]
+    ishape = Shape(ity, x.shape.dims, x.shape.layout)
+    xi = g.e("bitcast-convert", x, shape=ishape)
+    yi = g.e("bitcast-convert", y, shape=ishape)
+    sign_mask = g.c(-(1 << (d.bits - 1)), xi)
+    # Step the magnitude towards y: +1 if (x < y) == (x > 0), else -1.
+    toward_up = g.cmp(g.cmp(x, y, "LT"), g.cmp(x, g.c(0, x), "GT"), "EQ")
+    stepped = g.e("select", toward_up, g.e("add", xi, g.c(1, xi)),
+                  g.e("subtract", xi, g.c(1, xi)))
+    # From zero: the smallest denormal carrying y's sign.
+    from_zero = g.e("or", g.e("and", yi, sign_mask), g.c(1, xi))
+    x_zero = g.cmp(x, g.c(0, x), "EQ")
+    ri = g.e("select", x_zero, from_zero, stepped)
+    r = g.e("bitcast-convert", ri, shape=x.shape)
+    r = g.e("select", g.cmp(x, y, "EQ"), y, r)
+    nan = g.e("or", g.cmp(x, x, "NE"), g.cmp(y, y, "NE"))
+    return g.e("select", nan, g.c(float("nan"), x), r)
+
+
+@op_rule("chlo.mulhi")
+def _mulhi(imp, scope, op):
+    x, y = imp.operands(scope, op)
+    d = x.shape.dtype
+    wide = {("sint", 8): dt.S16, ("sint", 16): dt.S32, ("sint", 32): dt.S64,
+            ("uint", 8): dt.U16, ("uint", 16): dt.U32, ("uint", 32): dt.U64}.get((d.kind, d.bits))
+    if wide is None:
+        raise HloImportError(f"mulhi on {d} is not supported yet", op=op.operation.name, location=where(op))
+    g = _G(imp, scope, op)
+    p = g.e("multiply", g.convert(x, wide), g.convert(y, wide))
+    shift = "shift-right-arithmetic" if d.kind == "sint" else "shift-right-logical"
+    return g.convert(g.e(shift, p, g.c(d.bits, p)), d)
+
+
+@op_rule("chlo.top_k")
+def _top_k(imp, scope, op):
+    return imp.emit(scope, "topk", imp.operands(scope, op), results_shape(op),
+                    {"k": int_attr(op, "k"), "largest": True}, op)
+
+
+@op_rule("chlo.ragged_dot")
+def _ragged_dot(imp, scope, op):
+    text = str(op.attributes["ragged_dot_dimension_numbers"])
+
+    def dims(key: str) -> tuple[int, ...]:
+        m = re.search(key + r"\s*=\s*\[([^\]]*)\]", text)
+        return tuple(int(v) for v in m.group(1).split(",") if v.strip()) if m else ()
+    attrs: dict = {}
+    if dims("lhs_batching_dimensions"):
+        attrs["lhs_batch_dims"] = dims("lhs_batching_dimensions")
+    attrs["lhs_contracting_dims"] = dims("lhs_contracting_dimensions")
+    if dims("rhs_batching_dimensions"):
+        attrs["rhs_batch_dims"] = dims("rhs_batching_dimensions")
+    attrs["rhs_contracting_dims"] = dims("rhs_contracting_dimensions")
+    attrs["lhs_ragged_dims"] = dims("lhs_ragged_dimensions")
+    attrs["rhs_group_dims"] = dims("rhs_group_dimensions")
+    return imp.emit(scope, "ragged-dot", imp.operands(scope, op), result_shape(op), attrs, op)
+
+
+def _not_yet(imp, scope, op):
+    raise HloImportError("this CHLO op is not supported yet", op=op.operation.name, location=where(op))
+
+
+for _n in ("lgamma", "digamma", "polygamma", "zeta", "bessel_i1e", "conj", "is_inf",
+           "is_neg_inf", "is_pos_inf", "square", "constant_like", "scan"):
+    op_rule("chlo." + _n)(_not_yet)

@@ -1,0 +1,153 @@
+"""The ``hlotk`` command line: import, run and check programs.
+
+    hlotk import prog.mlir -o prog.hlo      # print (or write) the HLO text
+    hlotk run prog.hlo --inputs x.npy       # run on the CPU, summarize the outputs
+    hlotk check suite/*.mlir                # the StableHLO interpreter conformance files
+
+Errors the user can cause print ``hlotk: error: ...`` on stderr and exit with 2 (1 when
+``check`` finds failures); no traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from typing import Optional, Sequence, TextIO
+
+import numpy as np
+
+from hlo.errors import HlotkError
+
+from . import inputs as inputs_mod
+
+EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file in the same directory and a rename, so a
+    reader never sees a partial file and a failure leaves the old file (or none)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
+                               dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        # mkstemp makes the file 0600; give it the mode a plain open() would have.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# --- subcommands ------------------------------------------------------------------------------
+def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
+    module = inputs_mod.load_module(args.file)
+    text = module.to_text()
+    if args.output:
+        try:
+            write_atomically(args.output, text)
+        except OSError as e:
+            raise inputs_mod.InputFileError(f"{args.output}: cannot write: {e.strerror}") from None
+    else:
+        out.write(text)
+        if not text.endswith("\n"):
+            out.write("\n")
+    return EXIT_OK
+
+
+def _summary(x: np.ndarray, first: int = 6) -> str:
+    flat = x.reshape(-1)
+    head = ", ".join(str(v) for v in flat[:first]) + (", ..." if flat.size > first else "")
+    if flat.size == 0:
+        return "empty"
+    if x.dtype == np.bool_:
+        return f"true={int(flat.sum())}/{flat.size}  first=[{head}]"
+    wide = flat.astype(np.complex128 if np.iscomplexobj(flat) else np.float64)
+    if np.iscomplexobj(wide):
+        return f"mean={wide.mean():.6g}  first=[{head}]"
+    return (f"min={wide.min():.6g}  max={wide.max():.6g}  mean={wide.mean():.6g}  "
+            f"first=[{head}]")
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
+    from . import client as make_client
+
+    module = inputs_mod.load_module(args.file)
+    c = make_client("cpu")
+    exe = c.compile(module)
+    if args.inputs:
+        values = inputs_mod.load_npy(args.inputs)
+    else:
+        values = inputs_mod.random_inputs(exe.parameter_shapes, seed=args.seed)
+        out.write(f"inputs: {len(values)} random (seed {args.seed})\n")
+
+    def to_buffers(v):
+        return tuple(to_buffers(e) for e in v) if isinstance(v, tuple) else c.buffer_from_pyval(v)
+    results = exe.execute([to_buffers(v) for v in values])
+    for i, (buf, shape) in enumerate(zip(results, exe.result_shapes)):
+        arr = buf.to_numpy()
+        out.write(f"output {i}: {shape.to_text(print_layout=False)}  {_summary(arr)}\n")
+    if args.save_outputs:
+        os.makedirs(args.save_outputs, exist_ok=True)
+        for i, buf in enumerate(results):
+            path = os.path.join(args.save_outputs, f"output_{i}.npy")
+            np.save(path, buf.to_numpy())
+        out.write(f"saved {len(results)} outputs to {args.save_outputs}\n")
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
+    from .conformance import main_check
+    for p in args.files:
+        if not os.path.exists(p):
+            raise inputs_mod.InputFileError(f"{p}: no such file")
+    return int(main_check(list(args.files), out=out))
+
+
+# --- entry point ------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hlotk", description="Import, run and check HLO programs.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    imp = sub.add_parser("import", help="print the HLO text of an Exported/.mlir/.hlo file")
+    imp.add_argument("file", help="Exported.serialize() bytes, .mlir (text or bytecode), "
+                                  ".hlo/.txt HLO text")
+    imp.add_argument("-o", "--output", help="write the HLO text to this file instead")
+    imp.set_defaults(func=cmd_import)
+
+    run = sub.add_parser("run", help="run a program on the CPU and summarize its outputs")
+    run.add_argument("file")
+    run.add_argument("--inputs", nargs="+", metavar="NPY", help="one .npy file per parameter")
+    run.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
+    run.add_argument("--save-outputs", metavar="DIR", help="write output_<i>.npy files here")
+    run.set_defaults(func=cmd_run)
+
+    chk = sub.add_parser("check", help="run StableHLO conformance files (check.* ops)")
+    chk.add_argument("files", nargs="+", metavar="FILE")
+    chk.set_defaults(func=cmd_check)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse already printed usage; keep its code (2 for misuse)
+        return int(e.code or 0)
+    try:
+        return args.func(args, sys.stdout)
+    except HlotkError as e:
+        print(f"hlotk: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("hlotk: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

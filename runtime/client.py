@@ -1,0 +1,276 @@
+"""PJRT-shaped runtime objects: ``Client`` -> ``Device`` / ``Buffer`` / ``LoadedExecutable``.
+
+    c = runtime.client("cpu")
+    exe = c.compile(module)                       # an hlo.Module
+    outs = exe.execute([c.buffer_from_pyval(x)])  # list[Buffer], tuple results flattened
+
+A backend is one entry in ``BACKENDS``: a factory taking the client and returning an object
+with ``device_kind`` and ``prepare(module) -> body``, where ``body(list[np.ndarray]) ->
+list[np.ndarray]`` runs the entry computation on flattened arguments and returns flattened
+results. The CPU backend's body is the reference interpreter for now; a thunk sequence over
+a buffer arena replaces it later without changing anything above it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+import hlo
+from hlo import dtypes as dt
+from hlo.errors import HlotkError, InvalidArgumentError, UnimplementedError
+from hlo.shape import AnyShape, Shape, leaf_paths
+
+# Accepted values of ``compile(pipeline=...)``. Later: "default" and text pass specs.
+PIPELINES: tuple[str, ...] = ("none",)
+
+Body = Callable[[list[np.ndarray]], list[np.ndarray]]
+
+
+class ClientError(HlotkError):
+    """Misuse of the runtime (a deleted buffer, an unknown backend, a foreign device)."""
+
+
+# --- backends ------------------------------------------------------------------------------
+class _InterpreterBackend:
+    """Runs the entry computation with ``hlo.evaluate`` (XLA semantics, numpy values)."""
+
+    device_kind = "cpu (hlotk reference interpreter)"
+
+    def __init__(self, client: "Client"):
+        self.client = client
+
+    def prepare(self, module: hlo.Module) -> Body:
+        def run(args: list[np.ndarray]) -> list[np.ndarray]:
+            return flatten_value(hlo.evaluate(module, args))
+        return run
+
+
+def _cuda_backend(client: "Client") -> Any:
+    raise UnimplementedError("backend 'cuda' is not built yet (it comes with the Triton/cuBLAS "
+                             "code generator); use backend='cpu'")
+
+
+BACKENDS: dict[str, Callable[["Client"], Any]] = {
+    "cpu": _InterpreterBackend,
+    "cuda": _cuda_backend,
+}
+
+
+def flatten_value(value: Any) -> list[np.ndarray]:
+    """Tuples (nested too) flattened into their array leaves, in order, as PJRT returns them."""
+    if isinstance(value, tuple):
+        out: list[np.ndarray] = []
+        for v in value:
+            out.extend(flatten_value(v))
+        return out
+    if not isinstance(value, np.ndarray) and not np.isscalar(value):
+        raise UnimplementedError(f"the runtime cannot return a {type(value).__name__} "
+                                 "(token) result from the entry computation")
+    return [np.asarray(value)]
+
+
+# --- devices and buffers -------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class Device:
+    id: int
+    platform: str
+    device_kind: str
+    client: "Client"
+
+    def __repr__(self) -> str:
+        return f"Device(id={self.id}, platform={self.platform!r})"
+
+    def __str__(self) -> str:
+        return f"{self.platform.upper()}_{self.id}"
+
+
+class Buffer:
+    """An array on one device. On the CPU backend it holds a read-only numpy array."""
+
+    def __init__(self, array: np.ndarray, device: Device):
+        arr = np.array(array, copy=True, order="C")
+        arr.flags.writeable = False
+        self._array: Optional[np.ndarray] = arr
+        self.device = device
+
+    def _live(self) -> np.ndarray:
+        if self._array is None:
+            raise ClientError("this Buffer was deleted; it cannot be read or passed to "
+                                "execute")
+        return self._array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._live().shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._live().dtype
+
+    @property
+    def hlo_shape(self) -> Shape:
+        a = self._live()
+        return Shape(dt.from_numpy(a.dtype), a.shape)
+
+    def on_device_size_in_bytes(self) -> int:
+        return self._live().nbytes
+
+    def to_numpy(self) -> np.ndarray:
+        return self._live()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self._live()
+        return a if dtype is None else a.astype(dtype)
+
+    def delete(self) -> None:
+        self._array = None
+
+    def is_deleted(self) -> bool:
+        return self._array is None
+
+    def __repr__(self) -> str:
+        if self._array is None:
+            return f"Buffer(<deleted>, device={self.device})"
+        return f"Buffer({self.hlo_shape}, device={self.device})"
+
+
+# --- executables ---------------------------------------------------------------------------
+def _describe(shape: AnyShape) -> str:
+    return shape.to_text(print_layout=False)
+
+
+class LoadedExecutable:
+    """A compiled module bound to a device. ``execute`` checks arguments, then runs the body."""
+
+    def __init__(self, client: "Client", module: hlo.Module, body: Body, device: Device,
+                 pipeline: str):
+        self.client = client
+        self.module = module
+        self.device = device
+        self.pipeline = pipeline
+        self._body = body
+        entry = module.entry
+        assert entry is not None
+        self.parameter_shapes: list[AnyShape] = list(entry.parameter_shapes)
+        self.result_shapes: list[Shape] = [s for _, s in leaf_paths(entry.result_shape)]
+
+    @property
+    def name(self) -> str:
+        return self.module.name
+
+    def devices(self) -> list[Device]:
+        return [self.device]
+
+    def hlo_modules(self) -> list[hlo.Module]:
+        return [self.module]
+
+    def as_text(self) -> str:
+        return self.module.to_text()
+
+    def _check_arg(self, index: int, arg: Any, shape: AnyShape) -> Any:
+        if shape.is_tuple:
+            if not isinstance(arg, (tuple, list)) or len(arg) != len(shape.elements):
+                raise InvalidArgumentError(f"argument {index}: expected a tuple of "
+                                           f"{len(shape.elements)} buffers for "
+                                           f"{_describe(shape)}, got {type(arg).__name__}")
+            return tuple(self._check_arg(index, a, s) for a, s in zip(arg, shape.elements))
+        if not isinstance(arg, Buffer):
+            raise InvalidArgumentError(f"argument {index}: expected a Buffer, got "
+                                       f"{type(arg).__name__} (use client.buffer_from_pyval)")
+        if arg.is_deleted():
+            raise InvalidArgumentError(f"argument {index}: the buffer was deleted")
+        if arg.device.client is not self.client:
+            raise InvalidArgumentError(f"argument {index}: the buffer lives on {arg.device} "
+                                       f"of another client")
+        got = arg.hlo_shape
+        if not got.compatible(shape):
+            raise InvalidArgumentError(f"argument {index}: expected {_describe(shape)}, got "
+                                       f"{_describe(got)}")
+        return arg.to_numpy()
+
+    def execute(self, arguments: Sequence[Any]) -> list[Buffer]:
+        """Run on ``arguments`` (Buffers; a tuple of Buffers for a tuple parameter).
+
+        Returns one Buffer per array leaf of the result: a tuple result is flattened, as
+        PJRT's ``Execute`` does.
+        """
+        args = list(arguments)
+        if len(args) != len(self.parameter_shapes):
+            sig = ", ".join(_describe(s) for s in self.parameter_shapes)
+            raise InvalidArgumentError(f"{self.name} takes {len(self.parameter_shapes)} "
+                                       f"arguments ({sig}), got {len(args)}")
+        values = [self._check_arg(i, a, s) for i, (a, s) in enumerate(zip(args, self.parameter_shapes))]
+        results = self._body(values)
+        return [Buffer(r, self.device) for r in results]
+
+    def __repr__(self) -> str:
+        return f"LoadedExecutable({self.name}, device={self.device}, pipeline={self.pipeline!r})"
+
+
+# --- the client ----------------------------------------------------------------------------
+class Client:
+    def __init__(self, platform: str = "cpu", num_devices: int = 1):
+        if platform not in BACKENDS:
+            raise ClientError(f"unknown backend {platform!r}; known backends: "
+                                + ", ".join(sorted(BACKENDS)))
+        if num_devices < 1:
+            raise ClientError(f"num_devices must be at least 1, got {num_devices}")
+        self.platform = platform
+        self._backend = BACKENDS[platform](self)
+        self._devices = [Device(i, platform, self._backend.device_kind, self)
+                         for i in range(num_devices)]
+
+    def devices(self) -> list[Device]:
+        return list(self._devices)
+
+    def local_devices(self) -> list[Device]:
+        return self.devices()
+
+    def device_count(self) -> int:
+        return len(self._devices)
+
+    def _device(self, device: Optional[Device]) -> Device:
+        if device is None:
+            return self._devices[0]
+        if not isinstance(device, Device) or device.client is not self:
+            raise ClientError(f"{device!r} is not a device of this {self.platform} client")
+        return device
+
+    def buffer_from_pyval(self, x: Any, device: Optional[Device] = None) -> Buffer:
+        """Copy ``x`` (numpy array, scalar, JAX array) onto ``device`` (default: device 0)."""
+        arr = np.asarray(x)
+        try:
+            dt.from_numpy(arr.dtype)
+        except HlotkError:
+            raise InvalidArgumentError(f"cannot place a value of numpy dtype {arr.dtype} in a "
+                                       "buffer: it has no HLO element type") from None
+        return Buffer(arr, self._device(device))
+
+    def compile(self, module: hlo.Module, *, pipeline: str = "none",
+                device: Optional[Device] = None, verify: bool = True) -> LoadedExecutable:
+        """Compile ``module`` for one device.
+
+        ``pipeline`` chooses the HLO passes run first; only ``"none"`` exists yet.
+        """
+        if pipeline not in PIPELINES:
+            raise InvalidArgumentError(f"unknown pipeline {pipeline!r}; accepted: "
+                                       + ", ".join(repr(p) for p in PIPELINES))
+        if not isinstance(module, hlo.Module) or module.entry is None:
+            raise InvalidArgumentError("compile expects an hlo.Module with an entry computation")
+        if verify:
+            try:
+                hlo.verify(module)
+            except NotImplementedError:  # the verifier is optional until it lands
+                pass
+        body = self._backend.prepare(module)
+        return LoadedExecutable(self, module, body, self._device(device), pipeline)
+
+    def __repr__(self) -> str:
+        return f"Client(platform={self.platform!r}, devices={len(self._devices)})"
+
+
+def client(platform: str = "cpu", num_devices: int = 1) -> Client:
+    """A runtime client for ``platform`` (one of ``BACKENDS``)."""
+    return Client(platform, num_devices)

@@ -1,0 +1,324 @@
+"""``runtime.jit``: the front door, shaped like ``jax.jit`` and ``jax.stages``.
+
+    f = runtime.jit(fn)                  # Jitted
+    f(x, {"w": w})                       # numpy results in fn's output pytree
+    lowered = f.lower(x, {"w": w})       # Lowered: .as_text() is the imported HLO
+    compiled = lowered.compile()         # Compiled: .as_text(), .memory_analysis(),
+    compiled(x, {"w": w})                #   .cost_analysis(), callable
+
+The JAX function is traced on a flat signature (one parameter per array leaf, in
+``jax.tree_util`` order; static arguments closed over) and imported with ``hlo.from_jax``;
+the module is then compiled by a ``runtime.Client`` for the chosen backend. ``Jitted``
+caches one ``Compiled`` per input signature (pytree structure, leaf shapes/dtypes/weak
+types, static argument values).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+
+import hlo
+from hlo.errors import HlotkError, InvalidArgumentError
+
+from . import analysis
+from .client import PIPELINES, Client, LoadedExecutable
+from .client import client as make_client
+
+_CLIENTS: dict[str, Client] = {}
+
+
+def default_client(backend: str) -> Client:
+    """One shared client per backend, created on first use."""
+    if backend not in _CLIENTS:
+        _CLIENTS[backend] = make_client(backend)
+    return _CLIENTS[backend]
+
+
+# --- abstract values ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class LeafSpec:
+    """What the compiled program expects for one array leaf."""
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    weak_type: bool   # a Python scalar: JAX types it weakly (it adapts to other operands)
+
+    def describe(self) -> str:
+        return f"{hlo.dtypes.from_numpy(self.dtype).name}[{','.join(map(str, self.shape))}]"
+
+
+_PY_SCALARS = {bool: np.bool_, int: np.int64, float: np.float64, complex: np.complex128}
+
+
+def _leaf_spec(x: Any, where: str) -> LeafSpec:
+    import jax
+    if type(x) in _PY_SCALARS:
+        dtype = jax.dtypes.canonicalize_dtype(_PY_SCALARS[type(x)])
+        return LeafSpec((), np.dtype(dtype), True)
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        try:
+            dtype = np.dtype(jax.dtypes.canonicalize_dtype(x.dtype))
+        except TypeError:
+            raise InvalidArgumentError(f"{where}: dtype {x.dtype} is not supported") from None
+        return LeafSpec(tuple(int(d) for d in x.shape), dtype,
+                        bool(getattr(x, "weak_type", False)))
+    raise InvalidArgumentError(f"{where}: expected an array or a Python scalar, got "
+                               f"{type(x).__name__}")
+
+
+def _path_text(path: tuple, arg_names: Sequence[str], static: frozenset[int]) -> str:
+    """``argument 1 (params['w'])`` for the leaf at ``path`` of ``(args, kwargs)``."""
+    import jax
+    if not path:
+        return "argument"
+    if path[0].idx == 0:           # positional: path[1] indexes the dynamic args
+        dyn_index = path[1].idx
+        positions = [i for i in range(dyn_index + len(static) + 1) if i not in static]
+        index = positions[dyn_index]
+        name = arg_names[index] if index < len(arg_names) else f"args[{index}]"
+        rest = jax.tree_util.keystr(tuple(path[2:]))
+        return f"argument {index} ({name}{rest})"
+    key = path[1].key
+    rest = jax.tree_util.keystr(tuple(path[2:]))
+    return f"keyword argument {key!r} ({key}{rest})"
+
+
+class _Signature(NamedTuple):
+    in_tree: Any
+    leaves: tuple[LeafSpec, ...]
+    static: tuple[Any, ...]
+
+
+def _split_static(args: tuple, static_argnums: frozenset[int]) -> tuple[tuple, tuple]:
+    dynamic = tuple(a for i, a in enumerate(args) if i not in static_argnums)
+    static = tuple((i, args[i]) for i in sorted(static_argnums) if i < len(args))
+    return dynamic, static
+
+
+def _to_numpy(x: Any, spec: LeafSpec) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype != spec.dtype:
+        # Only canonicalization reaches here (f64 -> f32 without x64, Python scalars).
+        arr = arr.astype(spec.dtype)
+    return arr
+
+
+# --- stages --------------------------------------------------------------------------------
+class Compiled:
+    """A compiled program for one input signature (``jax.stages.Compiled``).
+
+    Called with the dynamic arguments only: static arguments were fixed at ``lower``.
+    """
+
+    def __init__(self, lowered: "Lowered", executable: LoadedExecutable):
+        self.lowered = lowered
+        self.executable = executable
+        self.in_tree = lowered.in_tree
+        self.out_tree = lowered.out_tree
+
+    @property
+    def module(self) -> hlo.Module:
+        return self.executable.module
+
+    def as_text(self) -> str:
+        return self.executable.as_text()
+
+    def memory_analysis(self) -> analysis.CompiledMemoryStats:
+        return analysis.memory_analysis(self.module)
+
+    def cost_analysis(self) -> dict[str, float]:
+        return analysis.cost_analysis(self.module)
+
+    def _flat_inputs(self, args: tuple, kwargs: dict) -> list[np.ndarray]:
+        import jax
+        lowered = self.lowered
+        leaves_with_path, tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
+        if tree != self.in_tree:
+            n_args = len(args)
+            expected = lowered.num_dynamic_args
+            if n_args != expected and not kwargs:
+                raise InvalidArgumentError(
+                    f"{lowered.name} was compiled for {expected} (non-static) arguments, got "
+                    f"{n_args}")
+            raise InvalidArgumentError(f"{lowered.name}: the arguments' pytree structure "
+                                       f"{tree} differs from the compiled one {self.in_tree}")
+        out = []
+        for (path, x), spec in zip(leaves_with_path, lowered.in_specs):
+            where = _path_text(path, lowered.arg_names, lowered.static_argnums)
+            got = _leaf_spec(x, where)
+            if got.shape != spec.shape or got.dtype != spec.dtype:
+                raise InvalidArgumentError(f"{where}: expected {spec.describe()}, got "
+                                           f"{got.describe()}")
+            out.append(_to_numpy(x, spec))
+        return out
+
+    def call_flat(self, flat: list[np.ndarray]) -> list[np.ndarray]:
+        client = self.executable.client
+        buffers = [client.buffer_from_pyval(x, self.executable.device) for x in flat]
+        return [b.to_numpy() for b in self.executable.execute(buffers)]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import jax
+        outs = self.call_flat(self._flat_inputs(args, kwargs))
+        if len(outs) != self.out_tree.num_leaves:
+            raise HlotkError(f"{self.lowered.name}: the executable returned {len(outs)} "
+                             f"arrays, the function's output has {self.out_tree.num_leaves}")
+        return jax.tree_util.tree_unflatten(self.out_tree, outs)
+
+    def __repr__(self) -> str:
+        return f"Compiled({self.lowered.name}, backend={self.lowered.backend!r})"
+
+
+class Lowered:
+    """The imported HLO module for one input signature (``jax.stages.Lowered``)."""
+
+    def __init__(self, module: hlo.Module, *, name: str, in_tree: Any,
+                 in_specs: tuple[LeafSpec, ...], out_tree: Any, backend: str, pipeline: str,
+                 arg_names: Sequence[str], static_argnums: frozenset[int],
+                 num_dynamic_args: int):
+        self.module = module
+        self.name = name
+        self.in_tree = in_tree
+        self.in_specs = in_specs
+        self.out_tree = out_tree
+        self.backend = backend
+        self.pipeline = pipeline
+        self.arg_names = list(arg_names)
+        self.static_argnums = static_argnums
+        self.num_dynamic_args = num_dynamic_args
+
+    def as_text(self) -> str:
+        return self.module.to_text()
+
+    def compile(self) -> Compiled:
+        client = default_client(self.backend)
+        return Compiled(self, client.compile(self.module, pipeline=self.pipeline))
+
+    def __repr__(self) -> str:
+        return f"Lowered({self.name}, {len(self.in_specs)} inputs)"
+
+
+class CacheInfo(NamedTuple):
+    hits: int
+    misses: int
+    size: int
+
+
+class Jitted:
+    """The object ``runtime.jit(fn)`` returns (``jax.stages.Wrapped``)."""
+
+    def __init__(self, fn: Callable, backend: str = "cpu", pipeline: str = "none",
+                 static_argnums: int | Sequence[int] = (), donate_argnums: int | Sequence[int] = ()):
+        if not callable(fn):
+            raise InvalidArgumentError(f"jit expects a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.backend = backend
+        self.pipeline = pipeline
+        as_set = lambda v: frozenset((v,) if isinstance(v, int) else v)  # noqa: E731
+        self.static_argnums = as_set(static_argnums)
+        # Recorded for the later buffer-assignment work; the interpreter never aliases.
+        self.donate_argnums = as_set(donate_argnums)
+        self._cache: dict[_Signature, Compiled] = {}
+        self._hits = 0
+        self._misses = 0
+        try:
+            params = inspect.signature(fn).parameters.values()
+            self._arg_names = [p.name for p in params
+                               if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):
+            self._arg_names = []
+        self.__name__ = getattr(fn, "__name__", "fn")
+        functools.update_wrapper(self, fn)
+        # Fail early on a backend or pipeline name the runtime does not know.
+        default_client(backend)
+        if pipeline not in PIPELINES:
+            raise InvalidArgumentError(f"unknown pipeline {pipeline!r}; accepted: "
+                                       + ", ".join(repr(p) for p in PIPELINES))
+
+    # --- signatures ----------------------------------------------------------------------
+    def _signature(self, args: tuple, kwargs: dict) -> tuple[_Signature, tuple]:
+        import jax
+        for i in self.static_argnums:
+            if i >= len(args):
+                raise InvalidArgumentError(f"{self.__name__}: static_argnums has {i} but only "
+                                           f"{len(args)} positional arguments were given")
+        dynamic, static = _split_static(args, self.static_argnums)
+        for i, v in static:
+            try:
+                hash(v)
+            except TypeError:
+                raise InvalidArgumentError(f"argument {i} is static (static_argnums) and must be "
+                                           f"hashable; got {type(v).__name__}") from None
+        leaves_with_path, tree = jax.tree_util.tree_flatten_with_path((dynamic, kwargs))
+        specs = tuple(_leaf_spec(x, _path_text(p, self._arg_names, self.static_argnums))
+                      for p, x in leaves_with_path)
+        return _Signature(tree, specs, static), dynamic
+
+    # --- stages --------------------------------------------------------------------------
+    def _lower(self, sig: _Signature, num_dynamic: int) -> Lowered:
+        import jax
+        store: dict[str, Any] = {}
+
+        # Wrapped so that JAX names the entry parameters after fn's own arguments
+        # (``x``, ``params['w']``) and so that the output pytree is recorded while tracing.
+        @functools.wraps(self.fn)
+        def traced_fn(*args: Any, **kwargs: Any) -> Any:
+            out = self.fn(*args, **kwargs)
+            store["out_tree"] = jax.tree_util.tree_structure(out)
+            return out
+
+        # keep_unused: one entry parameter per leaf, even for arguments fn ignores.
+        traced = jax.jit(traced_fn, static_argnums=tuple(sorted(self.static_argnums)),
+                         keep_unused=True)
+        specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type) for s in sig.leaves]
+        dyn_specs, kw_specs = jax.tree_util.tree_unflatten(sig.in_tree, specs)
+        it = iter(dyn_specs)
+        static = dict(sig.static)
+        n = len(dyn_specs) + len(static)
+        full = [static[i] if i in static else next(it) for i in range(n)]
+        module = hlo.from_jax(traced, *full, **kw_specs)
+        if len(module.entry.parameters) != len(specs):
+            raise HlotkError(f"{self.__name__}: the imported module has "
+                             f"{len(module.entry.parameters)} parameters for {len(specs)} "
+                             "argument leaves")
+        return Lowered(module, name=self.__name__, in_tree=sig.in_tree, in_specs=sig.leaves,
+                       out_tree=store["out_tree"], backend=self.backend,
+                       pipeline=self.pipeline, arg_names=self._arg_names,
+                       static_argnums=self.static_argnums, num_dynamic_args=num_dynamic)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+        sig, dynamic = self._signature(args, kwargs)
+        return self._lower(sig, len(dynamic))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        sig, dynamic = self._signature(args, kwargs)
+        compiled = self._cache.get(sig)
+        if compiled is None:
+            self._misses += 1
+            compiled = self._lower(sig, len(dynamic)).compile()
+            self._cache[sig] = compiled
+        else:
+            self._hits += 1
+        return compiled(*dynamic, **kwargs)
+
+    def cache_info(self) -> CacheInfo:
+        """Hits and misses of the compile cache (a miss is one lower + compile)."""
+        return CacheInfo(self._hits, self._misses, len(self._cache))
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+    def __repr__(self) -> str:
+        return f"Jitted({self.__name__}, backend={self.backend!r})"
+
+
+def jit(fn: Callable, backend: str = "cpu", pipeline: str = "none",
+        static_argnums: int | Sequence[int] = (),
+        donate_argnums: int | Sequence[int] = ()) -> Jitted:
+    """Compile ``fn`` (a JAX-traceable function) with hlotk, like ``jax.jit``."""
+    return Jitted(fn, backend=backend, pipeline=pipeline, static_argnums=static_argnums,
+                  donate_argnums=donate_argnums)
+
