@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import hlo
 from hlo.ir import Computation, Instruction

@@ -25,7 +25,10 @@ def run_op(opcode, *args, shape, called=(), **attrs):
     b = Builder("t")
     params = [b.parameter(_shape_of(a)) for a in args]
     root = b.op(opcode, *params, shape=shape, **attrs)
-    return hlo.evaluate(b.module(root=root, called=called), [np.asarray(a) for a in args])
+    out = hlo.evaluate(b.module(root=root, called=called), [np.asarray(a) for a in args])
+    if not shape.is_tuple:   # rules return exactly the declared element type and dims
+        assert out.shape == shape.dims and out.dtype == shape.dtype.np_dtype, (out.shape, out.dtype)
+    return out
 
 
 def xla(fn, *args):

@@ -28,7 +28,10 @@ def run_op(opcode: str, *args: np.ndarray, out_dtype=None, out_dims=None, **attr
     dtype = dt.from_numpy(out_dtype) if out_dtype is not None else params[0].shape.dtype
     dims = out_dims if out_dims is not None else np.broadcast_shapes(*[np.shape(a) for a in args])
     root = b.op(opcode, *params, shape=array(dtype, dims), **attrs)
-    return hlo.evaluate(b.module(root=root), [np.asarray(a) for a in args])
+    out = hlo.evaluate(b.module(root=root), [np.asarray(a) for a in args])
+    # Every rule must return exactly the declared element type and dims (0-d included).
+    assert out.shape == tuple(dims) and out.dtype == dtype.np_dtype, (out.shape, out.dtype)
+    return out
 
 
 def xla(fn, *args):
@@ -315,7 +318,7 @@ def test_compare_unsigned_and_select():
     np.testing.assert_array_equal(run_op("compare", a, b, out_dtype=np.bool_, direction="GT"),
                                   [False, True, True])
     pred = np.array([True, False, True])
-    np.testing.assert_array_equal(run_op("select", pred, a, b, out_dims=(3,)), [0, 100, 255])
+    np.testing.assert_array_equal(run_op("select", pred, a, b, out_dtype=np.uint8), [0, 100, 255])
 
 
 # --- conversions ------------------------------------------------------------------------------
@@ -515,3 +518,17 @@ def test_64_bit_integer_edge_cases():
                       xla(lambda x: lax.convert_element_type(x, to), f))
     finally:
         jax.config.update("jax_enable_x64", old)
+
+
+def test_scalar_operands_stay_scalars():
+    s = np.uint32(0x80000000)
+    for opcode in ("shift-right-logical", "shift-left", "shift-right-arithmetic", "xor",
+                   "add", "divide", "remainder", "power", "maximum"):
+        assert run_op(opcode, s, np.uint32(3)).shape == ()
+    f = np.float32(-2.5)
+    for opcode in ("abs", "sign", "floor", "round-nearest-afz", "exponential", "erf",
+                   "logistic", "negate", "cbrt", "rsqrt", "is-finite"):
+        out_dtype = np.bool_ if opcode == "is-finite" else None
+        assert run_op(opcode, f, out_dtype=out_dtype).shape == ()
+    assert run_op("bitcast-convert", f, out_dtype=np.int32).shape == ()
+    assert run_op("popcnt", np.int8(-1)) == 8

@@ -180,7 +180,6 @@ ENTRY main {
 # --- jit -------------------------------------------------------------------------------------
 def test_jit_matches_jax_and_analyses():
     import jax
-    import jax.numpy as jnp
 
     def f(x, w, b):
         return x @ w + b
@@ -199,7 +198,6 @@ def test_jit_matches_jax_and_analyses():
     mem = compiled.memory_analysis()
     assert mem.argument_size_in_bytes == 236 and mem.output_size_in_bytes == 48
     np.testing.assert_allclose(compiled(x, w, b), out)
-    _ = jnp  # jnp used by other tests
 
 
 def test_jit_pytrees_in_and_out():
@@ -281,3 +279,34 @@ def test_jit_x64(enable_x64):
     out = runtime.jit(lambda x: x * 2)(np.arange(3, dtype=np.float64))
     assert out.dtype == np.float64
     np.testing.assert_array_equal(out, [0.0, 2.0, 4.0])
+
+
+def test_alias_size_from_input_output_alias():
+    from runtime import analysis
+    m = hlo.parse_hlo("""\
+HloModule donated, input_output_alias={ {0}: (1, {}, may-alias) }
+
+ENTRY main {
+  x = f32[16] parameter(0)
+  acc = f32[16] parameter(1)
+  s = f32[16] add(x, acc)
+  ROOT t = (f32[16], f32[16]) tuple(s, x)
+}
+""")
+    mem = analysis.memory_analysis(m)
+    assert mem.alias_size_in_bytes == 16 * 4          # output {0} reuses parameter 1
+    assert mem.output_size_in_bytes == 2 * 16 * 4 and mem.temp_size_in_bytes == 0
+
+
+def test_jit_jax_array_and_keyword_arguments():
+    import jax.numpy as jnp
+
+    def f(x, *, scale):
+        return x * scale["s"]
+    jf = runtime.jit(f)
+    out = jf(jnp.arange(3, dtype=jnp.float32), scale={"s": np.float32(4.0)})
+    np.testing.assert_array_equal(out, [0.0, 4.0, 8.0])
+    compiled = jf.lower(np.zeros(3, np.float32), scale={"s": np.float32(1.0)}).compile()
+    with pytest.raises(hlo.InvalidArgumentError,
+                       match=r"keyword argument 'scale' \(scale\['s'\]\): expected f32\[\], got s32\[\]"):
+        compiled(np.zeros(3, np.float32), scale={"s": np.int32(1)})

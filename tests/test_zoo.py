@@ -83,8 +83,6 @@ def test_text_round_trip(program: ZooProgram):
     module = _module(program.name)
     text = module.to_text()
     reparsed = hlo.parse_hlo(text)
-    text2 = reparsed.to_text()
-    assert text2 == text, _first_difference(text, text2)
     hlo.verify(reparsed)
     args = _flat_args(program.name)
     before = flatten_value(hlo.evaluate(module, args))
@@ -92,9 +90,11 @@ def test_text_round_trip(program: ZooProgram):
     assert len(after) == len(before)
     for i, (a, b) in enumerate(zip(after, before)):
         # The same program on the same inputs: bit-exact (catches lossy constant printing).
+        assert np.asarray(a).dtype == np.asarray(b).dtype, f"result {i} changed dtype"
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b),
                                       err_msg=f"result {i} changed after the text round trip")
-        assert np.asarray(a).dtype == np.asarray(b).dtype
+    text2 = reparsed.to_text()
+    assert text2 == text, _first_difference(text, text2)
 
 
 def _first_difference(a: str, b: str) -> str:

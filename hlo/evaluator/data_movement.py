@@ -17,6 +17,7 @@ from ..ops import rule
 from ..shape import Shape
 from .core import TOKEN
 from .elementwise import convert_array
+from .reductions import apply_elementwise
 
 
 def _ints(inst: Instruction, name: str, default: Sequence[int] | None = None) -> tuple[int, ...]:
@@ -260,19 +261,11 @@ def _gather(inst, ops, ctx):
 
 
 # --- scatter ---------------------------------------------------------------------------------
-def _simple_combiner(comp) -> str | None:
-    """'add'/'multiply' when the combiner is that op on (param 0, param 1); 'replace' when it
-    returns param 1; else None (then the computation is called element by element)."""
-    root = comp.root
-    params = comp.parameters
-    if len(params) != 2:
-        return None
-    if root is params[1]:
-        return "replace"
-    if (root.opcode in ("add", "multiply") and len(root.operands) == 2
-            and {id(o) for o in root.operands} == {id(p) for p in params}):
-        return root.opcode
-    return None
+def _is_add_combiner(comp) -> bool:
+    """True when the combiner is ``add(param 0, param 1)``."""
+    root, params = comp.root, comp.parameters
+    return (len(params) == 2 and root.opcode == "add"
+            and {id(o) for o in root.operands} == {id(p) for p in params})
 
 
 @rule("evaluate", "scatter")
@@ -318,18 +311,29 @@ def _scatter(inst, ops, ctx):
     flat_updates = [u.reshape(-1)[valid] for u in updates]
     results = [x.copy() for x in inputs]
 
-    simple = _simple_combiner(comp) if n == 1 else None
-    if simple == "add" and operand.dtype.kind in "iufc" and operand.dtype.itemsize >= 1 \
-            and not operand.dtype.name.startswith(("int2", "int4", "uint2", "uint4")):
-        with np.errstate(all="ignore"):
-            np.add.at(results[0], target, flat_updates[0])
+    if n == 1 and operand.dtype.kind in "iu" and _is_add_combiner(comp):
+        # Integer addition wraps and is associative: numpy's unbuffered add is exact.
+        np.add.at(results[0], target, flat_updates[0])
         return results[0]
-    # General case: call the combiner once per update element, in row-major update order.
-    for j in range(len(flat_updates[0])):
-        pos = tuple(int(t[j]) for t in target)
-        args = [np.asarray(r[pos]) for r in results] + [np.asarray(u[j]) for u in flat_updates]
-        value = ctx.call(comp, args)
-        values = value if isinstance(value, tuple) else (value,)
-        for r, v in zip(results, values):
+    # General case. Updates to one position must be combined in row-major update order;
+    # different positions are independent. So apply "rounds": round k holds the k-th update
+    # of every position (no position twice), each round one vectorized combiner call.
+    count = len(flat_updates[0])
+    if count == 0:
+        return results[0] if n == 1 else tuple(results)
+    linear = np.ravel_multi_index(target, operand.shape) if rank else np.zeros(count, np.int64)
+    order = np.argsort(linear, kind="stable")
+    sorted_lin = linear[order]
+    group_start = np.r_[0, np.flatnonzero(np.diff(sorted_lin)) + 1]
+    starts = np.repeat(group_start, np.diff(np.r_[group_start, count]))
+    occurrence = np.empty(count, np.int64)
+    occurrence[order] = np.arange(count) - starts
+    dtypes = [r.dtype for r in results]
+    for k in range(int(occurrence.max()) + 1):
+        sel = occurrence == k
+        pos = tuple(t[sel] for t in target)
+        current = [r[pos] for r in results]
+        combined = apply_elementwise(comp, current + [u[sel] for u in flat_updates], ctx, dtypes)
+        for r, v in zip(results, combined):
             r[pos] = v
     return results[0] if n == 1 else tuple(results)

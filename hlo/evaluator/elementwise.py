@@ -16,6 +16,7 @@ from ..dtypes import DType
 from ..errors import EvaluationError, UnimplementedError
 from ..ir import Instruction
 from ..ops import rule
+from .reductions import apply_elementwise
 from .numerics import (compute_dtype, float_op, flush_denormals, from_bits, hlo_dtype, int_range,
                        reduce_precision, round_half_away, to_bits, widen, wrap_int)
 
@@ -532,7 +533,7 @@ def _bitcast_convert(inst, ops, ctx):
     src, to = hlo_dtype(x), _out_dtype(inst)
     if src.bits == to.bits:
         return from_bits(to_bits(x), to) if not (src.is_complex or to.is_complex) else \
-            np.ascontiguousarray(x).view(to.np_dtype)
+            x.copy().view(to.np_dtype)
     if src.bits % 8 or to.bits % 8:
         raise UnimplementedError(f"bitcast-convert between {src} and {to} (sub-byte widths)")
     # StableHLO: a wider result drops the operand's minor dim; a narrower one adds one.
@@ -568,9 +569,7 @@ def _stochastic_convert(inst, ops, ctx):
 # --- map ------------------------------------------------------------------------------------
 @rule("evaluate", "map")
 def _map(inst, ops, ctx):
+    # One vectorized call of the scalar computation when its ops allow it, else one call
+    # per element (apply_elementwise decides).
     comp = inst.attrs["to_apply"]
-    out = np.empty(inst.shape.dims, _out_dtype(inst).np_dtype)
-    for idx in np.ndindex(*inst.shape.dims):
-        args = [np.asarray(o[idx]) for o in ops]
-        out[idx] = ctx.call(comp, args)
-    return out
+    return apply_elementwise(comp, list(ops), ctx, [_out_dtype(inst).np_dtype])[0]

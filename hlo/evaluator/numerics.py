@@ -140,7 +140,8 @@ def from_bits(bits: np.ndarray, dtype: DType) -> np.ndarray:
     if dtype.bits < 8 and dtype.is_float:
         return (bits.astype(np.uint8) & np.uint8((1 << dtype.bits) - 1)).view(dtype.np_dtype)
     u = _UINT_OF_BYTES[dtype.np_dtype.itemsize]
-    return np.ascontiguousarray(bits.astype(u)).view(dtype.np_dtype)
+    # astype makes a fresh C-contiguous copy; (ascontiguousarray would turn 0-d into 1-d).
+    return np.asarray(bits).astype(u).view(dtype.np_dtype)
 
 
 def float_format(dtype: DType) -> tuple[int, int]:
