@@ -22,8 +22,20 @@ from hlo import dtypes as dt
 from hlo.errors import HlotkError, InvalidArgumentError, UnimplementedError
 from hlo.shape import AnyShape, Shape, leaf_paths
 
-# Accepted values of ``compile(pipeline=...)``. Later: "default" and text pass specs.
-PIPELINES: tuple[str, ...] = ("none",)
+# Named values of ``compile(pipeline=...)``; any pass spec string is accepted too.
+PIPELINES: tuple[str, ...] = ("none", "default", "simplify")
+
+
+def resolve_pipeline(pipeline: str, backend: str = "cpu") -> str:
+    """The pass spec for a pipeline name or spec; raises PassError naming what is wrong."""
+    from passes.pipeline import parse_pipeline
+    from passes.pipelines import pipeline_spec
+    if not isinstance(pipeline, str):
+        raise InvalidArgumentError(f"pipeline must be a string (one of {', '.join(PIPELINES)} "
+                                   f"or a pass spec), got {type(pipeline).__name__}")
+    spec = pipeline_spec(pipeline, backend)
+    parse_pipeline(spec)  # validate now: unknown passes/options fail before any work
+    return spec
 
 Body = Callable[[list[np.ndarray]], list[np.ndarray]]
 
@@ -249,23 +261,31 @@ class Client:
         return Buffer(arr, self._device(device))
 
     def compile(self, module: hlo.Module, *, pipeline: str = "none",
-                device: Optional[Device] = None, verify: bool = True) -> LoadedExecutable:
+                device: Optional[Device] = None, verify: bool = True,
+                dump_dir: Optional[str] = None) -> LoadedExecutable:
         """Compile ``module`` for one device.
 
-        ``pipeline`` chooses the HLO passes run first; only ``"none"`` exists yet.
+        ``pipeline`` chooses the HLO passes run first: ``"none"``, ``"default"`` (the
+        backend's full pipeline), ``"simplify"`` or a pass spec such as
+        ``"inline,fixpoint(simplify,cse,dce)"``. The caller's module is not modified.
+        ``verify`` checks the module before and after every pass; ``dump_dir`` writes the
+        per-pass dump (HLO text, graphs, index.html).
         """
-        if pipeline not in PIPELINES:
-            raise InvalidArgumentError(f"unknown pipeline {pipeline!r}; accepted: "
-                                       + ", ".join(repr(p) for p in PIPELINES))
+        spec = resolve_pipeline(pipeline, self.platform)
         if not isinstance(module, hlo.Module) or module.entry is None:
             raise InvalidArgumentError("compile expects an hlo.Module with an entry computation")
         if verify:
-            try:
-                hlo.verify(module)
-            except NotImplementedError:  # the verifier is optional until it lands
-                pass
+            hlo.verify(module)
+        records: list = []
+        if spec or dump_dir is not None:
+            from .tools import compile_module
+            module = module.clone()
+            records, _ = compile_module(module, spec, backend=self.platform, dump_dir=dump_dir,
+                                        verify=verify)
         body = self._backend.prepare(module)
-        return LoadedExecutable(self, module, body, self._device(device), pipeline)
+        exe = LoadedExecutable(self, module, body, self._device(device), pipeline)
+        exe.pass_records = records
+        return exe
 
     def __repr__(self) -> str:
         return f"Client(platform={self.platform!r}, devices={len(self._devices)})"

@@ -25,7 +25,7 @@ import hlo
 from hlo.errors import HlotkError, InvalidArgumentError
 
 from . import analysis
-from .client import PIPELINES, Client, LoadedExecutable
+from .client import PIPELINES, Client, LoadedExecutable, resolve_pipeline
 from .client import client as make_client
 
 _CLIENTS: dict[str, Client] = {}
@@ -234,9 +234,7 @@ class Jitted:
         functools.update_wrapper(self, fn)
         # Fail early on a backend or pipeline name the runtime does not know.
         default_client(backend)
-        if pipeline not in PIPELINES:
-            raise InvalidArgumentError(f"unknown pipeline {pipeline!r}; accepted: "
-                                       + ", ".join(repr(p) for p in PIPELINES))
+        resolve_pipeline(pipeline, backend)
 
     # --- signatures ----------------------------------------------------------------------
     def _signature(self, args: tuple, kwargs: dict) -> tuple[_Signature, tuple]:

@@ -2,7 +2,6 @@
 tuples, and the leaves (parameter, constant, iota) whose shape is always given."""
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from .. import dtypes as dt
@@ -480,7 +479,3 @@ def infer_copy_done(shapes: list[AnyShape], attrs: dict[str, Any]) -> AnyShape:
     if not t.is_tuple or len(t.elements) < 2:
         raise ShapeError(f"copy-done: operand must be a copy-start tuple, got {t}")
     return t.elements[0].without_layout()
-
-
-def element_count(shape: Shape) -> int:
-    return math.prod(shape.dims)
