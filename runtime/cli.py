@@ -1,7 +1,9 @@
-"""The ``hlotk`` command line: import, run and check programs.
+"""The ``hlotk`` command line: import, compile, run, diff and check programs.
 
     hlotk import prog.mlir -o prog.hlo      # print (or write) the HLO text
+    hlotk compile prog.hlo --passes default --dump out/dump   # passes, per-pass dump
     hlotk run prog.hlo --inputs x.npy       # run on the CPU, summarize the outputs
+    hlotk diff a.hlo b.hlo --html d.html    # what changed, aligned by instruction name
     hlotk check suite/*.mlir                # the StableHLO interpreter conformance files
 
 Errors the user can cause print ``hlotk: error: ...`` on stderr and exit with 2 (1 when
@@ -12,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
+from pathlib import Path
 from typing import Optional, Sequence, TextIO
 
 import numpy as np
@@ -25,23 +27,9 @@ EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 
 
 def write_atomically(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same directory and a rename, so a
-    reader never sees a partial file and a failure leaves the old file (or none)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                               dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        # mkstemp makes the file 0600; give it the mode a plain open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``text`` via a temp file and a rename: never a partial file (see dump.atomic_write)."""
+    from .dump import atomic_write
+    atomic_write(Path(path), text)
 
 
 # --- subcommands ------------------------------------------------------------------------------
@@ -101,6 +89,38 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def cmd_compile(args: argparse.Namespace, out: TextIO) -> int:
+    from .tools import compile_module, format_records
+    module = inputs_mod.load_module(args.file)
+    records, index = compile_module(module, args.passes, backend="cpu", dump_dir=args.dump,
+                                    verify=args.verify, render_svg=not args.no_svg)
+    if args.output:
+        write_atomically(args.output, module.to_text())
+    elif not args.quiet:
+        out.write(module.to_text())
+    err = sys.stderr if not args.quiet else None
+    if err is not None:
+        err.write(format_records(records) + "\n")
+    if index is not None:
+        (err or out).write(f"dump: {index}\n")
+        from hlo.render import DOT_MISSING_HINT, dot_available
+        if not dot_available() and err is not None:
+            err.write(DOT_MISSING_HINT + "\n")
+    return EXIT_OK
+
+
+def cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
+    from .tools import diff_texts
+    texts = []
+    for p in (args.a, args.b):
+        try:
+            with open(p, encoding="utf-8") as f:
+                texts.append(f.read())
+        except OSError as e:
+            raise inputs_mod.InputFileError(f"{p}: {e.strerror}") from None
+    return diff_texts(texts[0], texts[1], name_a=args.a, name_b=args.b, html_out=args.html, out=out)
+
+
 def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
     from .conformance import main_check
     for p in args.files:
@@ -126,6 +146,24 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
     run.add_argument("--save-outputs", metavar="DIR", help="write output_<i>.npy files here")
     run.set_defaults(func=cmd_run)
+
+    comp = sub.add_parser("compile", help="run a pass pipeline; optionally dump every pass")
+    comp.add_argument("file")
+    comp.add_argument("--passes", default="default",
+                      help="pipeline name (none, default, simplify) or spec such as "
+                           "'inline,fixpoint(simplify,cse,dce)' (default: default)")
+    comp.add_argument("--dump", metavar="DIR", help="write per-pass HLO, graphs and index.html")
+    comp.add_argument("--verify", action="store_true", help="verify the module after every pass")
+    comp.add_argument("--no-svg", action="store_true", help="write .dot files only")
+    comp.add_argument("-o", "--output", help="write the final HLO text here instead of stdout")
+    comp.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    comp.set_defaults(func=cmd_compile)
+
+    dif = sub.add_parser("diff", help="compare two HLO text files by instruction name")
+    dif.add_argument("a")
+    dif.add_argument("b")
+    dif.add_argument("--html", metavar="FILE", help="also write a side-by-side HTML view")
+    dif.set_defaults(func=cmd_diff)
 
     chk = sub.add_parser("check", help="run StableHLO conformance files (check.* ops)")
     chk.add_argument("files", nargs="+", metavar="FILE")

@@ -190,7 +190,7 @@ def shapes(draw) -> tuple[int, ...]:
 
 
 @st.composite
-def programs(draw, max_ops: int = 8) -> Program:
+def programs(draw, max_ops: int = 12) -> Program:
     n_inputs = draw(st.integers(1, 3))
     inputs, data = [], []
     for k in range(n_inputs):
@@ -205,7 +205,7 @@ def programs(draw, max_ops: int = 8) -> Program:
     prog = Program(inputs, data)
     values: list[Val] = list(inputs)
 
-    n_ops = draw(st.integers(2, max_ops))
+    n_ops = draw(st.integers(3, max_ops))
     for _ in range(n_ops):
         op = draw(_next_op(values))
         prog.ops.append(op)
@@ -229,18 +229,18 @@ def _next_op(draw, values: list[Val]) -> Op:
     i = draw(st.integers(0, len(values) - 1))
     v = values[i]
     # Elementwise ops carry most of the edge semantics: they get more weight.
-    kinds = ["unary", "unary", "binary", "binary", "binary", "compare", "convert", "reshape",
-             "slice", "concatenate"]
+    kinds = ["unary", "unary", "binary", "binary", "binary", "binary", "compare", "convert",
+             "reshape", "slice", "concatenate"]
     if len(v.dims) < 3 and math.prod(v.dims) * 3 <= MAX_ELEMS:
         kinds.append("broadcast")
     if len(v.dims) >= 2:
         kinds.append("transpose")
     if v.dtype != PRED and v.dims:
-        kinds.append("reduce")
+        kinds += ["reduce", "reduce"]
     if v.dtype != PRED:
         preds = [j for j, w in enumerate(values) if w == Val(PRED, v.dims)]
         if preds:
-            kinds.append("select")
+            kinds += ["select", "select"]
     kind = draw(st.sampled_from(kinds))
 
     if kind == "unary":
