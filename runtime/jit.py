@@ -193,9 +193,12 @@ class Lowered:
     def as_text(self) -> str:
         return self.module.to_text()
 
-    def compile(self) -> Compiled:
+    def compile(self, *, dump_dir: str | None = None, verify: bool = True) -> Compiled:
+        """Run the pipeline and build the executable; ``dump_dir`` writes the per-pass dump
+        (HLO text before/after each pass, graphs, ``index.html``)."""
         client = default_client(self.backend)
-        return Compiled(self, client.compile(self.module, pipeline=self.pipeline))
+        return Compiled(self, client.compile(self.module, pipeline=self.pipeline,
+                                             dump_dir=dump_dir, verify=verify))
 
     def __repr__(self) -> str:
         return f"Lowered({self.name}, {len(self.in_specs)} inputs)"
