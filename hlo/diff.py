@@ -45,10 +45,24 @@ class ModuleDiff:
                 + (f"; computations +{len(self.computations_added)} -{len(self.computations_removed)}"
                    if self.computations_added or self.computations_removed else ""))
 
-    def to_text(self) -> str:
-        """The aligned diff as text: ``-``/``+``/``~`` prefixes, as a reviewer reads it."""
+    def to_text(self, unchanged_computations: bool = False) -> str:
+        """The aligned diff as text with ``-``/``+`` prefixes, as a reviewer reads it.
+
+        Computations without changes are left out unless ``unchanged_computations``.
+        """
         out = []
-        for tag, a, b in self.rows:
+        rows = self.rows
+        if not unchanged_computations:
+            rows, block = [], []
+            for row in self.rows + [("header", "", "")]:
+                if row[0] == "header":
+                    if block and any(t != "same" for t, _, _ in block[1:]) or \
+                            (block and "(" in block[0][1]):
+                        rows.extend(block)
+                    block = [row]
+                else:
+                    block.append(row)
+        for tag, a, b in rows:
             if tag == "header":
                 out.append(a)
             elif tag == "same":

@@ -135,6 +135,24 @@ def reshape_noop(i: Instruction):
         return emit(i, "reshape", [x.operands[0]], i.shape, name="reshape")
 
 
+def reshape_of_broadcast(i: Instruction):
+    """reshape(broadcast(x)) that only adds/drops size-1 dims the broadcast made -> broadcast(x)."""
+    b = i.operands[0]
+    if b.opcode != "broadcast":
+        return None
+    src, out = b.shape.dims, i.shape.dims
+    if [d for d in src if d != 1] != [d for d in out if d != 1]:
+        return None
+    bdims = tuple(b.attrs.get("dimensions", ()))
+    if any(src[d] == 1 for d in bdims):
+        return None  # an operand dim of size 1 could be dropped by the reshape
+    big_in = [k for k, d in enumerate(src) if d != 1]
+    big_out = [k for k, d in enumerate(out) if d != 1]
+    where = dict(zip(big_in, big_out))
+    return emit(i, "broadcast", [b.operands[0]], i.shape, name="broadcast",
+                dimensions=tuple(where[d] for d in bdims))
+
+
 def transpose_fold(i: Instruction):
     x = i.operands[0]
     perm = tuple(i.attrs.get("dimensions", ()))
@@ -275,6 +293,7 @@ SIMPLIFY_RULES: list[Rule] = [
     Rule("convert-same-type", ("convert",), convert_same_type),
     Rule("convert-of-widening-convert", ("convert",), convert_convert_widening),
     Rule("reshape-fold", ("reshape",), reshape_noop),
+    Rule("reshape-of-broadcast", ("reshape",), reshape_of_broadcast),
     Rule("transpose-fold", ("transpose",), transpose_fold),
     Rule("broadcast-fold", ("broadcast",), broadcast_fold),
     Rule("slice-fold", ("slice",), slice_fold),

@@ -25,6 +25,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from jax import lax  # noqa: E402
@@ -364,4 +365,30 @@ def test_known_edge_program():
     np.testing.assert_array_equal(out[1], np.array([-1, INT_MIN, -3, 0], np.int32))
     np.testing.assert_array_equal(out[2], np.array([7, 0, -1, 5], np.int32))
     assert out[3][3] == 0
+    check_program(prog)
+
+
+@pytest.mark.parametrize("dtype", [F32, S32, PRED])
+def test_every_elementwise_op_on_edge_values(dtype: str):
+    """Each unary/binary/compare/convert op of the vocabulary on every pair of edge values.
+
+    Forty random programs cannot promise to hit, say, ``max(NaN, 1)`` or ``INT_MIN / -1``;
+    this grid does, through the same import-and-evaluate path as the property test."""
+    edges = {F32: FLOAT_EDGES, S32: INT_EDGES, PRED: [False, True]}[dtype]
+    a, b = np.meshgrid(np.array(edges, NP_DTYPE[dtype]), np.array(edges, NP_DTYPE[dtype]))
+    v = Val(dtype, a.shape)
+    prog = Program([v, v], [a, b])
+    for name in sorted(UNARY[dtype]):
+        prog.ops.append(Op("unary", name, (0,), (), Val(PRED, v.dims) if name == "is_finite" else v))
+    for name in sorted(BINARY[dtype]):
+        prog.ops.append(Op("binary", name, (0, 1), (), v))
+    for name in sorted(COMPARE):
+        prog.ops.append(Op("compare", name, (0, 1), (), Val(PRED, v.dims)))
+    for to in (F32, S32, PRED):
+        if to != dtype:
+            prog.ops.append(Op("convert", f"convert_{to}", (0,), (), Val(to, v.dims)))
+    if dtype != PRED:
+        for name in sorted(REDUCERS):
+            prog.ops.append(Op("reduce", f"reduce_{name}", (0,), ((1,),), Val(dtype, v.dims[:1])))
+    prog.outputs = tuple(range(2, 2 + len(prog.ops)))
     check_program(prog)

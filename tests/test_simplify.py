@@ -79,6 +79,13 @@ CASES = [
      "  %a = f32[12]{0} reshape(%p0)\n  %b = f32[3,4]{1,0} reshape(%a)\n"
      "  ROOT %r = f32[3,4]{1,0} tanh(%b)", "f32[3,4]",
      ["%reshape = f32[3,4]{1,0} reshape(%p0)", "%r = f32[3,4]{1,0} tanh(%reshape)"]),
+    ("reshape-of-broadcast", "f32[16]{0}",
+     "  %a = f32[1,16]{1,0} broadcast(%p0), dimensions={1}\n"
+     "  %b = f32[16]{0} reshape(%a)\n"
+     "  %c = f32[4,16]{1,0} broadcast(%b), dimensions={1}\n"
+     "  ROOT %r = f32[4,16]{1,0} abs(%c)", "f32[4,16]",
+     ["%broadcast.1 = f32[4,16]{1,0} broadcast(%p0), dimensions={1}",
+      "%r = f32[4,16]{1,0} abs(%broadcast.1)"]),
     ("transpose-fold", "f32[2,3,4]{2,1,0}",
      "  %a = f32[3,2,4]{2,1,0} transpose(%p0), dimensions={1,0,2}\n"
      "  %b = f32[2,3,4]{2,1,0} transpose(%a), dimensions={1,0,2}\n"

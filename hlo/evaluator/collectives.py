@@ -18,6 +18,7 @@ An empty replica_groups means one group of all ids of that kind.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -26,7 +27,7 @@ import numpy as np
 from ..errors import EvaluationError, HlotkError
 from ..ir import Computation, Instruction, Module
 from ..ops import rule
-from .core import EvalContext, Evaluator, to_value
+from .core import TOKEN, EvalContext, Evaluator, to_value
 from .reductions import apply_elementwise, cast_wrapping, simple_binary_reducer, _ufunc_for, \
     _compute_dtype
 
@@ -316,21 +317,47 @@ def simulate(module: Module, per_device_args: Sequence[Sequence[Any]], num_repli
     ``timeout`` seconds instead of hanging; an error on any device is re-raised.
     """
     n = num_replicas * num_partitions
-    if len(per_device_args) != n:
-        raise EvaluationError(f"simulate: {n} devices need {n} argument lists, "
-                              f"got {len(per_device_args)}")
-    comp = module.entry
-    if comp is None:
+    if module.entry is None:
+        raise EvaluationError("module has no entry computation")
+    results, _ = simulate_programs([module.entry] * n, per_device_args, num_replicas,
+                                   num_partitions, timeout=timeout)
+    return results
+
+
+def simulate_programs(programs: Sequence[Module | Computation],
+                      per_device_args: Sequence[Sequence[Any]], num_replicas: int,
+                      num_partitions: int = 1, timeout: float = 30.0,
+                      infeed: Sequence[Any] = (), **ctx_options: Any
+                      ) -> tuple[list[Any], list[tuple[int, Any]]]:
+    """``simulate`` with a program per device (``programs[d]``, a Module's entry or a
+    Computation), a shared infeed queue and the host transfers recorded.
+
+    Devices running the same Computation object meet in its collectives; devices running
+    different programs talk through send/recv (channels are FIFO queues keyed by
+    channel_id). ``infeed`` entries are popped in order by whichever device's infeed runs
+    first (each entry: an array, or a tuple of arrays for a tuple-shaped infeed). Returns
+    (each device's result, the outfeed record as (device, value) pairs in arrival order).
+    ``ctx_options`` are further EvalContext fields (e.g. ``numerics``).
+    """
+    n = num_replicas * num_partitions
+    if len(per_device_args) != n or len(programs) != n:
+        raise EvaluationError(f"simulate: {n} devices need {n} programs and argument lists, "
+                              f"got {len(programs)} and {len(per_device_args)}")
+    comps = [p.entry if isinstance(p, Module) else p for p in programs]
+    if any(c is None for c in comps):
         raise EvaluationError("module has no entry computation")
     rv = _Rendezvous(timeout)
+    host = HostQueues(infeed, timeout)
     results: list[Any] = [None] * n
     errors: list[Optional[BaseException]] = [None] * n
 
     def run(d: int) -> None:
         r, p = divmod(d, num_partitions)
+        comp = comps[d]
         cb = _DeviceCollectives(rv, d, num_replicas, num_partitions)
+        cb.host = host
         ctx = EvalContext(Evaluator(), replica_id=r, partition_id=p, num_replicas=num_replicas,
-                          num_partitions=num_partitions, collective=cb)
+                          num_partitions=num_partitions, collective=cb, **ctx_options)
         cb.ctx = ctx
         try:
             args = per_device_args[d]
@@ -342,6 +369,7 @@ def simulate(module: Module, per_device_args: Sequence[Sequence[Any]], num_repli
         except BaseException as e:   # noqa: BLE001 - re-raised in the caller's thread
             errors[d] = e
             rv.fail(f"device {d} failed: {e}")
+            host.fail(f"device {d} failed: {e}")
 
     threads = [threading.Thread(target=run, args=(d,), name=f"hlotk-device-{d}", daemon=True)
                for d in range(n)]
@@ -357,4 +385,109 @@ def simulate(module: Module, per_device_args: Sequence[Sequence[Any]], num_repli
     aborted = [e for e in errors if e is not None]
     if aborted:
         raise EvaluationError(str(aborted[0]))
-    return results
+    return results, list(host.outfeed)
+
+
+# ---------------------------------------------------------------------------------------
+# Host transfers and send/recv between simulated devices
+# ---------------------------------------------------------------------------------------
+class HostQueues:
+    """What simulated devices share besides collectives: the infeed queue, the outfeed
+    record and one FIFO queue per send/recv channel."""
+
+    def __init__(self, infeed: Sequence[Any] = (), timeout: float = 30.0):
+        self.timeout = timeout
+        self.cond = threading.Condition()
+        self.infeed: deque = deque(infeed)
+        self.outfeed: list[tuple[int, Any]] = []
+        self.channels: dict[int, deque] = {}
+        self.failed: Optional[str] = None
+
+    def fail(self, message: str) -> None:
+        with self.cond:
+            if self.failed is None:
+                self.failed = message
+            self.cond.notify_all()
+
+    def pop_infeed(self, inst: Instruction) -> Any:
+        with self.cond:
+            if not self.infeed:
+                raise EvaluationError(f"%{inst.name}: infeed queue is empty")
+            return self.infeed.popleft()
+
+    def push_outfeed(self, device: int, value: Any) -> None:
+        with self.cond:
+            self.outfeed.append((device, value))
+
+    def send(self, channel: int, value: Any) -> None:
+        with self.cond:
+            self.channels.setdefault(channel, deque()).append(value)
+            self.cond.notify_all()
+
+    def recv(self, channel: int, device: int, inst: Instruction) -> Any:
+        with self.cond:
+            q = self.channels.setdefault(channel, deque())
+            ok = self.cond.wait_for(lambda: self.failed is not None or q, self.timeout)
+            if q:
+                return q.popleft()
+            if self.failed is not None:
+                raise _Aborted(self.failed)
+            assert not ok
+            raise EvaluationError(f"%{inst.name} (recv) on device {device} timed out after "
+                                  f"{self.timeout:g}s: nothing was sent on channel {channel}")
+
+
+def _host(inst: Instruction, ctx: EvalContext) -> "HostQueues":
+    host = getattr(ctx.collective, "host", None)
+    if host is None:
+        raise EvaluationError(f"%{inst.name}: {inst.opcode} needs a host; run it with "
+                              "hlo.evaluator.collectives.simulate_programs")
+    return host
+
+
+def _device(ctx: EvalContext) -> int:
+    return ctx.replica_id * ctx.num_partitions + ctx.partition_id
+
+
+@rule("evaluate", "infeed")
+def _infeed(inst: Instruction, operands: list, ctx: EvalContext) -> Any:
+    data_shape = inst.shape.elements[0]
+    entry = _host(inst, ctx).pop_infeed(inst)
+    if data_shape.is_tuple and not isinstance(entry, (tuple, list)):
+        entry = (entry,)
+    return (to_value(entry, data_shape), TOKEN)
+
+
+@rule("evaluate", "outfeed")
+def _outfeed(inst: Instruction, operands: list, ctx: EvalContext) -> Any:
+    _host(inst, ctx).push_outfeed(_device(ctx), operands[0])
+    return TOKEN
+
+
+def _channel(inst: Instruction) -> int:
+    ch = inst.attrs.get("channel_id")
+    if ch is None:
+        raise EvaluationError(f"%{inst.name}: {inst.opcode} needs a channel_id")
+    return int(ch)
+
+
+@rule("evaluate", "send")
+def _send(inst: Instruction, operands: list, ctx: EvalContext) -> Any:
+    _host(inst, ctx).send(_channel(inst), operands[0])
+    return (operands[0], np.zeros((), np.uint32), TOKEN)
+
+
+@rule("evaluate", "recv")
+def _recv(inst: Instruction, operands: list, ctx: EvalContext) -> Any:
+    value = _host(inst, ctx).recv(_channel(inst), _device(ctx), inst)
+    return (to_value(value, inst.shape.elements[0]), np.zeros((), np.uint32), TOKEN)
+
+
+@rule("evaluate", "send-done")
+def _send_done(inst: Instruction, operands: list, ctx: EvalContext) -> Any:
+    return TOKEN
+
+
+@rule("evaluate", "recv-done")
+def _recv_done(inst: Instruction, operands: list, ctx: EvalContext) -> Any:
+    return (operands[0][0], TOKEN)

@@ -17,6 +17,9 @@ from ..ir import Computation, Instruction, Module
 from ..shape import AnyShape, Shape
 
 
+NUMERICS_MODES = ("xla_cpu", "spec")
+
+
 class _Token:
     def __repr__(self) -> str:
         return "TOKEN"
@@ -40,6 +43,21 @@ class EvalContext:
     # Custom-call targets the host registered (name -> fn(inst, operands, ctx) -> value).
     custom_calls: dict[str, Callable] = field(default_factory=dict)
     rng_state: int = 0
+    # Which numerics to follow where XLA:CPU and the StableHLO spec disagree:
+    # "xla_cpu" (default): results equal jax.jit on the CPU (subnormals flushed to zero by
+    # DAZ/FTZ, reduce-precision keeps NaN); "spec": the StableHLO spec and its reference
+    # interpreter (gradual underflow, NaN to a 0-mantissa format becomes +inf).
+    numerics: str = "xla_cpu"
+
+    def __post_init__(self) -> None:
+        if self.numerics not in NUMERICS_MODES:
+            raise EvaluationError(f"unknown numerics mode {self.numerics!r}; expected one of "
+                                  f"{', '.join(NUMERICS_MODES)}")
+
+    @property
+    def flush_denormals(self) -> bool:
+        """Whether float arithmetic treats subnormal inputs and results as zero."""
+        return self.numerics == "xla_cpu"
 
     def call(self, comp: Computation, args: Sequence[Value]) -> Value:
         return self.evaluator.run_computation(comp, list(args), self)
@@ -86,6 +104,8 @@ def evaluate(module_or_comp: Module | Computation, args: Sequence[Any], **ctx_op
     """Run the entry computation (or the given computation) on numpy arguments.
 
     Arguments are converted to each parameter's element type; tuples stay tuples.
+    ``ctx_options`` are EvalContext fields, e.g. ``numerics="spec"`` for the StableHLO
+    spec's numerics instead of XLA:CPU's (see EvalContext.numerics).
     """
     comp = module_or_comp.entry if isinstance(module_or_comp, Module) else module_or_comp
     if comp is None:

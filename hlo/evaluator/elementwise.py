@@ -31,16 +31,17 @@ def _int_op(fn: Callable[..., np.ndarray], dtype: DType, *args: np.ndarray) -> n
         return wrap_int(fn(*[widen(np.asarray(a)) for a in args]), dtype)
 
 
-def _arith(inst: Instruction, ops: list, float_fn, int_fn=None, complex_fn=None,
+def _arith(inst: Instruction, ops: list, ctx, float_fn, int_fn=None, complex_fn=None,
            pred_fn=None) -> np.ndarray:
     """Dispatch an arithmetic op on the operands' element type."""
     dtype = hlo_dtype(np.asarray(ops[0]))
+    flush = ctx.flush_denormals
     if dtype.is_float:
-        return float_op(float_fn, dtype, *ops)
+        return float_op(float_fn, dtype, *ops, flush=flush)
     if dtype.is_complex:
         with np.errstate(all="ignore"):
-            out = (complex_fn or float_fn)(*[flush_denormals(o) for o in ops])
-            return flush_denormals(np.asarray(out)).astype(dtype.np_dtype)
+            out = (complex_fn or float_fn)(*[flush_denormals(o, flush) for o in ops])
+            return flush_denormals(np.asarray(out), flush).astype(dtype.np_dtype)
     if dtype.is_integer and int_fn is not None:
         return _int_op(int_fn, dtype, *ops)
     if dtype.is_pred and pred_fn is not None:
@@ -51,17 +52,17 @@ def _arith(inst: Instruction, ops: list, float_fn, int_fn=None, complex_fn=None,
 # --- simple binary arithmetic -------------------------------------------------------------
 @rule("evaluate", "add")
 def _add(inst, ops, ctx):
-    return _arith(inst, ops, np.add, np.add, pred_fn=np.logical_or)
+    return _arith(inst, ops, ctx, np.add, np.add, pred_fn=np.logical_or)
 
 
 @rule("evaluate", "subtract")
 def _subtract(inst, ops, ctx):
-    return _arith(inst, ops, np.subtract, np.subtract)
+    return _arith(inst, ops, ctx, np.subtract, np.subtract)
 
 
 @rule("evaluate", "multiply")
 def _multiply(inst, ops, ctx):
-    return _arith(inst, ops, np.multiply, np.multiply, pred_fn=np.logical_and)
+    return _arith(inst, ops, ctx, np.multiply, np.multiply, pred_fn=np.logical_and)
 
 
 def _int_divide(a: np.ndarray, b: np.ndarray, dtype: DType) -> np.ndarray:
@@ -97,7 +98,7 @@ def _divide(inst, ops, ctx):
     dtype = hlo_dtype(ops[0])
     if dtype.is_integer:
         return _int_divide(ops[0], ops[1], dtype)
-    return _arith(inst, ops, np.divide)
+    return _arith(inst, ops, ctx, np.divide)
 
 
 @rule("evaluate", "remainder")
@@ -105,7 +106,7 @@ def _remainder(inst, ops, ctx):
     dtype = hlo_dtype(ops[0])
     if dtype.is_integer:
         return _int_remainder(ops[0], ops[1], dtype)
-    return _arith(inst, ops, np.fmod)
+    return _arith(inst, ops, ctx, np.fmod)
 
 
 def _int_power(base: np.ndarray, exponent: np.ndarray, dtype: DType) -> np.ndarray:
@@ -133,7 +134,7 @@ def _power(inst, ops, ctx):
     dtype = hlo_dtype(ops[0])
     if dtype.is_integer:
         return _int_power(ops[0], ops[1], dtype)
-    return _arith(inst, ops, np.power)
+    return _arith(inst, ops, ctx, np.power)
 
 
 @rule("evaluate", "atan2")
@@ -144,7 +145,7 @@ def _atan2(inst, ops, ctx):
         x, y = ops[1], ops[0]
         with np.errstate(all="ignore"):
             return (-1j * np.log((x + 1j * y) / np.sqrt(x * x + y * y))).astype(dtype.np_dtype)
-    return _arith(inst, ops, np.arctan2)
+    return _arith(inst, ops, ctx, np.arctan2)
 
 
 def _float_max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -175,12 +176,12 @@ def _complex_lex(fn_name: str):
 
 @rule("evaluate", "maximum")
 def _maximum(inst, ops, ctx):
-    return _arith(inst, ops, _float_max, np.maximum, _complex_lex("max"), np.logical_or)
+    return _arith(inst, ops, ctx, _float_max, np.maximum, _complex_lex("max"), np.logical_or)
 
 
 @rule("evaluate", "minimum")
 def _minimum(inst, ops, ctx):
-    return _arith(inst, ops, _float_min, np.minimum, _complex_lex("min"), np.logical_and)
+    return _arith(inst, ops, ctx, _float_min, np.minimum, _complex_lex("min"), np.logical_and)
 
 
 @rule("evaluate", "clamp")
@@ -188,7 +189,8 @@ def _clamp(inst, ops, ctx):
     lo, x, hi = ops
     dtype = hlo_dtype(x)
     if dtype.is_float:
-        return float_op(lambda l, v, h: _float_min(h, _float_max(l, v)), dtype, lo, x, hi)
+        return float_op(lambda l, v, h: _float_min(h, _float_max(l, v)), dtype, lo, x, hi,
+                        flush=ctx.flush_denormals)
     if dtype.is_integer:
         return np.minimum(hi, np.maximum(lo, x)).astype(dtype.np_dtype)
     if dtype.is_pred:
@@ -292,12 +294,14 @@ def _abs(inst, ops, ctx):
     dtype = hlo_dtype(x)
     if dtype.is_complex:
         with np.errstate(all="ignore"):
-            return flush_denormals(np.abs(flush_denormals(x))).astype(_out_dtype(inst).np_dtype)
+            flush = ctx.flush_denormals
+            return flush_denormals(np.abs(flush_denormals(x, flush)), flush).astype(
+                _out_dtype(inst).np_dtype)
     if dtype.is_unsigned:
         return x.copy()
     if dtype.is_float:   # a sign-bit operation: subnormals survive
         return float_op(np.abs, dtype, x, flush=False)
-    return _arith(inst, ops, np.abs, np.abs)
+    return _arith(inst, ops, ctx, np.abs, np.abs)
 
 
 @rule("evaluate", "negate")
@@ -305,7 +309,7 @@ def _negate(inst, ops, ctx):
     dtype = hlo_dtype(ops[0])
     if dtype.is_float:   # a sign-bit operation: subnormals survive
         return float_op(np.negative, dtype, ops[0], flush=False)
-    return _arith(inst, ops, np.negative, np.negative)
+    return _arith(inst, ops, ctx, np.negative, np.negative)
 
 
 @rule("evaluate", "sign")
@@ -320,29 +324,32 @@ def _sign(inst, ops, ctx):
                         out).astype(dtype.np_dtype)
     if dtype.is_float:
         # sign(+-0) = +-0, sign(NaN) = NaN: np.sign keeps NaN; fix up the zeros' signs.
-        return float_op(lambda v: np.where(v == 0, v, np.sign(v)), dtype, x)
+        return float_op(lambda v: np.where(v == 0, v, np.sign(v)), dtype, x,
+                        flush=ctx.flush_denormals)
     if dtype.is_integer:
         return _int_op(np.sign, dtype, x)
     raise EvaluationError(f"sign is not defined for {dtype}")
 
 
-def _float_unary(np_fn: Callable, *, wide: bool = False):
+def _float_unary(np_fn: Callable, *, wide: bool = False, complex_fn: Callable | None = None):
     """Rule for a float/complex unary op. ``wide``: compute f32 in f64 and round once
-    (correctly rounded, the reference for functions numpy approximates loosely)."""
+    (correctly rounded, the reference for functions numpy approximates loosely);
+    ``complex_fn``: the complex version where ``np_fn`` has none."""
     def evaluate(inst, ops, ctx):
         x = ops[0]
         dtype = hlo_dtype(x)
+        flush = ctx.flush_denormals
         if dtype.is_float:
             if wide and dtype.bits <= 32:
                 with np.errstate(all="ignore"):
-                    x32 = flush_denormals(x.astype(np.float32))
+                    x32 = flush_denormals(x.astype(np.float32), flush)
                     out = np.asarray(np_fn(x32.astype(np.float64))).astype(np.float32)
-                    return flush_denormals(out).astype(dtype.np_dtype)
-            return float_op(np_fn, dtype, x)
+                    return flush_denormals(out, flush).astype(dtype.np_dtype)
+            return float_op(np_fn, dtype, x, flush=flush)
         if dtype.is_complex:
             with np.errstate(all="ignore"):
-                out = np.asarray(np_fn(flush_denormals(x)))
-                return flush_denormals(out.astype(dtype.np_dtype))
+                out = np.asarray((complex_fn or np_fn)(flush_denormals(x, flush)))
+                return flush_denormals(out.astype(dtype.np_dtype), flush)
         raise EvaluationError(f"{inst.opcode} is not defined for element type {dtype}")
     return evaluate
 
@@ -355,7 +362,7 @@ def _logistic(inst, ops, ctx):
     dtype = hlo_dtype(x)
     if not (dtype.is_float or dtype.is_complex):
         raise EvaluationError(f"logistic is not defined for element type {dtype}")
-    step = (lambda fn, *a: float_op(fn, dtype, *a)) if dtype.is_float else \
+    step = (lambda fn, *a: float_op(fn, dtype, *a, flush=ctx.flush_denormals)) if dtype.is_float else \
         (lambda fn, *a: np.asarray(fn(*a)).astype(dtype.np_dtype))
     one = np.ones((), dtype.np_dtype)
     with np.errstate(all="ignore"):
@@ -421,7 +428,7 @@ def _copy(inst, ops, ctx):
 @rule("evaluate", "reduce-precision")
 def _reduce_precision(inst, ops, ctx):
     return reduce_precision(ops[0], int(inst.attrs["exponent_bits"]),
-                            int(inst.attrs["mantissa_bits"]))
+                            int(inst.attrs["mantissa_bits"]), nan_to_inf=ctx.numerics == "spec")
 
 
 # --- select / compare --------------------------------------------------------------------
@@ -462,8 +469,8 @@ def _compare(inst, ops, ctx):
         return _CMP[direction](_total_order_key(a), _total_order_key(b))
     if dtype.is_float or dtype.is_complex:
         # Compared in the compute type with subnormals read as zero (XLA:CPU's DAZ).
-        a = flush_denormals(a.astype(compute_dtype(dtype)))
-        b = flush_denormals(b.astype(compute_dtype(dtype)))
+        a = flush_denormals(a.astype(compute_dtype(dtype)), ctx.flush_denormals)
+        b = flush_denormals(b.astype(compute_dtype(dtype)), ctx.flush_denormals)
     elif dtype.is_integer:
         a, b = widen(a), widen(b)
         if cmp_type == "UNSIGNED" and dtype.kind == "sint":
@@ -476,9 +483,9 @@ def _compare(inst, ops, ctx):
 
 
 # --- conversions ---------------------------------------------------------------------------
-def convert_array(x: np.ndarray, to: DType) -> np.ndarray:
+def convert_array(x: np.ndarray, to: DType, flush: bool = True) -> np.ndarray:
     """XLA's convert: wrap int->int, saturate float->int (NaN -> 0), RNE to floats,
-    x != 0 to pred, real part of complex."""
+    x != 0 to pred, real part of complex. ``flush``: XLA:CPU's DAZ/FTZ on f32/f64."""
     src = hlo_dtype(x)
     if src == to:
         return x.copy()
@@ -488,7 +495,7 @@ def convert_array(x: np.ndarray, to: DType) -> np.ndarray:
     if src.is_float and src.bits >= 32 and (to.is_pred or to.bits >= 32):
         # DAZ: a subnormal f32/f64 operand reads as zero in the FP unit (f32->f64 widening,
         # f64->f32, != 0). Narrowing to bf16 is done with integer ops and keeps it.
-        x = flush_denormals(x)
+        x = flush_denormals(x, flush)
     if to.is_pred:
         return np.asarray(x != 0, dtype=bool)
     if to.is_complex:
@@ -519,12 +526,12 @@ def convert_array(x: np.ndarray, to: DType) -> np.ndarray:
     with np.errstate(all="ignore"):
         out = x.astype(to.np_dtype)
     # FTZ applies to results in f32/f64 (f64 -> f32); narrow results keep their subnormals.
-    return flush_denormals(out) if src.is_float and to.bits >= 32 else out
+    return flush_denormals(out, flush) if src.is_float and to.bits >= 32 else out
 
 
 @rule("evaluate", "convert")
 def _convert(inst, ops, ctx):
-    return convert_array(ops[0], _out_dtype(inst))
+    return convert_array(ops[0], _out_dtype(inst), ctx.flush_denormals)
 
 
 @rule("evaluate", "bitcast-convert")
@@ -563,7 +570,7 @@ def _stochastic_convert(inst, ops, ctx):
     r = to_bits(random).astype(np.float64)
     rounded = trunc + (r < frac_fixed)
     signed = np.where(f < 0, -rounded, rounded)
-    return convert_array(np.where(np.isnan(f), 0.0, signed), to)
+    return convert_array(np.where(np.isnan(f), 0.0, signed), to, ctx.flush_denormals)
 
 
 # --- map ------------------------------------------------------------------------------------

@@ -63,18 +63,16 @@ def wrap_int(values: np.ndarray, dtype: DType) -> np.ndarray:
 
 # XLA:CPU runs float arithmetic with the x86 MXCSR bits DAZ and FTZ set: subnormal f32/f64
 # inputs read as (signed) zero and subnormal results become (signed) zero. Moves, negate,
-# abs and exact widenings (f16/bf16 -> f32) are bit operations and keep subnormals. Set
-# this to False to get IEEE gradual underflow instead.
-FLUSH_DENORMALS = True
-
-
-def flush_denormals(x: np.ndarray) -> np.ndarray:
-    """Subnormal f32/f64 (or complex parts) to zero of the same sign, when enabled."""
-    if not FLUSH_DENORMALS:
+# abs and exact widenings (f16/bf16 -> f32) are bit operations and keep subnormals. The
+# StableHLO spec has IEEE gradual underflow instead; rules pass ``ctx.flush_denormals``
+# (EvalContext.numerics picks the mode) as ``enabled``.
+def flush_denormals(x: np.ndarray, enabled: bool = True) -> np.ndarray:
+    """Subnormal f32/f64 (or complex parts) to zero of the same sign, when ``enabled``."""
+    if not enabled:
         return x
     x = np.asarray(x)
     if x.dtype.kind == "c":
-        return flush_denormals(x.real) + 1j * flush_denormals(x.imag) if x.size else x
+        return make_complex(flush_denormals(x.real), flush_denormals(x.imag), x.dtype)
     if x.dtype not in (np.float32, np.float64):
         return x
     tiny = np.finfo(x.dtype).tiny
@@ -83,6 +81,16 @@ def flush_denormals(x: np.ndarray) -> np.ndarray:
     if not sub.any():
         return x
     return np.where(sub, np.copysign(np.zeros((), x.dtype), x), x)
+
+
+def make_complex(re: np.ndarray, im: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A complex array from its parts. (``re + 1j * im`` is wrong for infinite parts:
+    1j * inf is nan + inf*j.)"""
+    re, im = np.broadcast_arrays(re, im)
+    out = np.empty(re.shape, dtype)
+    out.real = re
+    out.imag = im
+    return out
 
 
 def compute_dtype(dtype: DType) -> np.dtype:
@@ -100,12 +108,8 @@ def float_op(fn: Callable[..., np.ndarray], dtype: DType, *args: np.ndarray,
     """
     cd = compute_dtype(dtype)
     with np.errstate(all="ignore"):
-        wide = [np.asarray(a).astype(cd) for a in args]
-        if flush:
-            wide = [flush_denormals(w) for w in wide]
-        out = np.asarray(fn(*wide)).astype(cd)
-        if flush:
-            out = flush_denormals(out)
+        wide = [flush_denormals(np.asarray(a).astype(cd), flush) for a in args]
+        out = flush_denormals(np.asarray(fn(*wide)).astype(cd), flush)
         return out.astype(dtype.np_dtype)
 
 
@@ -161,17 +165,21 @@ def round_half_away(x: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(x), r, x).astype(x.dtype)
 
 
-def reduce_precision(x: np.ndarray, exponent_bits: int, mantissa_bits: int) -> np.ndarray:
+def reduce_precision(x: np.ndarray, exponent_bits: int, mantissa_bits: int,
+                     nan_to_inf: bool = False) -> np.ndarray:
     """Round each value to a float format with the given exponent/mantissa widths.
 
     Round-to-nearest-even on the mantissa, overflow to +-inf, underflow of the exponent
     range to +-0 (subnormals of the narrow format are flushed, as XLA's emitter does), NaN
-    kept as NaN. The result keeps ``x``'s storage type.
+    kept as NaN (XLA:CPU, even with 0 mantissa bits). ``nan_to_inf``: the StableHLO
+    reference interpreter's choice instead, NaN becomes +inf when ``mantissa_bits`` is 0
+    (a format without mantissa bits has no NaN). The result keeps ``x``'s storage type.
     """
     src = hlo_dtype(x)
     if src.is_complex:
-        return (reduce_precision(x.real, exponent_bits, mantissa_bits)
-                + 1j * reduce_precision(x.imag, exponent_bits, mantissa_bits)).astype(x.dtype)
+        return make_complex(reduce_precision(x.real, exponent_bits, mantissa_bits, nan_to_inf),
+                            reduce_precision(x.imag, exponent_bits, mantissa_bits, nan_to_inf),
+                            x.dtype)
     # Work in f64 or f32 bits: both hold every narrower format exactly.
     wide = np.float64 if src.bits > 32 else np.float32
     w = np.asarray(x).astype(wide)
@@ -199,5 +207,6 @@ def reduce_precision(x: np.ndarray, exponent_bits: int, mantissa_bits: int) -> n
         bits = np.where(exp_part > max_exp, inf_bits, bits)
         bits = np.where(exp_part <= min_exp, sign, bits)
     out = bits.view(wide)
-    out = np.where(nan_mask, w, out)   # NaN stays NaN (XLA keeps it even with 0 mantissa bits)
+    nan_value = np.asarray(np.inf, wide) if nan_to_inf and mantissa_bits == 0 else w
+    out = np.where(nan_mask, nan_value, out)
     return out.astype(x.dtype)

@@ -360,7 +360,11 @@ def _import_mlir_module(mlir_module: Any, options: Optional[dict] = None) -> Mod
                                  location=short_location(f.location))
     if not funcs:
         raise HloImportError("the module has no func.func")
-    entry_sym = "main" if "main" in imp.funcs else None
+    entry_sym = (options or {}).get("entry")
+    if entry_sym is not None and entry_sym not in imp.funcs:
+        raise HloImportError(f"entry function @{entry_sym} is not in the module")
+    if entry_sym is None:
+        entry_sym = "main" if "main" in imp.funcs else None
     if entry_sym is None:
         public = [s for s, f in funcs if "sym_visibility" not in f.attributes
                   or ir.StringAttr(f.attributes["sym_visibility"]).value == "public"]
@@ -399,7 +403,11 @@ def _ensure_rules() -> None:
 
 
 def from_stablehlo(text_or_bytes: str | bytes, **options: Any) -> Module:
-    """Import StableHLO given as ``.mlir`` text, MLIR bytecode, or ``Exported.serialize()``."""
+    """Import StableHLO given as ``.mlir`` text, MLIR bytecode, or ``Exported.serialize()``.
+
+    Options: ``entry="name"`` picks the entry function (default ``main``, else the first
+    public one); ``allow_unregistered=True`` lets the MLIR parser accept unknown dialects.
+    """
     _ensure_rules()
     from jaxlib.mlir import ir
     data = text_or_bytes
