@@ -45,24 +45,28 @@ class ModuleDiff:
                 + (f"; computations +{len(self.computations_added)} -{len(self.computations_removed)}"
                    if self.computations_added or self.computations_removed else ""))
 
+    def visible_rows(self, unchanged_computations: bool = False) -> list[tuple[str, str, str]]:
+        """``rows``, without the computations in which nothing changed (unless asked)."""
+        if unchanged_computations:
+            return list(self.rows)
+        rows: list[tuple[str, str, str]] = []
+        block: list[tuple[str, str, str]] = []
+        for row in self.rows + [("header", "", "")]:
+            if row[0] != "header":
+                block.append(row)
+                continue
+            if block and (any(t != "same" for t, _, _ in block[1:]) or "(" in block[0][1]):
+                rows.extend(block)
+            block = [row]
+        return rows
+
     def to_text(self, unchanged_computations: bool = False) -> str:
         """The aligned diff as text with ``-``/``+`` prefixes, as a reviewer reads it.
 
         Computations without changes are left out unless ``unchanged_computations``.
         """
         out = []
-        rows = self.rows
-        if not unchanged_computations:
-            rows, block = [], []
-            for row in self.rows + [("header", "", "")]:
-                if row[0] == "header":
-                    if block and any(t != "same" for t, _, _ in block[1:]) or \
-                            (block and "(" in block[0][1]):
-                        rows.extend(block)
-                    block = [row]
-                else:
-                    block.append(row)
-        for tag, a, b in rows:
+        for tag, a, b in self.visible_rows(unchanged_computations):
             if tag == "header":
                 out.append(a)
             elif tag == "same":
@@ -81,7 +85,7 @@ class ModuleDiff:
         colors = {"added": "#dcfce7", "removed": "#fee2e2", "changed": "#ffedd5", "same": "#ffffff",
                   "header": "#e5e7eb"}
         rows = []
-        for tag, a, b in self.rows:
+        for tag, a, b in self.visible_rows():
             if tag == "header":
                 rows.append(f'<tr style="background:{colors[tag]}"><td colspan="2"><b>'
                             f"{html.escape(a)}</b></td></tr>")

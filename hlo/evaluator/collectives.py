@@ -85,6 +85,11 @@ def group_of(inst: Instruction, device: int, num_replicas: int, num_partitions: 
                           f"{inst.attrs.get('replica_groups')}")
 
 
+def _in_some_group(inst: Instruction, device: int, num_replicas: int,
+                   num_partitions: int) -> bool:
+    return any(device in g for g in device_groups(inst, num_replicas, num_partitions))
+
+
 def permute_domain(inst: Instruction, device: int, num_replicas: int,
                    num_partitions: int) -> tuple[list[int], str]:
     """The devices a collective-permute/broadcast pairs ids among, and the id kind."""
@@ -185,6 +190,9 @@ def _single_device(inst: Instruction, operands: list, ctx: EvalContext) -> Any:
         x = arrays[0]
         out = x.copy() if (me, me) in [tuple(p) for p in pairs] else _zeros_like_result(inst, x)
         return _package(inst, operands, [out])
+    if base == "collective-broadcast" and not _in_some_group(inst, device, ctx.num_replicas,
+                                                              ctx.num_partitions):
+        return _package(inst, operands, [np.zeros_like(a) for a in arrays])
     group = group_of(inst, device, ctx.num_replicas, ctx.num_partitions)
     if len(group) != 1:
         raise EvaluationError(f"%{inst.name}: a group of {len(group)} devices needs a "
@@ -278,6 +286,7 @@ class _DeviceCollectives:
         self.P = num_partitions
         self.counts: dict[int, int] = {}
         self.ctx: Optional[EvalContext] = None
+        self.host: Optional["HostQueues"] = None   # infeed/outfeed/send/recv (simulate_programs)
 
     def __call__(self, inst: Instruction, operands: list) -> Any:
         assert self.ctx is not None
@@ -299,6 +308,10 @@ class _DeviceCollectives:
                 if dst == me:
                     out = got[domain[src]][0].copy()
             return _package(inst, operands, [out])
+        if base == "collective-broadcast" and not _in_some_group(inst, self.device, self.R,
+                                                                  self.P):
+            # The spec: a process outside every group gets zeros.
+            return _package(inst, operands, [np.zeros_like(a) for a in arrays])
         group = group_of(inst, self.device, self.R, self.P)
         got = self.rv.exchange((id(inst), seq, tuple(group)), group, self.device, arrays, inst)
         per_member = [got[d] for d in group]

@@ -678,12 +678,47 @@ def _reduce_scatter(imp, scope, op):
 @op_rule("stablehlo.all_to_all")
 def _all_to_all(imp, scope, op):
     split, concat = int_attr(op, "split_dimension"), int_attr(op, "concat_dimension")
-    if split != concat:
-        raise HloImportError(f"all_to_all with split_dimension={split} != concat_dimension="
-                             f"{concat} is not supported yet", op=op.operation.name, location=where(op))
+    count = int_attr(op, "split_count")
     attrs = _collective_attrs(op)
-    attrs["dimensions"] = (split,)
-    return imp.emit(scope, "all-to-all", imp.operands(scope, op), results_shape(op), attrs, op)
+    ins = imp.operands(scope, op)
+    if split == concat:
+        attrs["dimensions"] = (split,)
+        return imp.emit(scope, "all-to-all", ins, results_shape(op), attrs, op)
+    # HLO's array all-to-all splits and concatenates along one dimension. As XLA's
+    # decomposer does: split dim `split` into (count, rest), move `count` to the front,
+    # exchange along dim 0, then move it before dim `concat` and merge it into that dim.
+    staged = []
+    for x in ins:
+        dims, dtype = list(x.shape.dims), x.shape.dtype
+        if dims[split] % count:
+            raise HloImportError(f"all_to_all: dimension {split} of size {dims[split]} does "
+                                 f"not split into {count}", op=op.operation.name,
+                                 location=where(op))
+        piece = dims[:split] + [dims[split] // count] + dims[split + 1:]
+        y = imp.emit(scope, "reshape", [x], _shape(dtype, dims[:split] + [count, dims[split] //
+                                                                       count] + dims[split + 1:]),
+                     op=op)
+        perm = [split] + [i for i in range(len(dims) + 1) if i != split]
+        staged.append((imp.emit(scope, "transpose", [y], _shape(dtype, [count] + piece),
+                                {"dimensions": tuple(perm)}, op), piece, dtype))
+    shapes = [z.shape for z, _, _ in staged]
+    attrs["dimensions"] = (0,)
+    a2a = imp.emit(scope, "all-to-all", [z for z, _, _ in staged],
+                   shapes[0] if len(shapes) == 1 else TupleShape(tuple(shapes)), attrs, op)
+    outs = []
+    for i, (z, piece, dtype) in enumerate(staged):
+        w = a2a if len(staged) == 1 else imp.emit(scope, "get-tuple-element", [a2a], shapes[i],
+                                                  {"index": i})
+        moved = piece[:concat] + [count] + piece[concat:]
+        perm = list(range(1, concat + 1)) + [0] + list(range(concat + 1, len(piece) + 1))
+        t = imp.emit(scope, "transpose", [w], _shape(dtype, moved), {"dimensions": tuple(perm)},
+                     op)
+        outs.append(imp.emit(scope, "reshape", [t], result_shape(op, i), op=op))
+    return outs if len(outs) > 1 else outs[0]
+
+
+def _shape(dtype, dims) -> Shape:
+    return Shape(dtype, tuple(dims), _row_major(len(dims)))
 
 
 @op_rule("stablehlo.collective_permute")
