@@ -544,23 +544,63 @@ def _convert(inst, ops, ctx):
     return convert_array(ops[0], _out_dtype(inst), ctx.flush_denormals)
 
 
+def _bitcast_widths(operand_dims: tuple, result_dims: tuple, src: DType, to: DType,
+                    ) -> tuple[int, int]:
+    """The element widths in bits a bitcast-convert joins or splits, read off the shapes.
+
+    pred is 1 bit in StableHLO (64 x i1 <-> i64) and a byte in XLA (8 x pred <-> s64);
+    which one is meant follows from the size of the minor dimension that is added or
+    removed, so both spellings work.
+    """
+    sb, tb = src.bits, to.bits
+    if len(result_dims) == len(operand_dims) + 1 and result_dims[:-1] == operand_dims:
+        k = result_dims[-1]                     # the operand is split into k elements
+        if to.is_pred and not src.is_pred:
+            tb = sb // k if k and sb % k == 0 else tb
+    elif len(operand_dims) == len(result_dims) + 1 and operand_dims[:-1] == result_dims:
+        k = operand_dims[-1]                    # k operand elements are joined into one
+        if src.is_pred and not to.is_pred:
+            sb = tb // k if k and tb % k == 0 else sb
+    elif operand_dims == result_dims:
+        k = 1
+        if src.is_pred != to.is_pred:           # pred <-> 8-bit (XLA) or 1-bit types
+            sb = tb = to.bits if src.is_pred else src.bits
+    else:
+        raise EvaluationError(f"bitcast-convert from {src}{list(operand_dims)} to "
+                              f"{to}{list(result_dims)}: dimensions do not match")
+    wide, narrow = max(sb, tb), min(sb, tb)
+    if wide != narrow * k:
+        raise EvaluationError(f"bitcast-convert from {src}{list(operand_dims)} ({sb}-bit) to "
+                              f"{to}{list(result_dims)} ({tb}-bit): the minor dimension "
+                              f"should be {wide // narrow}")
+    return sb, tb
+
+
 @rule("evaluate", "bitcast-convert")
 def _bitcast_convert(inst, ops, ctx):
     x = ops[0]
     src, to = hlo_dtype(x), _out_dtype(inst)
-    if src.bits == to.bits:
-        return from_bits(to_bits(x), to) if not (src.is_complex or to.is_complex) else \
-            x.copy().view(to.np_dtype)
-    if src.bits % 8 or to.bits % 8:
-        raise UnimplementedError(f"bitcast-convert between {src} and {to} (sub-byte widths)")
-    # StableHLO: a wider result drops the operand's minor dim; a narrower one adds one.
-    # Bytes are little-endian within each element, which is numpy's view on x86.
-    if src.is_pred or to.is_pred:
-        raise EvaluationError(f"bitcast-convert between {src} and {to} of different widths")
-    raw = np.ascontiguousarray(x)
-    if src.bits > to.bits:
-        raw = raw.reshape(x.shape + (1,))
-    return raw.view(np.uint8).view(to.np_dtype).reshape(inst.shape.dims)
+    dims = tuple(inst.shape.dims)
+    if src.is_complex or to.is_complex:
+        # Complex values have no single bit pattern: reinterpret the bytes (little-endian
+        # within each element, numpy's view on x86), real part first.
+        raw = np.ascontiguousarray(x)
+        if src.bits > to.bits:
+            raw = raw.reshape(x.shape + (1,))
+        return raw.view(np.uint8).view(to.np_dtype).reshape(dims)
+    sb, tb = _bitcast_widths(tuple(x.shape), dims, src, to)
+    bits = to_bits(x).astype(np.uint64)
+    if sb == tb:
+        return from_bits(bits, to).reshape(dims)
+    if sb < tb:
+        # Join: element i of the minor dimension supplies bits [i*sb, (i+1)*sb).
+        out = np.zeros(dims, np.uint64)
+        for i in range(tb // sb):
+            out |= bits[..., i] << np.uint64(i * sb)
+        return from_bits(out, to)
+    mask = np.uint64((1 << tb) - 1)
+    parts = [(bits >> np.uint64(i * tb)) & mask for i in range(sb // tb)]
+    return from_bits(np.stack(parts, axis=-1), to).reshape(dims)
 
 
 @rule("evaluate", "stochastic-convert")

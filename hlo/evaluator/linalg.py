@@ -300,8 +300,9 @@ def _cholesky(inst: Instruction, operands: list, ctx: EvalContext) -> np.ndarray
 def triangular_solve(a: np.ndarray, b: np.ndarray, left_side: bool, lower: bool,
                      unit_diagonal: bool, transpose_a: str) -> np.ndarray:
     """Solve op(a) x = b (left_side) or x op(a) = b for x, a's other triangle ignored."""
-    cdt = _compute_float(np.result_type(a, b) if np.iscomplexobj(a) or np.iscomplexobj(b)
-                         else a)
+    # Complex if either side is: casting a complex matrix to f64 would drop its imaginary part.
+    cdt = np.dtype(np.complex128 if np.iscomplexobj(a) or np.iscomplexobj(b) else np.float64)
+    transpose_a = str(transpose_a) if transpose_a is not None else None
     t = np.tril(a.astype(cdt)) if lower else np.triu(a.astype(cdt))
     if unit_diagonal:
         n = t.shape[-1]

@@ -772,5 +772,43 @@ for _n in ("dynamic_conv", "dynamic_gather", "dynamic_pad", "real_dynamic_slice"
     op_rule("stablehlo." + _n)(_unsupported("dynamic shapes are not supported"))
 for _n in ("uniform_quantize", "uniform_dequantize"):
     op_rule("stablehlo." + _n)(_unsupported("quantized types are not supported"))
-for _n in ("send", "recv"):
-    op_rule("stablehlo." + _n)(_unsupported("send/recv are not supported yet"))
+
+# --- send / recv ---------------------------------------------------------------------------
+def _p2p_attrs(op) -> dict:
+    from jaxlib.mlir.dialects import stablehlo as sh
+    attrs: dict = {"channel_id": sh.ChannelHandle(op.attributes["channel_handle"]).handle}
+    if bool_attr(op, "is_host_transfer"):
+        attrs["is_host_transfer"] = True
+    return attrs
+
+
+@op_rule("stablehlo.send")
+def _send(imp, scope, op):
+    # XLA's pair: send(data, token) -> (data, u32[] context, token); send-done -> token.
+    # Several inputs travel as one tuple.
+    ins = imp.operands(scope, op)
+    data, token = ins[:-1], ins[-1]
+    payload = data[0] if len(data) == 1 else imp.emit(
+        scope, "tuple", data, TupleShape(tuple(d.shape for d in data)))
+    attrs = _p2p_attrs(op)
+    tok = Shape(dt.TOKEN, ())
+    send = imp.emit(scope, "send", [payload, token],
+                    TupleShape((payload.shape, Shape(dt.U32, ()), tok)), attrs, op)
+    return imp.emit(scope, "send-done", [send], tok, attrs, op)
+
+
+@op_rule("stablehlo.recv")
+def _recv(imp, scope, op):
+    (token,) = imp.operands(scope, op)
+    shapes = [to_shape(r.type, where(op)) for r in op.results]
+    data_shapes, tok = shapes[:-1], shapes[-1]
+    payload = data_shapes[0] if len(data_shapes) == 1 else TupleShape(tuple(data_shapes))
+    attrs = _p2p_attrs(op)
+    recv = imp.emit(scope, "recv", [token], TupleShape((payload, Shape(dt.U32, ()), tok)),
+                    attrs, op)
+    done = imp.emit(scope, "recv-done", [recv], TupleShape((payload, tok)), attrs, op)
+    data = imp.emit(scope, "get-tuple-element", [done], payload, {"index": 0})
+    outs = [data] if len(data_shapes) == 1 else [
+        imp.emit(scope, "get-tuple-element", [data], s, {"index": i})
+        for i, s in enumerate(data_shapes)]
+    return outs + [imp.emit(scope, "get-tuple-element", [done], tok, {"index": 1})]
