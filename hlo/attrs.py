@@ -273,6 +273,7 @@ ATTR_KINDS: dict[str, str] = {
     "api_version": "ident", "custom_call_has_side_effect": "bool",
     "output_to_operand_aliasing": "raw", "operand_layout_constraints": "raw",
     "custom_call_schedule": "ident", "schedule": "ident",
+    "called_computations": "computations",   # custom-call's called computations
     # rng, fft, precision, linalg
     "distribution": "ident", "fft_type": "ident", "fft_length": "ints",
     "exponent_bits": "int", "mantissa_bits": "int", "lower": "bool", "left_side": "bool",

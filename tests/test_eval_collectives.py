@@ -207,3 +207,23 @@ def test_waiting_device_times_out_when_peer_takes_another_path():
                to_apply=comp)
     with pytest.raises(EvaluationError, match="arguments"):
         simulate(m, [[np.array([1.0])], []], num_replicas=2, timeout=5)
+
+
+def test_cross_replica_and_partition_rank_order_by_numerics_mode():
+    # StableHLO's all_gather test (issue 1933): 2 replicas x 2 partitions, channel set, no
+    # global ids, replica_groups {{0,1}}: one group of all 4 devices. XLA ranks them replica
+    # by replica ((0,0),(0,1),(1,0),(1,1)); the spec partition by partition
+    # ((0,0),(1,0),(0,1),(1,1)). Device (r=1, p=0) holds [[1,2],[3,4]], the rest [[5,6],[7,8]].
+    s_in, s_out = array("s64", (2, 2)), array("s64", (2, 8))
+    both = one_op("all-gather", s_in, s_out, dimensions=(1,),
+                  replica_groups=ReplicaGroups(((0, 1),)), channel_id=1)
+    assert device_groups(both.entry.root, 2, 2, "spec") == [[0, 2, 1, 3]]
+    a = np.array([[1, 2], [3, 4]], np.int64)
+    b = np.array([[5, 6], [7, 8]], np.int64)
+    args = [[b], [b], [a], [b]]
+    spec = simulate(both, args, num_replicas=2, num_partitions=2, numerics="spec")
+    xla = simulate(both, args, num_replicas=2, num_partitions=2)
+    for out in spec:
+        np.testing.assert_array_equal(out, [[5, 6, 1, 2, 5, 6, 5, 6], [7, 8, 3, 4, 7, 8, 7, 8]])
+    for out in xla:
+        np.testing.assert_array_equal(out, [[5, 6, 5, 6, 1, 2, 5, 6], [7, 8, 7, 8, 3, 4, 7, 8]])

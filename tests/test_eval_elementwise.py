@@ -21,14 +21,16 @@ from hlo.evaluator.numerics import reduce_precision, wrap_int
 BF16 = ml_dtypes.bfloat16
 
 
-def run_op(opcode: str, *args: np.ndarray, out_dtype=None, out_dims=None, **attrs):
-    """Evaluate one instruction ``opcode(args...)`` with an explicitly given result shape."""
+def run_op(opcode: str, *args: np.ndarray, out_dtype=None, out_dims=None,
+           numerics: str = "xla_cpu", **attrs):
+    """Evaluate one instruction ``opcode(args...)`` with an explicitly given result shape
+    (``numerics``: the interpreter's mode, XLA:CPU's or the StableHLO spec's)."""
     b = Builder("t")
     params = [b.parameter(array(dt.from_numpy(np.asarray(a).dtype), np.shape(a))) for a in args]
     dtype = dt.from_numpy(out_dtype) if out_dtype is not None else params[0].shape.dtype
     dims = out_dims if out_dims is not None else np.broadcast_shapes(*[np.shape(a) for a in args])
     root = b.op(opcode, *params, shape=array(dtype, dims), **attrs)
-    out = hlo.evaluate(b.module(root=root), [np.asarray(a) for a in args])
+    out = hlo.evaluate(b.module(root=root), [np.asarray(a) for a in args], numerics=numerics)
     # Every rule must return exactly the declared element type and dims (0-d included).
     assert out.shape == tuple(dims) and out.dtype == dtype.np_dtype, (out.shape, out.dtype)
     return out
@@ -532,3 +534,121 @@ def test_scalar_operands_stay_scalars():
         assert run_op(opcode, f, out_dtype=out_dtype).shape == ()
     assert run_op("bitcast-convert", f, out_dtype=np.int32).shape == ()
     assert run_op("popcnt", np.int8(-1)) == 8
+
+
+# --- the two numerics modes (XLA:CPU vs the StableHLO spec) and conformance-suite fixes ----
+def _subnormal(dtype) -> np.ndarray:
+    s = ml_dtypes.finfo(dtype).smallest_subnormal
+    return np.array([s, -s], dtype)
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float32, np.float64])
+def test_ceil_floor_of_subnormals_by_mode(dtype):
+    x = _subnormal(dtype)
+    # XLA:CPU (DAZ): a subnormal reads as a signed zero, so ceil/floor give +-0 (jax.jit's).
+    old = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        same_bits(run_op("ceil", x), xla(jnp.ceil, x))
+        same_bits(run_op("floor", x), xla(jnp.floor, x))
+    finally:
+        jax.config.update("jax_enable_x64", old)
+    same_bits(run_op("ceil", x), np.array([0.0, -0.0], dtype))
+    # Spec (IEEE roundToIntegral, StableHLO's ceil/floor tests): ceil(+tiny) = 1,
+    # floor(-tiny) = -1.
+    same_bits(run_op("ceil", x, numerics="spec"), np.array([1.0, -0.0], dtype))
+    same_bits(run_op("floor", x, numerics="spec"), np.array([0.0, -1.0], dtype))
+
+
+def test_spec_mode_keeps_subnormal_results_and_inputs():
+    tiny = np.float32(ml_dtypes.finfo(np.float32).smallest_subnormal)
+    a = np.array([tiny, 2 * tiny], np.float32)
+    b = np.array([tiny, -tiny], np.float32)
+    same_bits(run_op("add", a, b, numerics="spec"), np.array([2 * tiny, tiny], np.float32))
+    same_bits(run_op("add", a, b), np.array([0.0, 0.0], np.float32))
+    assert run_op("compare", a, np.zeros(2, np.float32), out_dtype=np.bool_, direction="GT",
+                  numerics="spec").tolist() == [True, True]
+    assert run_op("compare", a, np.zeros(2, np.float32), out_dtype=np.bool_, direction="GT"
+                  ).tolist() == [False, False]
+    # f64 -> f32 of a value that is subnormal in f32: kept in spec mode, flushed by XLA:CPU.
+    d = np.array([float(tiny) * 3], np.float64)
+    same_bits(run_op("convert", d, out_dtype=np.float32, numerics="spec"),
+              np.array([3 * tiny], np.float32))
+    same_bits(run_op("convert", d, out_dtype=np.float32), np.array([0.0], np.float32))
+
+
+def test_unknown_numerics_mode_is_an_evaluation_error():
+    with pytest.raises(hlo.EvaluationError, match="numerics mode"):
+        run_op("add", np.float32(1), np.float32(2), numerics="fast")
+
+
+def test_complex_flush_keeps_infinite_parts():
+    # Building complex values as re + 1j*im would turn (inf, 1) into (nan, ...).
+    x = np.array([complex(np.inf, 1.0), complex(2.0, -np.inf)], np.complex64)
+    zero = np.zeros(2, np.complex64)
+    same_bits(run_op("add", x, zero), xla(lax.add, x, zero))
+    same_bits(run_op("add", x, zero), x)
+
+
+def test_reduce_precision_nan_to_zero_mantissa_format_by_mode():
+    # StableHLO's reduce_precision test: NaN (all mantissa bits set) to e5m0 is +inf in the
+    # spec's reference interpreter (a format with no mantissa bits has no NaN); XLA:CPU
+    # keeps the NaN bits unchanged (checked with jax.jit).
+    bits = np.array([0x7FFFFFFFFFFFFFFF, 0xFFF8000000000000], np.uint64)
+    x = bits.view(np.float64)
+    spec = run_op("reduce-precision", x, exponent_bits=5, mantissa_bits=0, numerics="spec")
+    assert spec.view(np.uint64).tolist() == [0x7FF0000000000000] * 2
+    cpu = run_op("reduce-precision", x, exponent_bits=5, mantissa_bits=0)
+    assert cpu.view(np.uint64).tolist() == bits.tolist()
+    old = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        want = xla(lambda v: lax.reduce_precision(v, 5, 0), x)
+    finally:
+        jax.config.update("jax_enable_x64", old)
+    assert cpu.view(np.uint64).tolist() == want.view(np.uint64).tolist()
+    # With mantissa bits left, NaN stays NaN in both modes.
+    assert np.isnan(run_op("reduce-precision", x, exponent_bits=5, mantissa_bits=2,
+                           numerics="spec")).all()
+
+
+def _bits_lsb_first(value: int, n: int) -> np.ndarray:
+    return np.array([(value >> i) & 1 for i in range(n)], np.bool_)
+
+
+def test_bitcast_convert_pred_is_one_bit_in_stablehlo():
+    v = 0x0123456789ABCDEF
+    bits = _bits_lsb_first(v, 64)            # element i is bit i (StableHLO's test)
+    assert run_op("bitcast-convert", bits, out_dtype=np.int64, out_dims=()) == v
+    f = np.array(v, np.int64).view(np.float64)
+    got = run_op("bitcast-convert", f, out_dtype=np.bool_, out_dims=(64,))
+    np.testing.assert_array_equal(got, bits)
+    # A byte-wide pred (XLA's width): 8 x pred <-> s64, one byte per element.
+    bytes_ = np.array([1, 0, 0, 0, 0, 0, 0, 1], np.bool_)
+    assert run_op("bitcast-convert", bytes_, out_dtype=np.int64, out_dims=()) == \
+        (1 | (1 << 56))
+
+
+def test_bitcast_convert_joins_and_splits_little_endian():
+    v = 0x0123456789ABCDEF
+    x = np.array(v, np.int64)
+    got = run_op("bitcast-convert", x, out_dtype=np.float64, out_dims=())
+    assert got.shape == () and got.view(np.int64) == v
+    halves = run_op("bitcast-convert", x, out_dtype=np.uint32, out_dims=(2,))
+    assert halves.tolist() == [0x89ABCDEF, 0x01234567]
+    back = run_op("bitcast-convert", halves, out_dtype=np.int64, out_dims=())
+    assert back == v
+    with pytest.raises(hlo.EvaluationError, match="minor dimension"):
+        run_op("bitcast-convert", np.zeros(3, np.uint32), out_dtype=np.int64, out_dims=())
+
+
+def test_cbrt_complex_is_the_principal_root():
+    # StableHLO's cbrt test: cbrt(3+4i) = 5**(1/3) * e^(i*atan2(4,3)/3).
+    z = np.array([3 + 4j, -8 + 0j, 8j], np.complex128)
+    got = run_op("cbrt", z)
+    want = np.array([1.6289371459221759 + 0.5201745023045458j,
+                     1 + np.sqrt(3) * 1j,             # not the real root -2
+                     np.sqrt(3) + 1j], np.complex128)
+    np.testing.assert_allclose(got, want, rtol=1e-14)
+    np.testing.assert_allclose(got ** 3, z, atol=1e-12)
+    assert run_op("cbrt", z.astype(np.complex64)).dtype == np.complex64

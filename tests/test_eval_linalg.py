@@ -240,3 +240,29 @@ def test_triangular_solve(left_side, lower, unit, trans):
         m, r, left_side=left_side, lower=lower, unit_diagonal=unit,
         transpose_a=(trans == "TRANSPOSE")))(a, bm)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# StableHLO's complex triangular_solve tests (a is lower triangular, b is 3x1).
+_CA = np.array([[1 + 1j, 0, 0], [2 - 2j, 3 + 4j, 0], [4 - 3j, 5 + 5j, 6 - 8j]], np.complex64)
+_CB = np.array([[7 - 2j], [8 + 4j], [9 - 5j]], np.complex64)
+
+
+@pytest.mark.parametrize("trans,want", [
+    ("NO_TRANSPOSE", [[2.5 - 4.5j], [4.32 + 0.24j], [-0.29 - 0.77j]]),
+    ("ADJOINT", [[7.18 + 2.68j], [-0.08 + 3.16j], [0.14 - 1.02j]]),
+    ("TRANSPOSE", None)])
+def test_triangular_solve_complex(trans, want):
+    b = Builder("main")
+    p, q = b.parameter(array("c64", _CA.shape)), b.parameter(array("c64", _CB.shape))
+    b.triangular_solve(p, q, left_side=True, lower=True, unit_diagonal=False,
+                       transpose_a=trans, shape=array("c64", _CB.shape))
+    got = evaluate(b.module(), [_CA, _CB])
+    assert got.dtype == np.complex64
+    op_a = {"NO_TRANSPOSE": _CA, "TRANSPOSE": _CA.T, "ADJOINT": _CA.conj().T}[trans]
+    np.testing.assert_allclose(op_a @ got, _CB, rtol=1e-5, atol=1e-5)   # it solves op(a) x = b
+    if want is not None:   # the spec test's values, rounded to 2 digits there
+        np.testing.assert_allclose(got, np.array(want, np.complex64), atol=1e-4)
+    jax_x = jax.jit(lambda m, r: lax.linalg.triangular_solve(
+        m, r, left_side=True, lower=True, transpose_a=trans != "NO_TRANSPOSE",
+        conjugate_a=trans == "ADJOINT"))(_CA, _CB)
+    np.testing.assert_allclose(got, jax_x, rtol=1e-5, atol=1e-5)

@@ -408,3 +408,155 @@ def test_garbage_input():
         hlo.from_stablehlo(b"\x00\xff\xfe garbage \x80")
     with pytest.raises(hlo.ImportError, match="cannot parse MLIR"):
         hlo.from_stablehlo("this is not mlir {")
+
+
+# --- decompositions and ops added for the conformance suite ---------------------------------
+def _mulhi_ref(a: int, b: int, bits: int = 64, signed: bool = True) -> int:
+    """High half of the exact (Python big-int) product, wrapped to the type."""
+    hi = (a * b) >> bits
+    hi &= (1 << bits) - 1
+    return hi - (1 << bits) if signed and hi >> (bits - 1) else hi
+
+
+@pytest.mark.parametrize("ty,signed", [("i64", True), ("ui64", False)])
+def test_chlo_mulhi_64_bit(ty, signed):
+    src = f"""
+    func.func @main(%a: tensor<5x{ty}>, %b: tensor<5x{ty}>) -> tensor<5x{ty}> {{
+      %0 = chlo.mulhi %a, %b : tensor<5x{ty}>, tensor<5x{ty}> -> tensor<5x{ty}>
+      return %0 : tensor<5x{ty}>
+    }}"""
+    m = hlo.from_stablehlo(src)
+    assert "multiply" in opcodes(m) and "shift-right-logical" in opcodes(m)
+    if signed:
+        a = [-1, 2**62 + 12345, -(2**63), 7, 2**63 - 1]
+        b = [-1, -(2**61) - 3, -(2**63), -9, 2**63 - 1]
+        dtype = np.int64
+    else:
+        a = [2**64 - 1, 2**63 + 12345, 2**32, 7, 0xDEADBEEFCAFEBABE]
+        b = [2**64 - 1, 2**62 + 3, 2**32, 9, 0x123456789ABCDEF0]
+        dtype = np.uint64
+    got = hlo.evaluate(m, [np.array(a, dtype), np.array(b, dtype)])
+    want = [_mulhi_ref(x, y, signed=signed) for x, y in zip(a, b)]
+    assert [int(v) for v in got] == want
+
+
+def test_chlo_scan_is_a_while_loop():
+    src = """
+    func.func @main(%x: tensor<2x3xi32>, %init: tensor<2xi32>) -> (tensor<2x3xi32>, tensor<2xi32>) {
+      %0:2 = chlo.scan(%x) inits(%init) dimension=1 attributes {is_reverse = true} {
+      ^bb0(%e: tensor<2xi32>, %c: tensor<2xi32>):
+        %1 = stablehlo.add %e, %c : tensor<2xi32>
+        stablehlo.return %1, %1 : tensor<2xi32>, tensor<2xi32>
+      } : (tensor<2x3xi32>, tensor<2xi32>) -> (tensor<2x3xi32>, tensor<2xi32>)
+      return %0#0, %0#1 : tensor<2x3xi32>, tensor<2xi32>
+    }"""
+    m = hlo.from_stablehlo(src)
+    assert "while" in opcodes(m) and "dynamic-update-slice" in opcodes(m)
+    outs, carry = hlo.evaluate(m, [np.array([[1, 2, 3], [4, 5, 6]], np.int32),
+                                   np.array([10, 0], np.int32)])
+    # Suffix sums along dim 1, starting from the init carry.
+    np.testing.assert_array_equal(outs, [[16, 15, 13], [15, 11, 6]])
+    np.testing.assert_array_equal(carry, [16, 15])
+
+
+def test_dynamic_ops_with_constant_shape_operands_become_static():
+    src = """
+    func.func @main(%x: tensor<2x3xi32>, %v: tensor<i32>) -> (tensor<4x5xi32>, tensor<2x2xi32>) {
+      %lo = stablehlo.constant dense<[1, 0]> : tensor<2xi64>
+      %hi = stablehlo.constant dense<[1, 0]> : tensor<2xi64>
+      %in = stablehlo.constant dense<[0, 1]> : tensor<2xi64>
+      %p = stablehlo.dynamic_pad %x, %v, %lo, %hi, %in
+        : (tensor<2x3xi32>, tensor<i32>, tensor<2xi64>, tensor<2xi64>, tensor<2xi64>) -> tensor<4x5xi32>
+      %idx = stablehlo.constant dense<[[0], [1]]> : tensor<2x1xi64>
+      %sizes = stablehlo.constant dense<[1, 2]> : tensor<2xi64>
+      %g = "stablehlo.dynamic_gather"(%x, %idx, %sizes) {
+        dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0],
+                                              start_index_map = [0], index_vector_dim = 1>
+      } : (tensor<2x3xi32>, tensor<2x1xi64>, tensor<2xi64>) -> tensor<2x2xi32>
+      return %p, %g : tensor<4x5xi32>, tensor<2x2xi32>
+    }"""
+    m = hlo.from_stablehlo(src)
+    pad = find(m, "pad")
+    assert [(d.low, d.high, d.interior) for d in pad.attrs["padding"].dims] == \
+        [(1, 1, 0), (0, 0, 1)]
+    assert find(m, "gather").attrs["slice_sizes"] == (1, 2)
+    p, g = hlo.evaluate(m, [np.array([[1, 2, 3], [4, 5, 6]], np.int32), np.int32(-1)])
+    np.testing.assert_array_equal(p, [[-1] * 5, [1, -1, 2, -1, 3], [4, -1, 5, -1, 6], [-1] * 5])
+    np.testing.assert_array_equal(g, [[1, 2], [4, 5]])
+    dynamic = """
+    func.func @main(%x: tensor<2xi32>, %v: tensor<i32>, %lo: tensor<1xi64>) -> tensor<4xi32> {
+      %p = stablehlo.dynamic_pad %x, %v, %lo, %lo, %lo
+        : (tensor<2xi32>, tensor<i32>, tensor<1xi64>, tensor<1xi64>, tensor<1xi64>) -> tensor<4xi32>
+      return %p : tensor<4xi32>
+    }"""
+    with pytest.raises(hlo.ImportError, match="edge_padding_low must be a constant"):
+        hlo.from_stablehlo(dynamic)
+
+
+def test_all_to_all_split_and_concat_dims_differ():
+    from hlo.evaluator.collectives import simulate
+    src = """
+    module @m attributes {mhlo.num_replicas = 2 : i32} {
+    func.func @main(%x: tensor<2x4xi64>) -> tensor<4x2xi64> {
+      %0 = "stablehlo.all_to_all"(%x) {split_dimension = 1 : i64, concat_dimension = 0 : i64,
+          split_count = 2 : i64, replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>
+      } : (tensor<2x4xi64>) -> tensor<4x2xi64>
+      return %0 : tensor<4x2xi64>
+    }}"""
+    m = hlo.from_stablehlo(src)
+    a2a = find(m, "all-to-all")
+    assert a2a.attrs["dimensions"] == (0,) and a2a.shape.dims == (2, 2, 2)
+    x0 = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int64)
+    x1 = x0 + 8
+    r0, r1 = simulate(m, [[x0], [x1]], num_replicas=2)
+    # Replica r gets column block r of every replica, stacked along dim 0.
+    np.testing.assert_array_equal(r0, [[1, 2], [5, 6], [9, 10], [13, 14]])
+    np.testing.assert_array_equal(r1, [[3, 4], [7, 8], [11, 12], [15, 16]])
+
+
+def test_send_recv_and_entry_option():
+    from hlo.evaluator.collectives import simulate_programs
+    src = """
+    func.func @send(%x: tensor<2xi32>, %t: !stablehlo.token) -> !stablehlo.token {
+      %0 = "stablehlo.send"(%x, %t) {channel_handle = #stablehlo.channel_handle<handle = 5, type = 2>,
+                                     is_host_transfer = true} : (tensor<2xi32>, !stablehlo.token) -> !stablehlo.token
+      return %0 : !stablehlo.token
+    }
+    func.func @recv(%t: !stablehlo.token) -> (tensor<2xi32>, !stablehlo.token) {
+      %0:2 = "stablehlo.recv"(%t) {channel_handle = #stablehlo.channel_handle<handle = 5, type = 3>,
+                                   is_host_transfer = true} : (!stablehlo.token) -> (tensor<2xi32>, !stablehlo.token)
+      return %0#0, %0#1 : tensor<2xi32>, !stablehlo.token
+    }"""
+    ms = hlo.from_stablehlo(src, entry="send")
+    mr = hlo.from_stablehlo(src, entry="recv")
+    send = find(ms, "send")
+    assert send.attrs["channel_id"] == 5 and send.attrs["is_host_transfer"] is True
+    assert send.shape.to_text().startswith("(s32[2]") and "send-done" in opcodes(ms)
+    assert {"recv", "recv-done"} <= opcodes(mr)
+    from hlo.evaluator import TOKEN
+    results, outfeed = simulate_programs([ms, mr], [[np.array([7, 8]), TOKEN], [TOKEN]], 2)
+    np.testing.assert_array_equal(results[1][0], [7, 8])
+    assert outfeed == []
+    with pytest.raises(hlo.ImportError, match="@nope"):
+        hlo.from_stablehlo(src, entry="nope")
+
+
+def test_custom_call_keeps_called_computations():
+    src = """
+    func.func private @double(%x: tensor<2xf32>) -> tensor<2xf32> {
+      %0 = stablehlo.add %x, %x : tensor<2xf32>
+      return %0 : tensor<2xf32>
+    }
+    func.func @main(%x: tensor<2xf32>) -> tensor<2xf32> {
+      %0 = stablehlo.custom_call @apply(%x) {called_computations = [@double]}
+        : (tensor<2xf32>) -> tensor<2xf32>
+      return %0 : tensor<2xf32>
+    }"""
+    m = hlo.from_stablehlo(src)
+    cc = find(m, "custom-call")
+    (callee,) = cc.attrs["called_computations"]
+    assert callee in m.computations and callee.root.opcode == "add"
+    assert "called_computations={%" in m.to_text()
+    got = hlo.evaluate(m, [np.array([1.5, -2], np.float32)], custom_calls={
+        "apply": lambda inst, ops, ctx: ctx.call(inst.attrs["called_computations"][0], ops)})
+    np.testing.assert_array_equal(got, [3.0, -4.0])

@@ -15,7 +15,6 @@ Conventions:
 from __future__ import annotations
 
 import contextlib
-import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 

@@ -57,9 +57,15 @@ def group_mode(inst: Instruction) -> str:
     return "flattened" if global_ids else "cross_replica_and_partition"
 
 
-def device_groups(inst: Instruction, num_replicas: int, num_partitions: int) -> list[list[int]]:
+def device_groups(inst: Instruction, num_replicas: int, num_partitions: int,
+                  numerics: str = "xla_cpu") -> list[list[int]]:
     """Every group of global device ids (``replica * num_partitions + partition``), each in
-    rank order, for a collective using replica_groups."""
+    rank order, for a collective using replica_groups.
+
+    ``numerics`` (EvalContext.numerics) picks the rank order of a cross-replica-and-partition
+    group, where XLA and the spec disagree: XLA (GetParticipatingDevices) lists replica by
+    replica, each with all its partitions; the StableHLO spec lists partition by partition.
+    """
     mode = group_mode(inst)
     rg = inst.attrs.get("replica_groups")
     gid = lambda r, p: r * num_partitions + p  # noqa: E731
@@ -74,11 +80,14 @@ def device_groups(inst: Instruction, num_replicas: int, num_partitions: int) -> 
     if mode == "cross_replica":
         return [[gid(r, p) for r in g] for p in range(num_partitions) for g in groups]
     # cross_replica_and_partition: one group per replica group, all partitions of each.
+    if numerics == "spec":
+        return [[gid(r, p) for p in range(num_partitions) for r in g] for g in groups]
     return [[gid(r, p) for r in g for p in range(num_partitions)] for g in groups]
 
 
-def group_of(inst: Instruction, device: int, num_replicas: int, num_partitions: int) -> list[int]:
-    for g in device_groups(inst, num_replicas, num_partitions):
+def group_of(inst: Instruction, device: int, num_replicas: int, num_partitions: int,
+             numerics: str = "xla_cpu") -> list[int]:
+    for g in device_groups(inst, num_replicas, num_partitions, numerics):
         if device in g:
             return g
     raise EvaluationError(f"%{inst.name}: device {device} is in no replica group of "
@@ -193,7 +202,7 @@ def _single_device(inst: Instruction, operands: list, ctx: EvalContext) -> Any:
     if base == "collective-broadcast" and not _in_some_group(inst, device, ctx.num_replicas,
                                                               ctx.num_partitions):
         return _package(inst, operands, [np.zeros_like(a) for a in arrays])
-    group = group_of(inst, device, ctx.num_replicas, ctx.num_partitions)
+    group = group_of(inst, device, ctx.num_replicas, ctx.num_partitions, ctx.numerics)
     if len(group) != 1:
         raise EvaluationError(f"%{inst.name}: a group of {len(group)} devices needs a "
                               "multi-device run (hlo.evaluator.collectives.simulate)")
@@ -312,7 +321,7 @@ class _DeviceCollectives:
                                                                   self.P):
             # The spec: a process outside every group gets zeros.
             return _package(inst, operands, [np.zeros_like(a) for a in arrays])
-        group = group_of(inst, self.device, self.R, self.P)
+        group = group_of(inst, self.device, self.R, self.P, self.ctx.numerics)
         got = self.rv.exchange((id(inst), seq, tuple(group)), group, self.device, arrays, inst)
         per_member = [got[d] for d in group]
         return _package(inst, operands,
@@ -320,7 +329,7 @@ class _DeviceCollectives:
 
 
 def simulate(module: Module, per_device_args: Sequence[Sequence[Any]], num_replicas: int,
-             num_partitions: int = 1, timeout: float = 30.0) -> list[Any]:
+             num_partitions: int = 1, timeout: float = 30.0, **ctx_options: Any) -> list[Any]:
     """Run ``module`` on ``num_replicas * num_partitions`` simulated devices in lock-step.
 
     ``per_device_args[d]`` are the arguments of device ``d = replica * num_partitions +
@@ -328,12 +337,13 @@ def simulate(module: Module, per_device_args: Sequence[Sequence[Any]], num_repli
     own thread with its own Evaluator; collectives meet at a barrier. A device that never
     reaches a collective its peers wait in makes them raise EvaluationError after
     ``timeout`` seconds instead of hanging; an error on any device is re-raised.
+    ``ctx_options`` are further EvalContext fields (e.g. ``numerics="spec"``).
     """
     n = num_replicas * num_partitions
     if module.entry is None:
         raise EvaluationError("module has no entry computation")
     results, _ = simulate_programs([module.entry] * n, per_device_args, num_replicas,
-                                   num_partitions, timeout=timeout)
+                                   num_partitions, timeout=timeout, **ctx_options)
     return results
 
 

@@ -209,12 +209,45 @@ def _mulhi(imp, scope, op):
     d = x.shape.dtype
     wide = {("sint", 8): dt.S16, ("sint", 16): dt.S32, ("sint", 32): dt.S64,
             ("uint", 8): dt.U16, ("uint", 16): dt.U32, ("uint", 32): dt.U64}.get((d.kind, d.bits))
-    if wide is None:
-        raise HloImportError(f"mulhi on {d} is not supported yet", op=op.operation.name, location=where(op))
     g = _G(imp, scope, op)
+    if wide is None and d.bits == 64 and d.kind in ("sint", "uint"):
+        return _mulhi64(g, x, y, signed=d.kind == "sint")
+    if wide is None:
+        raise HloImportError(f"mulhi on {d} is not supported", op=op.operation.name,
+                             location=where(op))
     p = g.e("multiply", g.convert(x, wide), g.convert(y, wide))
     shift = "shift-right-arithmetic" if d.kind == "sint" else "shift-right-logical"
     return g.convert(g.e(shift, p, g.c(d.bits, p)), d)
+
+
+def _mulhi64(g: _G, x: Instruction, y: Instruction, signed: bool) -> Instruction:
+    """High 64 bits of a 64x64-bit product from 32-bit halves (no 128-bit type in HLO).
+
+    With a = ah*2^32 + al and b = bh*2^32 + bl (unsigned), the high word is
+    ah*bh + (ah*bl >> 32) + (al*bh >> 32) + (carry of the middle column >> 32). For signed
+    operands, the unsigned high word of the two's-complement patterns is corrected by
+    subtracting b where a < 0 and a where b < 0 (mod 2^64)."""
+    ushape = Shape(dt.U64, x.shape.dims, x.shape.layout)
+    a = g.e("bitcast-convert", x, shape=ushape) if signed else x
+    b = g.e("bitcast-convert", y, shape=ushape) if signed else y
+    low_mask, k32 = g.c(0xFFFFFFFF, a), g.c(32, a)
+
+    def hi(v):
+        return g.e("shift-right-logical", v, k32)
+
+    def lo(v):
+        return g.e("and", v, low_mask)
+    al, ah, bl, bh = lo(a), hi(a), lo(b), hi(b)
+    ll, lh = g.e("multiply", al, bl), g.e("multiply", al, bh)
+    hl, hh = g.e("multiply", ah, bl), g.e("multiply", ah, bh)
+    middle = g.e("add", g.e("add", hi(ll), lo(lh)), lo(hl))
+    r = g.e("add", g.e("add", hh, hi(lh)), g.e("add", hi(hl), hi(middle)))
+    if not signed:
+        return r
+    rs = g.e("bitcast-convert", r, shape=x.shape)
+    zero = g.c(0, x)
+    rs = g.e("subtract", rs, g.e("select", g.cmp(x, zero, "LT"), y, zero))
+    return g.e("subtract", rs, g.e("select", g.cmp(y, zero, "LT"), x, zero))
 
 
 @op_rule("chlo.top_k")
@@ -242,10 +275,95 @@ def _ragged_dot(imp, scope, op):
     return imp.emit(scope, "ragged-dot", imp.operands(scope, op), result_shape(op), attrs, op)
 
 
+@op_rule("chlo.scan")
+def _scan(imp, scope, op):
+    """chlo.scan as XLA lowers a scan: a while loop over the scan dimension. The loop state
+    is (i, inputs..., carries..., outputs...); each step slices element ``i`` (from the end
+    when ``is_reverse``) of every input, calls the body on (elements..., carries...), and
+    writes the returned output elements into the outputs with dynamic-update-slice."""
+    from .importer import Scope as _Scope
+    from .ops_table import ints
+    n_in, n_init = ints(op, "operandSegmentSizes")
+    n_out, n_carry = ints(op, "resultSegmentSizes")
+    dim = int_attr(op, "dimension")
+    reverse = bool_attr(op, "is_reverse")
+    ins = imp.operands(scope, op)
+    inputs, inits = ins[:n_in], ins[n_in:]
+    out_shapes = [result_shape(op, i) for i in range(n_out)]
+    if not inputs and not out_shapes:
+        raise HloImportError("chlo.scan without inputs or outputs has no length",
+                             op=op.operation.name, location=where(op))
+    length = (inputs[0].shape if inputs else out_shapes[0]).dims[dim]
+    body_fn = imp.region_computation(op.regions[0], "scan_body")
+    i32 = Shape(dt.S32, (), Layout.row_major(0))
+    g = _G(imp, scope, op)
+    zeros = []
+    for s in out_shapes:
+        z = imp.constant(scope, 0, s.dtype, op)
+        zeros.append(g.e("broadcast", z, shape=s, dimensions=()) if s.rank else z)
+    init = [imp.constant(scope, 0, dt.S32, op)] + inputs + inits + zeros
+    state_shape = TupleShape(tuple(x.shape for x in init))
+
+    def unpack(sc, comp):
+        p = imp._param(comp, 0, state_shape)
+        return [imp.emit(sc, "get-tuple-element", [p], e, {"index": k})
+                for k, e in enumerate(state_shape.elements)]
+
+    # condition: i < length
+    cond = imp.new_computation("scan_cond")
+    cs = _Scope(cond)
+    cg = _G(imp, cs, op)
+    st = unpack(cs, cond)
+    cond.root = cg.cmp(st[0], imp.constant(cs, length, dt.S32, op), "LT")
+
+    # body
+    body = imp.new_computation("scan_step")
+    bs = _Scope(body)
+    bg = _G(imp, bs, op)
+    st = unpack(bs, body)
+    i, xs = st[0], st[1:1 + n_in]
+    carries, outs = st[1 + n_in:1 + n_in + n_init], st[1 + n_in + n_init:]
+    pos = bg.e("subtract", imp.constant(bs, length - 1, dt.S32, op), i) if reverse else i
+    zero = imp.constant(bs, 0, dt.S32, op)
+
+    def starts(rank):
+        return [pos if d == dim else zero for d in range(rank)]
+    elems = []
+    for x in xs:
+        sizes = tuple(1 if d == dim else n for d, n in enumerate(x.shape.dims))
+        sl = bg.e("dynamic-slice", x, *starts(x.shape.rank),
+                  shape=Shape(x.shape.dtype, sizes, Layout.row_major(len(sizes))),
+                  dynamic_slice_sizes=sizes)
+        edims = tuple(n for d, n in enumerate(x.shape.dims) if d != dim)
+        elems.append(bg.e("reshape", sl, shape=Shape(x.shape.dtype, edims,
+                                                     Layout.row_major(len(edims)))))
+    called = bg.e("call", *(elems + carries), shape=body_fn.root.shape, to_apply=body_fn)
+    n_ret = n_out + n_carry
+    rets = [called] if n_ret == 1 else [
+        bg.e("get-tuple-element", called, shape=called.shape.elements[k], index=k)
+        for k in range(n_ret)]
+    new_outs = []
+    for o, r in zip(outs, rets[:n_out]):
+        udims = tuple(1 if d == dim else n for d, n in enumerate(o.shape.dims))
+        upd = bg.e("reshape", r, shape=Shape(r.shape.dtype, udims, Layout.row_major(len(udims))))
+        new_outs.append(bg.e("dynamic-update-slice", o, upd, *starts(o.shape.rank),
+                             shape=o.shape))
+    nxt = bg.e("add", i, imp.constant(bs, 1, dt.S32, op))
+    new_state = [nxt] + list(xs) + rets[n_out:] + new_outs
+    body.root = imp.emit(bs, "tuple", new_state, state_shape)
+
+    t = imp.emit(scope, "tuple", init, state_shape)
+    w = imp.emit(scope, "while", [t], state_shape, {"condition": cond, "body": body}, op)
+    res_idx = [1 + n_in + n_init + k for k in range(n_out)] + \
+        [1 + n_in + k for k in range(n_carry)]
+    return [imp.emit(scope, "get-tuple-element", [w], state_shape.elements[k], {"index": k})
+            for k in res_idx]
+
+
 def _not_yet(imp, scope, op):
     raise HloImportError("this CHLO op is not supported yet", op=op.operation.name, location=where(op))
 
 
 for _n in ("lgamma", "digamma", "polygamma", "zeta", "bessel_i1e", "conj", "is_inf",
-           "is_neg_inf", "is_pos_inf", "square", "constant_like", "scan"):
+           "is_neg_inf", "is_pos_inf", "square", "constant_like"):
     op_rule("chlo." + _n)(_not_yet)

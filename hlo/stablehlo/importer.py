@@ -391,9 +391,9 @@ def _set_config(m: Module, op: Any) -> None:
             if n != 1:
                 m.config[dst] = n
     entry = m.entry
-    params = ", ".join(p.shape.to_text() for p in entry.parameters)
-    m.config["entry_computation_layout"] = Raw("{(" + params + ")->" + entry.root.shape.to_text()
-                                               + "}")
+    from ..text.parser import ComputationLayout
+    m.config["entry_computation_layout"] = ComputationLayout(
+        tuple(p.shape for p in entry.parameters), entry.root.shape)
     if "mhlo.frontend_attributes" in op.attributes:
         m.config["frontend_attributes"] = dict_to_frontend(op.attributes["mhlo.frontend_attributes"])
 
@@ -483,11 +483,13 @@ def from_exported(exported: Any, **options: Any) -> Module:
 def from_jax(fn: Callable, *args: Any, **kwargs: Any) -> Module:
     """Trace ``fn`` with JAX (``jax.export``) and import the StableHLO it lowers to.
 
-    ``args`` are arrays or ``jax.ShapeDtypeStruct`` (pytrees flatten as JAX does).
+    ``args`` are arrays or ``jax.ShapeDtypeStruct`` (pytrees flatten as JAX does). Every
+    argument leaf becomes an entry parameter, used or not (``keep_unused``), so the module's
+    signature is the function's; pass an already-jitted function to choose otherwise.
     """
     import jax
     from jax import export
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn, keep_unused=True)
     try:
         exp = export.export(jitted)(*args, **kwargs)
     except HloImportError:

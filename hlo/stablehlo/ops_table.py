@@ -294,9 +294,9 @@ def _pairs(op, name: str, n: int) -> list[tuple[int, int]]:
 
 
 @op_rule("stablehlo.convolution")
-def _convolution(imp, scope, op):
+def _convolution(imp, scope, op, pads=None):
     from jaxlib.mlir.dialects import stablehlo as sh
-    lhs, rhs = imp.operands(scope, op)
+    lhs, rhs = imp.operands(scope, op)[:2]
     d = sh.ConvDimensionNumbers(op.attributes["dimension_numbers"])
     labels = ConvDimLabels(d.input_batch_dimension, d.input_feature_dimension,
                            tuple(d.input_spatial_dimensions), d.kernel_input_feature_dimension,
@@ -306,7 +306,7 @@ def _convolution(imp, scope, op):
     n = len(labels.kernel_spatial)
     sizes = [rhs.shape.dims[k] for k in labels.kernel_spatial]
     strides = ints(op, "window_strides", (1,) * n)
-    pads = _pairs(op, "padding", n)
+    pads = _pairs(op, "padding", n) if pads is None else pads
     lhs_dil = ints(op, "lhs_dilation", (1,) * n)
     rhs_dil = ints(op, "rhs_dilation", (1,) * n)
     rev = tuple(bool(x) for x in op.attributes["window_reversal"]) \
@@ -394,7 +394,7 @@ def _map(imp, scope, op):
 
 # --- gather / scatter --------------------------------------------------------------------
 @op_rule("stablehlo.gather")
-def _gather(imp, scope, op):
+def _gather(imp, scope, op, operands=None, slice_sizes=None):
     from jaxlib.mlir.dialects import stablehlo as sh
     d = sh.GatherDimensionNumbers(op.attributes["dimension_numbers"])
     attrs = {"offset_dims": tuple(d.offset_dims),
@@ -404,10 +404,11 @@ def _gather(imp, scope, op):
         attrs["operand_batching_dims"] = tuple(d.operand_batching_dims)
         attrs["start_indices_batching_dims"] = tuple(d.start_indices_batching_dims)
     attrs["index_vector_dim"] = d.index_vector_dim
-    attrs["slice_sizes"] = ints(op, "slice_sizes")
+    attrs["slice_sizes"] = ints(op, "slice_sizes") if slice_sizes is None else slice_sizes
     if bool_attr(op, "indices_are_sorted"):
         attrs["indices_are_sorted"] = True
-    return imp.emit(scope, "gather", imp.operands(scope, op), result_shape(op), attrs, op)
+    return imp.emit(scope, "gather", operands or imp.operands(scope, op), result_shape(op),
+                    attrs, op)
 
 
 @op_rule("stablehlo.scatter")
@@ -537,8 +538,10 @@ def _custom_call(imp, scope, op):
     if has(op, "output_operand_aliases") and len(op.attributes["output_operand_aliases"]):
         attrs["output_to_operand_aliasing"] = Raw(str(op.attributes["output_operand_aliases"]))
     if has(op, "called_computations") and len(op.attributes["called_computations"]):
-        raise HloImportError("custom_call with called_computations is not supported yet",
-                             op=op.operation.name, location=where(op))
+        # Each named function becomes a computation the custom-call keeps (XLA's
+        # ``called_computations={...}``); the target decides how to call them.
+        attrs["called_computations"] = tuple(
+            imp.func_computation(_symbol(a)) for a in op.attributes["called_computations"])
     shape = results_shape(op) if len(op.results) else TupleShape(())
     inst = imp.emit(scope, "custom-call", imp.operands(scope, op), shape, attrs, op)
     return inst if len(op.results) else None
@@ -767,8 +770,41 @@ def _dynamic_broadcast_in_dim(imp, scope, op):
                                  result_shape(op), ints(op, "broadcast_dimensions"))
 
 
-for _n in ("dynamic_conv", "dynamic_gather", "dynamic_pad", "real_dynamic_slice",
-           "set_dimension_size"):
+# Dynamic ops whose shape operands are constants are their static ops (XLA's
+# canonicalization folds them the same way); other shape operands mean a dynamic shape.
+def _constant_operand(imp, scope, op, idx: int, what: str) -> np.ndarray:
+    inst = imp.get(scope, op.operands[idx])
+    if inst.opcode != "constant" or inst.literal is None:
+        raise HloImportError(f"{what} must be a constant (dynamic shapes are not supported)",
+                             op=op.operation.name, location=where(op))
+    return np.asarray(inst.literal)
+
+
+@op_rule("stablehlo.dynamic_conv")
+def _dynamic_conv(imp, scope, op):
+    pad = _constant_operand(imp, scope, op, 2, "the padding operand")
+    return _convolution(imp, scope, op, pads=[(int(a), int(b)) for a, b in pad.reshape(-1, 2)])
+
+
+@op_rule("stablehlo.dynamic_gather")
+def _dynamic_gather(imp, scope, op):
+    sizes = _constant_operand(imp, scope, op, 2, "slice_sizes")
+    ins = imp.operands(scope, op)
+    return _gather(imp, scope, op, operands=ins[:2],
+                   slice_sizes=tuple(int(v) for v in sizes.reshape(-1)))
+
+
+@op_rule("stablehlo.dynamic_pad")
+def _dynamic_pad(imp, scope, op):
+    lo, hi, inner = (_constant_operand(imp, scope, op, k, n).reshape(-1)
+                     for k, n in ((2, "edge_padding_low"), (3, "edge_padding_high"),
+                                  (4, "interior_padding")))
+    cfg = PaddingConfig(tuple(PadDim(int(a), int(b), int(c)) for a, b, c in zip(lo, hi, inner)))
+    ins = imp.operands(scope, op)
+    return imp.emit(scope, "pad", ins[:2], result_shape(op), {"padding": cfg}, op)
+
+
+for _n in ("real_dynamic_slice", "set_dimension_size"):
     op_rule("stablehlo." + _n)(_unsupported("dynamic shapes are not supported"))
 for _n in ("uniform_quantize", "uniform_dequantize"):
     op_rule("stablehlo." + _n)(_unsupported("quantized types are not supported"))
