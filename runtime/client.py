@@ -260,7 +260,7 @@ class Client:
                                        "buffer: it has no HLO element type") from None
         return Buffer(arr, self._device(device))
 
-    def compile(self, module: hlo.Module, *, pipeline: str = "none",
+    def compile(self, module: hlo.Module, *, pipeline: str = "default",
                 device: Optional[Device] = None, verify: bool = True,
                 dump_dir: Optional[str] = None) -> LoadedExecutable:
         """Compile ``module`` for one device.

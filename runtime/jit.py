@@ -213,7 +213,7 @@ class CacheInfo(NamedTuple):
 class Jitted:
     """The object ``runtime.jit(fn)`` returns (``jax.stages.Wrapped``)."""
 
-    def __init__(self, fn: Callable, backend: str = "cpu", pipeline: str = "none",
+    def __init__(self, fn: Callable, backend: str = "cpu", pipeline: str = "default",
                  static_argnums: int | Sequence[int] = (), donate_argnums: int | Sequence[int] = ()):
         if not callable(fn):
             raise InvalidArgumentError(f"jit expects a callable, got {type(fn).__name__}")
@@ -316,7 +316,7 @@ class Jitted:
         return f"Jitted({self.__name__}, backend={self.backend!r})"
 
 
-def jit(fn: Callable, backend: str = "cpu", pipeline: str = "none",
+def jit(fn: Callable, backend: str = "cpu", pipeline: str = "default",
         static_argnums: int | Sequence[int] = (),
         donate_argnums: int | Sequence[int] = ()) -> Jitted:
     """Compile ``fn`` (a JAX-traceable function) with hlotk, like ``jax.jit``."""

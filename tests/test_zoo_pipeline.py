@@ -43,3 +43,26 @@ def test_default_pipeline_preserves_results(program: ZooProgram):
             np.testing.assert_allclose(g.astype(np.float64) if e.dtype.kind != "c" else g,
                                        e.astype(np.float64) if e.dtype.kind != "c" else e,
                                        rtol=program.rtol, atol=program.atol, err_msg=f"result {k}")
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from tests.test_random_graphs import Program, programs  # noqa: E402
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(programs())
+def test_default_pipeline_on_random_graphs(prog: Program) -> None:
+    """Random elementwise/broadcast/reduce/reshape/... graphs: the optimized module gives
+    what the imported one gives (the passes are exact rewrites; x + 0 -> x may turn a -0
+    result into -0 where XLA's add gives +0, which equality treats as equal)."""
+    args = [np.asarray(d) for d in prog.input_data]
+    module = hlo.from_jax(jax.jit(prog.build(), keep_unused=True), *args)
+    expected = flatten_value(hlo.evaluate(module, args))
+    optimized = module.clone()
+    run_pipeline(optimized, pipeline_spec("default", "cpu"), verify=True, hooks=[_round_trip_hook])
+    got = flatten_value(hlo.evaluate(optimized, args))
+    for k, (g, e) in enumerate(zip(got, expected)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(e),
+                                      err_msg=f"output {k}\n{prog.listing()}\n{optimized.to_text()}")

@@ -449,6 +449,11 @@ def _parse_and_import(data: str | bytes, options: dict, portable: bool = False) 
             if mod is None:
                 mod = ir.Module.parse(data)
         except ir.MLIRError as e:
+            if '!"quant"' in str(e):
+                # jaxlib registers no quant dialect, so `!quant.uniform` cannot even parse.
+                raise HloImportError("quantized types (!quant.uniform) are not supported: "
+                                     "the MLIR context JAX provides has no quant dialect") \
+                    from None
             msg = str(e).strip().splitlines()
             detail = "; ".join(line.strip() for line in msg[1:3]) or msg[0]
             raise HloImportError(f"cannot parse MLIR: {detail}") from None
