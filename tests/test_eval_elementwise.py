@@ -638,6 +638,11 @@ def test_bitcast_convert_joins_and_splits_little_endian():
     assert halves.tolist() == [0x89ABCDEF, 0x01234567]
     back = run_op("bitcast-convert", halves, out_dtype=np.int64, out_dims=())
     assert back == v
+    # Sub-byte elements pack low bits first: u4 [1, 2] is the byte 0x21.
+    nibbles = np.array([1, 2], ml_dtypes.uint4)
+    assert run_op("bitcast-convert", nibbles, out_dtype=np.uint8, out_dims=()) == 0x21
+    assert run_op("bitcast-convert", np.uint8(0x21), out_dtype=ml_dtypes.uint4,
+                  out_dims=(2,)).tolist() == [1, 2]
     with pytest.raises(hlo.EvaluationError, match="minor dimension"):
         run_op("bitcast-convert", np.zeros(3, np.uint32), out_dtype=np.int64, out_dims=())
 
