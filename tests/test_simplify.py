@@ -122,6 +122,27 @@ CASES = [
      "  %z = f32[] constant(0)\n"
      "  ROOT %r = f32[4]{0} reduce(%p0, %z), dimensions={1}, to_apply=%add", "f32[4]",
      ["%reshape = f32[4]{0} reshape(%p0)"]),
+    ("subtract-zero", "f32[4]{0}",
+     "  %z = f32[] constant(0)\n  %bz = f32[4]{0} broadcast(%z), dimensions={}\n"
+     "  %s = f32[4]{0} subtract(%p0, %bz)\n  ROOT %r = f32[4]{0} abs(%s)", "f32[4]",
+     ["%r = f32[4]{0} abs(%p0)"]),
+    ("multiply-zero-int", "s32[4]{0}",
+     "  %z = s32[4]{0} constant({0, 0, 0, 0})\n  ROOT %r = s32[4]{0} multiply(%p0, %z)", "s32[4]",
+     ["%constant = s32[] constant(0)", "%broadcast = s32[4]{0} broadcast(%constant), dimensions={}"]),
+    ("divide-one", "f32[4]{0}",
+     "  %o = f32[] constant(1)\n  %bo = f32[4]{0} broadcast(%o), dimensions={}\n"
+     "  %d = f32[4]{0} divide(%p0, %bo)\n  ROOT %r = f32[4]{0} sqrt(%d)", "f32[4]",
+     ["%r = f32[4]{0} sqrt(%p0)"]),
+    ("and-or-identity", "pred[4]{0}",
+     "  %t = pred[] constant(true)\n  %bt = pred[4]{0} broadcast(%t), dimensions={}\n"
+     "  %a = pred[4]{0} and(%p0, %bt)\n  ROOT %r = pred[4]{0} not(%a)", "pred[4]",
+     ["%r = pred[4]{0} not(%p0)"]),
+    ("reverse-size-one", "f32[1,4]{1,0}",
+     "  %v = f32[1,4]{1,0} reverse(%p0), dimensions={0}\n  ROOT %r = f32[1,4]{1,0} abs(%v)",
+     "f32[1,4]", ["%r = f32[1,4]{1,0} abs(%p0)"]),
+    ("copy-noop", "f32[4]{0}",
+     "  %c = f32[4]{0} copy(%p0)\n  ROOT %r = f32[4]{0} abs(%c)", "f32[4]",
+     ["%r = f32[4]{0} abs(%p0)"]),
     ("max-min-self", "f32[4]{0}",
      "  %m = f32[4]{0} maximum(%p0, %p0)\n  ROOT %r = f32[4]{0} abs(%m)", "f32[4]",
      ["%r = f32[4]{0} abs(%p0)"]),
@@ -144,9 +165,8 @@ def test_rule_rewrites_text_and_preserves_value(rule, params, body, root_shape, 
 
 
 def test_every_rule_has_a_case():
-    assert {r.name for r in SIMPLIFY_RULES} - {c[0] for c in CASES} <= {
-        "subtract-zero", "multiply-zero-int", "divide-one", "and-or-identity",
-        "convert-of-widening-convert", "reverse-size-one", "copy-noop"}
+    # convert-of-widening-convert has its own test below (it needs a narrowing counter-case).
+    assert {r.name for r in SIMPLIFY_RULES} - {c[0] for c in CASES} == {"convert-of-widening-convert"}
 
 
 def test_float_x_minus_x_is_not_folded():
