@@ -24,6 +24,7 @@ from .shape import AnyShape, Layout, Shape, TupleShape, array, scalar, token, tu
 from . import shape_inference  # noqa: F401  (registers OpDef.infer)
 from .text.parser import parse_hlo, parse_shape  # noqa: F401
 from .verifier import verify  # noqa: F401
+from . import layout_verify  # noqa: F401  (registers the bitcast verify rule)
 
 
 def evaluate(module, args, **options):

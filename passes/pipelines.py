@@ -8,8 +8,8 @@ SIMPLIFY = "fixpoint(simplify,tuple-simplify,control-flow-simplify,constant-fold
 PIPELINES: dict[str, dict[str, str]] = {
     # backend -> spec of its full pipeline
     "default": {
-        "cpu": f"inline,{SIMPLIFY}",
-        "cuda": f"inline,{SIMPLIFY}",
+        "cpu": f"inline,{SIMPLIFY},layout-assignment{{target=cpu}},schedule",
+        "cuda": f"inline,{SIMPLIFY},layout-assignment{{target=gpu}},schedule",
     },
     "simplify": {"cpu": SIMPLIFY, "cuda": SIMPLIFY},
     "none": {"cpu": "", "cuda": ""},

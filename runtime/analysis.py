@@ -1,18 +1,16 @@
 """What ``Compiled.memory_analysis()`` and ``Compiled.cost_analysis()`` report.
 
-Both read only the HLO module (shapes and opcodes); neither runs anything. When the cost
-model and buffer assignment land in ``passes/``, these become thin wrappers over them.
+Neither runs anything: memory sizes come from buffer assignment, costs from the HLO.
 """
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import hlo
 from hlo.ir import Computation, Instruction
 from hlo.ops import ELEMENTWISE
-from hlo.shape import AnyShape, leaf_paths, subshape
+from hlo.shape import AnyShape, leaf_paths
 
 
 def _bytes(shape: AnyShape) -> int:
@@ -27,17 +25,15 @@ def _elements(shape: AnyShape) -> int:
 # --- memory -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CompiledMemoryStats:
-    """Byte counts with the field names of JAX's ``CompiledMemoryStats``.
+    """Byte counts with the field names of JAX's ``CompiledMemoryStats``, from the buffer
+    assignment the CPU executable runs with (passes/buffer_assignment.py).
 
     - argument / output: the array leaves of the entry's parameters / result.
-    - alias: output bytes that share a buffer with a parameter, from the module's
-      ``input_output_alias`` (set when arguments are donated).
-    - temp: for now, the sum of the result sizes of every entry instruction that is not a
-      parameter, not part of the output, not a constant (XLA keeps constants in their own
-      read-only allocations) and not a view of another buffer (get-tuple-element, bitcast,
-      tuple). It is an upper bound: no buffer reuse is modelled until buffer assignment
-      exists, and called computations (fusion bodies, loop bodies) are not included.
-    - generated_code: 0, the reference interpreter generates no code.
+    - alias: output bytes that share a buffer with a donated parameter
+      (``input_output_alias``), so they need no memory of their own.
+    - temp: the size of the one temp arena (every temporary at its heap-simulator offset,
+      including loop bodies and branches; fusion intermediates are not buffers).
+    - generated_code: bytes of generated kernel source (0 when no fusion was compiled).
     - host_*: 0, nothing is placed in host memory.
     """
     argument_size_in_bytes: int
@@ -50,55 +46,39 @@ class CompiledMemoryStats:
     host_output_size_in_bytes: int = 0
     host_alias_size_in_bytes: int = 0
     host_temp_size_in_bytes: int = 0
+    # hlotk extras (not in JAX): read-only constant bytes and the arena's lower bound.
+    constant_size_in_bytes: int = 0
+    temp_lower_bound_in_bytes: int = 0
 
 
-_VIEW_OPS = {"get-tuple-element", "bitcast", "tuple", "parameter", "constant"}
-_ALIAS_ENTRY = re.compile(r"\{([\d,\s]*)\}\s*:\s*\(\s*(\d+)\s*,\s*\{([\d,\s]*)\}")
-
-
-def _alias_pairs(module: hlo.Module) -> list[tuple[tuple[int, ...], int]]:
-    """(output index path, parameter number) pairs from ``input_output_alias``."""
-    raw = module.config.get("input_output_alias")
-    if raw is None:
-        return []
-    text = getattr(raw, "text", raw)
-    if not isinstance(text, str):
-        text = str(text)
-    pairs = []
-    for out_idx, param, _ in _ALIAS_ENTRY.findall(text):
-        path = tuple(int(i) for i in out_idx.replace(" ", "").split(",") if i)
-        pairs.append((path, int(param)))
-    return pairs
-
-
-def _output_instructions(root: Instruction) -> set[int]:
-    """Instructions whose buffers are (part of) the result: the root and tuple operands."""
-    out: set[int] = set()
-    stack = [root]
-    while stack:
-        inst = stack.pop()
-        out.add(id(inst))
-        if inst.opcode == "tuple":
-            stack.extend(inst.operands)
-    return out
-
-
-def memory_analysis(module: hlo.Module) -> CompiledMemoryStats:
-    entry = module.entry
-    assert entry is not None and entry.root is not None
-    argument = sum(_bytes(p.shape) for p in entry.parameters)
-    output = _bytes(entry.root.shape)
-    alias = 0
-    for path, _param in _alias_pairs(module):
-        try:
-            alias += _bytes(subshape(entry.root.shape, path))
-        except (AttributeError, IndexError):
-            continue
-    outputs = _output_instructions(entry.root)
-    temp = sum(_bytes(i.shape) for i in entry.instructions
-               if i.opcode not in _VIEW_OPS and id(i) not in outputs)
-    return CompiledMemoryStats(argument_size_in_bytes=argument, output_size_in_bytes=output,
-                               alias_size_in_bytes=alias, temp_size_in_bytes=temp)
+def memory_analysis(module: hlo.Module, assignment=None) -> CompiledMemoryStats:
+    """Sizes from ``assignment`` (or one computed now; an unscheduled module is scheduled
+    on a copy first)."""
+    if assignment is None:
+        from passes.buffer_assignment import assign_buffers
+        if not module.is_scheduled:
+            from passes.scheduling import Schedule
+            module = module.clone()
+            Schedule().run(module)
+        assignment = assign_buffers(module)
+    code = 0
+    for inst in assignment.module.all_instructions():
+        kernel = None
+        if inst.opcode == "fusion":
+            try:
+                from codegen.cpu import _BY_INST  # compiled kernels are memoised there
+                kernel = _BY_INST.get(inst)
+            except ImportError:
+                kernel = None
+        if kernel is not None:
+            code += len(getattr(kernel[1], "source", "") or "")
+    return CompiledMemoryStats(argument_size_in_bytes=assignment.argument_size(),
+                               output_size_in_bytes=assignment.output_size(),
+                               alias_size_in_bytes=assignment.alias_size(),
+                               temp_size_in_bytes=assignment.temp_size,
+                               generated_code_size_in_bytes=code,
+                               constant_size_in_bytes=assignment.constant_size(),
+                               temp_lower_bound_in_bytes=assignment.lower_bound)
 
 
 # --- cost -----------------------------------------------------------------------------------

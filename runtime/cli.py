@@ -92,7 +92,12 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_compile(args: argparse.Namespace, out: TextIO) -> int:
     from .tools import compile_module, format_records
     module = inputs_mod.load_module(args.file)
-    records, index = compile_module(module, args.passes, backend="cpu", dump_dir=args.dump,
+    spec = args.passes
+    if getattr(args, "target", None):
+        from passes.fusion.pass_ import with_target
+        from passes.pipelines import pipeline_spec
+        spec = with_target(pipeline_spec(spec, "cpu"), args.target)
+    records, index = compile_module(module, spec, backend="cpu", dump_dir=args.dump,
                                     verify=args.verify, render_svg=not args.no_svg)
     if args.output:
         write_atomically(args.output, module.to_text())
@@ -129,6 +134,13 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
     return int(main_check(list(args.files), out=out))
 
 
+def cmd_explain_fusion(args: argparse.Namespace, out: TextIO) -> int:
+    from passes.fusion.explain import explain_file
+    out.write(explain_file(args.file, target=args.target, policy=args.policy,
+                           unfused_only=args.unfused_only, dot_path=args.dot) + "\n")
+    return EXIT_OK
+
+
 # --- entry point ------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hlotk", description="Import, run and check HLO programs.")
@@ -157,7 +169,18 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--no-svg", action="store_true", help="write .dot files only")
     comp.add_argument("-o", "--output", help="write the final HLO text here instead of stdout")
     comp.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    comp.add_argument("--target", help="GPU spec fusion decides for (h100, h200, a100)")
     comp.set_defaults(func=cmd_compile)
+
+    exf = sub.add_parser("explain-fusion", help="fuse a program and print every decision")
+    exf.add_argument("file")
+    exf.add_argument("--target", default="h100", help="device spec (h100, h200, a100)")
+    exf.add_argument("--policy", default="priority",
+                     help="priority, greedy, none or module:Class")
+    exf.add_argument("--unfused-only", action="store_true", help="only pairs left apart")
+    exf.add_argument("--dot", metavar="FILE",
+                     help="write the unfused graph, edges coloured by decision, as DOT")
+    exf.set_defaults(func=cmd_explain_fusion)
 
     dif = sub.add_parser("diff", help="compare two HLO text files by instruction name")
     dif.add_argument("a")

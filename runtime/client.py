@@ -7,8 +7,8 @@
 A backend is one entry in ``BACKENDS``: a factory taking the client and returning an object
 with ``device_kind`` and ``prepare(module) -> body``, where ``body(list[np.ndarray]) ->
 list[np.ndarray]`` runs the entry computation on flattened arguments and returns flattened
-results. The CPU backend's body is the reference interpreter for now; a thunk sequence over
-a buffer arena replaces it later without changing anything above it.
+results. The CPU backend's body is a thunk sequence over one buffer arena
+(runtime/executable.py); backend ``interpreter`` runs ``hlo.evaluate`` instead.
 """
 from __future__ import annotations
 
@@ -59,13 +59,42 @@ class _InterpreterBackend:
         return run
 
 
+class _ThunkBackend:
+    """Builds the thunk sequence over one buffer arena (runtime/executable.py) and runs it.
+
+    The module is scheduled first when the pipeline did not (``schedule`` pass: copy
+    insertion and the lowest-peak schedule); buffer assignment then places every value.
+    """
+
+    device_kind = "cpu (hlotk thunks over one arena)"
+
+    def __init__(self, client: "Client"):
+        self.client = client
+
+    def prepare(self, module: hlo.Module, poison: Optional[bool] = None) -> Body:
+        from passes.scheduling import Schedule
+        from .executable import CpuExecutable
+        if not module.is_scheduled:
+            module = module.clone()
+            Schedule().run(module)
+        exe = CpuExecutable.build(module, poison=poison)
+
+        def run(args: list[np.ndarray], donated: frozenset[int] = frozenset()) -> list[np.ndarray]:
+            return exe.run(args, donated)
+        run.module = module               # type: ignore[attr-defined]
+        run.executable = exe              # type: ignore[attr-defined]
+        run.donated_parameters = exe.donated_parameters  # type: ignore[attr-defined]
+        return run
+
+
 def _cuda_backend(client: "Client") -> Any:
     raise UnimplementedError("backend 'cuda' is not built yet (it comes with the Triton/cuBLAS "
                              "code generator); use backend='cpu'")
 
 
 BACKENDS: dict[str, Callable[["Client"], Any]] = {
-    "cpu": _InterpreterBackend,
+    "cpu": _ThunkBackend,
+    "interpreter": _InterpreterBackend,
     "cuda": _cuda_backend,
 }
 
@@ -107,11 +136,30 @@ class Buffer:
         self._array: Optional[np.ndarray] = arr
         self.device = device
 
+    @classmethod
+    def _adopt(cls, array: np.ndarray, device: Device) -> "Buffer":
+        """Wrap a fresh array the runtime owns (an executable's output) without copying."""
+        b = cls.__new__(cls)
+        array.flags.writeable = False
+        b._array, b.device, b._deleted_why = array, device, ""
+        return b
+
     def _live(self) -> np.ndarray:
         if self._array is None:
-            raise ClientError("this Buffer was deleted; it cannot be read or passed to "
-                                "execute")
+            why = getattr(self, "_deleted_why", "")
+            raise ClientError(f"this Buffer was {why or 'deleted'}; it cannot be read or "
+                              "passed to execute")
         return self._array
+
+    def _donate(self, to: str) -> np.ndarray:
+        """Give this buffer's memory to an executable (``donate_argnums``): the Buffer is
+        invalid afterwards, as a donated jax.Array is."""
+        arr = self._live()
+        self._array = None
+        self._deleted_why = f"donated to {to} (donate_argnums) and is invalid after that call"
+        if arr.flags.owndata:
+            arr.flags.writeable = True
+        return arr
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -214,8 +262,18 @@ class LoadedExecutable:
             raise InvalidArgumentError(f"{self.name} takes {len(self.parameter_shapes)} "
                                        f"arguments ({sig}), got {len(args)}")
         values = [self._check_arg(i, a, s) for i, (a, s) in enumerate(zip(args, self.parameter_shapes))]
-        results = self._body(values)
-        return [Buffer(r, self.device) for r in results]
+        donated = [i for i in getattr(self._body, "donated_parameters", ())
+                   if isinstance(args[i], Buffer)]
+        if not donated:
+            results = self._body(values)
+            return [Buffer._adopt(np.array(r), self.device) for r in results]
+        if len({id(args[i]) for i in donated}) != len(donated) or any(
+                args[i] is args[j] for i in donated for j in range(len(args)) if j != i):
+            raise InvalidArgumentError(f"{self.name}: a donated buffer is passed twice")
+        for i in donated:
+            values[i] = args[i]._donate(self.name)
+        results = self._body(values, frozenset(donated))
+        return [Buffer._adopt(np.array(r), self.device) for r in results]
 
     def __repr__(self) -> str:
         return f"LoadedExecutable({self.name}, device={self.device}, pipeline={self.pipeline!r})"
@@ -262,16 +320,22 @@ class Client:
 
     def compile(self, module: hlo.Module, *, pipeline: str = "default",
                 device: Optional[Device] = None, verify: bool = True,
-                dump_dir: Optional[str] = None) -> LoadedExecutable:
+                dump_dir: Optional[str] = None, poison: Optional[bool] = None,
+                target: Optional[str] = None) -> LoadedExecutable:
         """Compile ``module`` for one device.
 
         ``pipeline`` chooses the HLO passes run first: ``"none"``, ``"default"`` (the
         backend's full pipeline), ``"simplify"`` or a pass spec such as
         ``"inline,fixpoint(simplify,cse,dce)"``. The caller's module is not modified.
         ``verify`` checks the module before and after every pass; ``dump_dir`` writes the
-        per-pass dump (HLO text, graphs, index.html).
+        per-pass dump (HLO text, graphs, index.html). ``poison`` (CPU) fills the buffer
+        arena with 0xFF bytes before each run (default: env ``HLOTK_POISON_ARENA=1``).
         """
         spec = resolve_pipeline(pipeline, self.platform)
+        if target is not None:
+            # ``target`` (h100, h200, a100 ...) picks the device spec fusion decides for.
+            from passes.fusion.pass_ import with_target
+            spec = with_target(spec, target)
         if not isinstance(module, hlo.Module) or module.entry is None:
             raise InvalidArgumentError("compile expects an hlo.Module with an entry computation")
         if verify:
@@ -282,7 +346,9 @@ class Client:
             module = module.clone()
             records, _ = compile_module(module, spec, backend=self.platform, dump_dir=dump_dir,
                                         verify=verify)
-        body = self._backend.prepare(module)
+        body = (self._backend.prepare(module, poison=poison) if poison is not None
+                else self._backend.prepare(module))
+        module = getattr(body, "module", module)   # the module the body runs (scheduled)
         exe = LoadedExecutable(self, module, body, self._device(device), pipeline)
         exe.pass_records = records
         return exe

@@ -12,11 +12,14 @@ constant as its own ``stablehlo.constant``; options (tolerance, ulp bounds) trav
 """
 from __future__ import annotations
 
+import itertools
 import re
+import shlex
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, TextIO
+from typing import Any, Iterable, Optional, Sequence, TextIO
 
 import numpy as np
 
@@ -248,20 +251,414 @@ def rewrite_run_parallel(case: str) -> tuple[str, list[ParallelRun]]:
     return "".join(out), runs
 
 
+_NEWER_COLLECTIVE_RE = re.compile(r'"stablehlo\.(collective_broadcast|collective_reduce)"\s*\(')
+
+
+def _newer_collective_config(attrs: str) -> str:
+    """backend_config text (an MLIR dictionary) for the custom-call that carries a
+    collective_reduce / dynamic-root collective_broadcast (see hlo.evaluator.collectives)."""
+    groups: list = []
+    gm = re.search(r"replica_groups\s*=\s*dense<", attrs)
+    if gm:
+        body = attrs[gm.end() - 1:_balanced(attrs, gm.end() - 1)][1:-1]
+        import json
+        groups = json.loads(body) if body.strip() else []
+        if groups and not isinstance(groups[0], list):
+            groups = [groups]
+    cm = re.search(r"channel_handle\s*=\s*#stablehlo\.channel_handle<\s*handle\s*=\s*(-?\d+)",
+                   attrs)
+    dm = re.search(r"\bhas_dynamic_root\b(\s*=\s*(true|false))?", attrs)
+    dynamic = bool(dm) and dm.group(2) != "false"
+    rg = "[" + ", ".join("[" + ", ".join(str(int(i)) for i in g) + "]" for g in groups) + "]"
+    return (f"{{replica_groups = {rg}, channel_id = {int(cm.group(1)) if cm else 0}, "
+            f"has_dynamic_root = {'true' if dynamic else 'false'}}}")
+
+
+def _region_function(region: str, name: str) -> str:
+    """A private ``func.func @name`` with the body of a one-block reducer region."""
+    region = region.strip()
+    if region.startswith("{") and region.endswith("}"):
+        region = region[1:-1]
+    m = re.search(r"\^[\w]+\s*\(", region)
+    if not m:
+        raise CheckRewriteError("collective_reduce: the reducer region has no block arguments")
+    args_end = _balanced(region, m.end() - 1, "(", ")")
+    args = region[m.end():args_end - 1]
+    body = region[region.index(":", args_end) + 1:]
+    rets = list(re.finditer(r"(?m)^(\s*)(?:stablehlo|mhlo)\.return\b(.*)$", body))
+    if not rets:
+        raise CheckRewriteError("collective_reduce: the reducer region has no return")
+    last = rets[-1]
+    types = last.group(2).rpartition(":")[2].strip()
+    body = body[:last.start()] + f"{last.group(1)}func.return{last.group(2)}" + body[last.end():]
+    return (f"func.func private @{name}({args}) -> ({types}) {{{body.rstrip()}\n}}\n")
+
+
+def rewrite_newer_collectives(case: str) -> str:
+    """``stablehlo.collective_reduce`` and ``stablehlo.collective_broadcast`` with
+    ``has_dynamic_root`` (newer than the StableHLO JAX ships) -> ``stablehlo.custom_call``
+    with the same target name, which hlo.evaluator.collectives answers. A reducer region
+    becomes a private function named in ``called_computations``, placed before the function
+    that uses it. Static-root collective_broadcast is left to the importer."""
+    edits: list[tuple[int, int, str]] = []   # (start, end, replacement) on ``case``
+    pos, n_funcs = 0, 0
+    for m in _NEWER_COLLECTIVE_RE.finditer(case):
+        if m.start() < pos:
+            continue
+        kind = m.group(1)
+        ops_end = _balanced(case, m.end() - 1, "(", ")")
+        operands = case[m.end():ops_end - 1].strip()
+        i = _skip_ws(case, ops_end)
+        region = ""
+        if case.startswith("({", i):
+            r_end = _balanced(case, i, "(", ")")
+            region = case[i + 1:r_end - 1]
+            i = _skip_ws(case, r_end)
+        attrs = ""
+        if case[i] == "{":
+            a_end = _balanced(case, i, "{", "}")
+            attrs = case[i + 1:a_end - 1]
+            i = _skip_ws(case, a_end)
+        if kind == "collective_broadcast" and not re.search(
+                r"\bhas_dynamic_root\b(?!\s*=\s*false)", attrs):
+            continue   # the importer reads the static-root form itself
+        if case[i] != ":":
+            raise CheckRewriteError(f"{kind}: missing function type")
+        i = _skip_ws(case, i + 1)
+        in_end = _type_end(case, i)
+        in_types = case[i:in_end]
+        i = _skip_ws(case, in_end)
+        if not case.startswith("->", i):
+            raise CheckRewriteError(f"{kind}: missing '->'")
+        i = _skip_ws(case, i + 2)
+        out_end = _type_end(case, i)
+        extra = ""
+        if region:
+            fname = f"__{kind}_region_{n_funcs}"
+            n_funcs += 1
+            func_at = case.rfind("func.func", 0, m.start())
+            func_at = case.rfind("\n", 0, func_at) + 1
+            edits.append((func_at, func_at, _region_function(region, fname)))
+            extra = f", called_computations = [@{fname}]"
+        edits.append((m.start(), out_end,
+                      f"stablehlo.custom_call @stablehlo.{kind}({operands}) "
+                      f'{{has_side_effect = true, backend_config = '
+                      f'"{_newer_collective_config(attrs)}"{extra}}} : '
+                      f"{in_types} -> {case[i:out_end]}"))
+        pos = out_end
+    out, at = [], 0
+    for start, end, text in sorted(edits, key=lambda e: (e[0], e[1])):
+        out.append(case[at:start])
+        out.append(text)
+        at = end
+    out.append(case[at:])
+    return "".join(out)
+
+
 _PROBE_RE = re.compile(r'(?m)^(\s*)((?:%[\w#$.\-:]+\s*=\s*)?)interpreter\.(probe|print)\s+'
                        r'(%[\w#$.\-]+)\s*(?:,\s*probe_id\s*=\s*"((?:[^"\\]|\\.)*)")?\s*'
                        r'(?:\{[^}\n]*\}\s*)?:\s*([^\n]+?)\s*$')
 
 
-def rewrite_probes(case: str) -> str:
+def rewrite_probes(case: str, shadow: bool = False) -> str:
     """``interpreter.probe``/``interpreter.print`` -> an identity ``stablehlo.custom_call``
-    (target ``interpreter.probe``/``interpreter.print``) that the runner answers."""
+    (target ``interpreter.probe``/``interpreter.print``) that the runner answers. Prints are
+    numbered in text order (``print_index``). ``shadow``: prints keep no result, so the
+    module numbers its values as the source does (see ``print_names``)."""
+    prints = itertools.count()
+
     def repl(m: re.Match) -> str:
         indent, lhs, kind, operand, probe_id, ty = m.groups()
         cfg = f"probe_id={probe_id}" if probe_id is not None else ""
+        if kind == "print":
+            cfg = f"print_index={next(prints)}"
+            if shadow:   # as in the source: interpreter.print has no result
+                return (f"{indent}stablehlo.custom_call @interpreter.print({operand}) "
+                        f'{{has_side_effect = true, backend_config = "{cfg}"}} : ({ty}) -> ()')
         return (f"{indent}{lhs}stablehlo.custom_call @interpreter.{kind}({operand}) "
                 f'{{has_side_effect = true, backend_config = "{cfg}"}} : ({ty}) -> {ty}')
     return _PROBE_RE.sub(repl, case)
+
+
+# --- the reference interpreter's printed output ------------------------------------------
+# stablehlo-translate --interpret prints each result of the entry function on its own line,
+# as ``tensor<2x2xi8> {`` + nested bracketed rows + ``}`` (Tensor::print), or with
+# --interpreter-print-dense as the MLIR dense attribute (``dense<[1, 2]> : tensor<2xi8>``).
+# interpreter.print writes ``<ssa name> = `` and the same tensor form. Elements and dense
+# attributes are printed by JAX's MLIR itself, so the float spelling (``1.000000e+00``,
+# ``0.333333343``, hex for NaN/inf) is MLIR's own.
+_MLIR_LOCK = threading.Lock()     # print handlers run on the simulator's device threads
+_MLIR_CTX: Any = None
+_ELEMENT_CACHE: dict[tuple[str, int], str] = {}
+
+
+def _mlir_context() -> Any:
+    global _MLIR_CTX
+    if _MLIR_CTX is None:
+        from hlo.stablehlo.mlir_utils import make_context
+        _MLIR_CTX = make_context()
+    return _MLIR_CTX
+
+
+def _mlir_attr_str(text: str) -> str:
+    """MLIR's own printing of an attribute given as text (caller holds _MLIR_LOCK)."""
+    from jaxlib.mlir import ir
+    with _mlir_context(), ir.Location.unknown():
+        try:
+            return str(ir.Attribute.parse(text))
+        except TypeError as e:   # complex dense attributes: the bindings cannot downcast
+            m = re.search(r"\(Attribute\((.*)\)\)\s*$", str(e), re.S)
+            if not m:
+                raise
+            return m.group(1)
+
+
+def mlir_tensor_type(dims: Iterable[int], dtype: Any) -> str:
+    """``tensor<2x3xf32>`` for dims and an hlo DType."""
+    return "tensor<" + "".join(f"{d}x" for d in dims) + dtype.mlir + ">"
+
+
+def _float_bits(x: Any, dtype: Any) -> int:
+    a = np.asarray(x, dtype=dtype.np_dtype).reshape(1)
+    return int(a.view(_UINT[a.dtype.itemsize])[0])
+
+
+def _float_hex(x: Any, dtype: Any) -> str:
+    a = np.asarray(x, dtype=dtype.np_dtype).reshape(1)
+    return f"0x{_float_bits(x, dtype):0{a.dtype.itemsize * 2}X}"
+
+
+def mlir_element(x: Any, dtype: Any) -> str:
+    """One element as the reference interpreter prints it (MLIR attribute, type elided)."""
+    if dtype.is_pred:
+        return "true" if bool(x) else "false"
+    if dtype.is_integer:
+        return str(int(x))
+    if dtype.is_complex:
+        part = dtype.component
+        return f"[{mlir_element(np.real(x), part)}, {mlir_element(np.imag(x), part)}]"
+    key = (dtype.mlir, _float_bits(x, dtype))
+    if key not in _ELEMENT_CACHE:
+        with _MLIR_LOCK:
+            text = _mlir_attr_str(f"{_float_hex(x, dtype)} : {dtype.mlir}")
+        _ELEMENT_CACHE[key] = text.rsplit(" : ", 1)[0]
+    return _ELEMENT_CACHE[key]
+
+
+def format_tensor(value: Any, dtype: Any) -> str:
+    """The reference interpreter's Tensor::print: the type, then ``{``, each dimension as a
+    bracketed row on its own line indented two spaces per level, innermost rows inline;
+    a scalar prints inline as ``tensor<ui8> {1}``."""
+    a = np.asarray(value)
+    parts = [mlir_tensor_type(a.shape, dtype), " {"]
+
+    def rows(prefix: tuple[int, ...], indent: int) -> None:
+        if len(prefix) == a.ndim:
+            parts.append(mlir_element(a[prefix], dtype))
+            if prefix and prefix[-1] != a.shape[len(prefix) - 1] - 1:
+                parts.append(", ")
+            return
+        parts.append("\n" + "  " * indent + "[")
+        for i in range(a.shape[len(prefix)]):
+            rows(prefix + (i,), indent + 1)
+        parts.append("]")
+        last = not prefix or prefix[-1] == a.shape[len(prefix) - 1] - 1
+        parts.append("\n" + "  " * (indent - 1) if last else ",")
+
+    rows((), 1)
+    parts.append("}")
+    return "".join(parts)
+
+
+def format_dense(value: Any, dtype: Any) -> str:
+    """``--interpreter-print-dense``: the value as MLIR prints a DenseElementsAttr."""
+    a = np.asarray(value)
+
+    def elem(x: Any) -> str:
+        if dtype.is_pred:
+            return "true" if bool(x) else "false"
+        if dtype.is_integer:
+            return str(int(x))
+        if dtype.is_complex:
+            part = dtype.component
+            return f"({_float_hex(np.real(x), part)}, {_float_hex(np.imag(x), part)})"
+        return _float_hex(x, dtype)
+
+    def nest(x: np.ndarray) -> str:
+        if x.ndim == 0:
+            return elem(x[()])
+        return "[" + ", ".join(nest(x[i]) for i in range(x.shape[0])) + "]"
+
+    body = "" if a.size == 0 else nest(a)
+    with _MLIR_LOCK:
+        return _mlir_attr_str(f"dense<{body}> : {mlir_tensor_type(a.shape, dtype)}")
+
+
+def _walk_ops(op: Any) -> Iterable[Any]:
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                yield inner
+                yield from _walk_ops(inner.operation)
+
+
+def print_names(case: str) -> list[str]:
+    """For each ``interpreter.print`` of the case (in text order), what the reference
+    interpreter writes before the tensor: the operand's defining op as MLIR prints it, up to
+    and including ``= `` (``%0 = ``, ``%cst = ``, ``%0:2 = ``). MLIR numbers the values,
+    so the case is parsed (with check ops dropped and the interpreter ops as custom-calls
+    with the source's results) and the numbering read back. A block argument prints no
+    ``=``; the reference then keeps only the first character of its description (``<``)."""
+    if "interpreter.print" not in case:
+        return []
+    text, _ = rewrite_run_parallel(rewrite_newer_collectives(case))
+    text = rewrite_probes(text, shadow=True)
+    out, pos = [], 0
+    for m in _CHECK_RE.finditer(text):    # checks define no values: drop them
+        if m.start() < pos:
+            continue
+        out.append(text[pos:m.start()])
+        pos = _statement_end(text, m.end())
+    out.append(text[pos:])
+    text = "".join(out)
+    if "!quant." in text:
+        from hlo.stablehlo.quant import lower_quantized
+        text = lower_quantized(text)
+    from jaxlib.mlir import ir
+    names: dict[int, str] = {}
+    with _MLIR_LOCK, _mlir_context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        for op in _walk_ops(module.operation):
+            if op.operation.name != "stablehlo.custom_call":
+                continue
+            if str(op.attributes["call_target_name"]).strip('"') != "interpreter.print":
+                continue
+            cfg = str(op.attributes["backend_config"]).strip('"')
+            index = int(cfg.split("=", 1)[1])
+            value = op.operands[0]
+            if isinstance(value, ir.OpResult):
+                printed = str(value.owner)
+                eq = printed.find("=")
+                names[index] = printed[:eq + 2] if eq >= 0 else printed[:1]
+            else:
+                names[index] = "<"
+    return [names[i] for i in sorted(names)]
+
+
+# --- RUN lines -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunLine:
+    """One ``// RUN: [not] stablehlo-translate --interpret ... | FileCheck ...`` line."""
+    line: int                       # 1-based line in the file
+    expect_fail: bool               # ``not``: the interpreter must fail
+    args: Optional[str]             # ``--args=...`` text
+    print_dense: bool               # ``--interpreter-print-dense``
+    merge_stderr: bool              # ``2>&1``: FileCheck sees the error output too
+    prefixes: tuple[str, ...]
+
+
+def parse_run_lines(text: str) -> list[RunLine]:
+    """The RUN lines that run the interpreter and FileCheck its output. Other RUN lines
+    (no FileCheck, other tools, options this runner does not model) are left out."""
+    runs: list[RunLine] = []
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        m = re.match(r"\s*//\s*RUN:(.*)$", lines[i])
+        start = i + 1
+        i += 1
+        if not m:
+            continue
+        cmd = m.group(1).rstrip()
+        while cmd.endswith("\\") and i < len(lines):   # continued on the next RUN line
+            nm = re.match(r"\s*//\s*RUN:(.*)$", lines[i])
+            cmd = cmd[:-1] + " " + (nm.group(1).rstrip() if nm else "")
+            i += 1
+        run = _parse_run_command(cmd, start)
+        if run is not None:
+            runs.append(run)
+    return runs
+
+
+def _parse_run_command(cmd: str, line: int) -> Optional[RunLine]:
+    try:
+        tokens = shlex.split(cmd)
+    except ValueError:
+        return None
+    stages, cur = [], []
+    for t in tokens:
+        if t == "|":
+            stages.append(cur)
+            cur = []
+        else:
+            cur.append(t)
+    stages.append(cur)
+    if len(stages) != 2 or not stages[1] or stages[1][0] != "FileCheck":
+        return None
+    tool = stages[0]
+    expect_fail = bool(tool) and tool[0] == "not"
+    tool = tool[1:] if expect_fail else tool
+    if not tool or tool[0] != "stablehlo-translate" or "--interpret" not in tool:
+        return None
+    args, dense, merge = None, False, False
+    for t in tool[1:]:
+        if t.startswith("--args="):
+            args = t[len("--args="):]
+        elif t == "--interpreter-print-dense":
+            dense = True
+        elif t == "2>&1":
+            merge = True
+        elif t not in ("--interpret", "%s", "--split-input-file", "-split-input-file"):
+            return None   # an option this runner does not model
+    prefixes: list[str] = []
+    fc = stages[1][1:]
+    j = 0
+    while j < len(fc):
+        t = fc[j]
+        if t.startswith(("--check-prefix=", "-check-prefix=", "--check-prefixes=",
+                         "-check-prefixes=")):
+            prefixes += t.split("=", 1)[1].split(",")
+        elif t in ("--check-prefix", "--check-prefixes") and j + 1 < len(fc):
+            prefixes += fc[j + 1].split(",")
+            j += 1
+        elif t != "%s":
+            return None
+        j += 1
+    return RunLine(line, expect_fail, args, dense, merge, tuple(prefixes) or ("CHECK",))
+
+
+# --- --args ----------------------------------------------------------------------------------
+_ARGS_USAGE = "--args=[dense<1> : tensor<2xi32>, ...]"
+
+
+def parse_args_option(text: str) -> list[np.ndarray]:
+    """``--args`` as stablehlo-translate reads it: an MLIR array attribute of dense
+    elements attributes, each one argument. Errors carry the tool's messages."""
+    from jaxlib.mlir import ir
+    from hlo.stablehlo.mlir_utils import parse_dense, to_shape
+    with _MLIR_LOCK, _mlir_context(), ir.Location.unknown():
+        try:
+            attr = ir.Attribute.parse(text) if text else None
+        except Exception:   # MLIRError: not an attribute at all
+            attr = None
+        if text and not isinstance(attr, ir.ArrayAttr):
+            raise ArgsError("expectected array attribute string for args, i.e. " + _ARGS_USAGE)
+        values = []
+        for a in (attr if attr is not None else []):
+            if not isinstance(a, ir.DenseElementsAttr):
+                raise ArgsError("expected dense elements attribute for args elements, i.e. "
+                                + _ARGS_USAGE)
+            shape = to_shape(a.type)
+            try:
+                printed = str(a)
+            except TypeError as e:
+                printed = re.search(r"\(Attribute\((.*)\)\)\s*$", str(e), re.S).group(1)
+            values.append(parse_dense(printed, shape))
+    return values
+
+
+class ArgsError(CheckRewriteError):
+    pass
 
 
 # --- comparing -------------------------------------------------------------------------------
@@ -399,6 +796,7 @@ class _CaseState:
     probes: dict[str, list[np.ndarray]] = field(default_factory=dict)
     printed: list[str] = field(default_factory=list)
     modules: dict[str, Any] = field(default_factory=dict)
+    print_names: list[str] = field(default_factory=list)   # see print_names()
 
     def module_for(self, sym: str) -> Any:
         """The case's function ``@sym`` imported as the entry of its own module."""
@@ -487,7 +885,11 @@ def _handlers(state: _CaseState) -> dict:
         return operands[0]
 
     def print_(inst, operands, ctx):
-        state.printed.append(np.array2string(np.asarray(operands[0])))
+        # interpreter.print: ``<ssa name> = `` and the tensor, as one line-group (so that
+        # prints of several simulated devices never interleave).
+        idx = int(_options(inst).get("print_index", -1))
+        label = state.print_names[idx] if 0 <= idx < len(state.print_names) else ""
+        state.printed.append(label + format_tensor(operands[0], inst.operands[0].shape.dtype))
         return operands[0]
 
     names = [f"check.{k}" for k in CHECK_TARGETS] + ["check.eq"]
@@ -505,28 +907,129 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}" if not first.startswith(type(e).__name__) else first
 
 
-def run_case(file: str, case: str) -> CaseResult:
-    name = case_name(case)
-    if re.search(r"func\.func\s+(?:public\s+)?@\w+\(%", case) and "--args" in case:
-        return CaseResult(file, name, False, "needs --args inputs and FileCheck output")
+@dataclass
+class Interpretation:
+    """What ``stablehlo-translate --interpret`` would produce for one case."""
+    stdout: str = ""
+    stderr: str = ""
+    ok: bool = True
+    stage: str = ""              # "import" | "evaluate" | "args" | "" (where it failed)
+    checks: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+def interpret(case: str, args: Optional[str] = None, print_dense: bool = False
+              ) -> Interpretation:
+    """Run one case as the reference interpreter would: check ops compared, prints and the
+    entry function's results formatted (``print_dense``: as dense attributes), ``args`` (the
+    ``--args`` text) fed to the entry function."""
     import hlo
+    res = Interpretation()
+
+    def fail(stage: str, message: str) -> Interpretation:
+        res.ok, res.stage = False, stage
+        res.stderr += f"error: {message}\n"
+        return res
+
     try:
-        text, runs = rewrite_run_parallel(case)
+        inputs = parse_args_option(args) if args is not None else []
+    except ArgsError as e:
+        return fail("args", str(e))
+    try:
+        text, runs = rewrite_run_parallel(rewrite_newer_collectives(case))
         text = rewrite_checks(rewrite_probes(text))
         module = hlo.from_stablehlo(text)
+        names = print_names(case)
     except Exception as e:  # noqa: BLE001  (a bad case must not stop the run)
-        return CaseResult(file, name, False, "import: " + _one_line(e))
-    state = _CaseState(text, runs)
+        return fail("import", _one_line(e))
+    entry = module.entry
+    if len(inputs) != len(entry.parameters):
+        return fail("args", f"the entry function takes {len(entry.parameters)} argument(s), "
+                            f"got {len(inputs)} (pass them with {_ARGS_USAGE})")
+    for i, (x, p) in enumerate(zip(inputs, entry.parameters)):
+        if tuple(x.shape) != tuple(p.shape.dims) or x.dtype != p.shape.dtype.np_dtype:
+            return fail("args", f"argument {i} has type "
+                                f"{mlir_tensor_type(x.shape, _dtype_of(x))}, the entry "
+                                f"function expects {mlir_tensor_type(p.shape.dims, p.shape.dtype)}")
+    state = _CaseState(text, runs, print_names=names)
     try:
-        hlo.evaluate(module, [], custom_calls=_handlers(state), **_eval_options())
+        value = hlo.evaluate(module, inputs, custom_calls=_handlers(state), **_eval_options())
     except Exception as e:  # noqa: BLE001
-        return CaseResult(file, name, False, "evaluate: " + _one_line(e), state.checks)
-    if state.checks == 0 and re.search(r"//\s*CHECK", case):
-        # The expectation is on the interpreter's printed output (FileCheck), not a check op.
-        return CaseResult(file, name, False, "needs FileCheck of printed output")
-    if state.failures:
-        return CaseResult(file, name, False, "wrong value: " + state.failures[0], state.checks)
-    return CaseResult(file, name, True, "", state.checks)
+        res.checks = state.checks
+        res.stdout = "".join(p + "\n" for p in state.printed)
+        return fail("evaluate", _one_line(e))
+    res.checks, res.failures = state.checks, list(state.failures)
+    lines = list(state.printed)
+    root = entry.root
+    values = _results_of(entry, value)
+    shapes = [o.shape for o in root.operands] if root.opcode == "tuple" and \
+        isinstance(value, tuple) else [root.shape]
+    try:
+        for v, shape in zip(values, shapes):
+            if shape.is_tuple or shape.is_token:
+                continue
+            lines.append(format_dense(v, shape.dtype) if print_dense
+                         else format_tensor(v, shape.dtype))
+    except Exception as e:  # noqa: BLE001
+        return fail("evaluate", "cannot print the results: " + _one_line(e))
+    res.stdout = "".join(line + "\n" for line in lines)
+    for f in state.failures:
+        fail("evaluate", f)
+    return res
+
+
+def _dtype_of(x: np.ndarray) -> Any:
+    from hlo import dtypes as dt
+    return dt.from_numpy(x.dtype)
+
+
+def run_case(file: str, case: str, run_lines: Sequence[RunLine] = (),
+             first_line: int = 1) -> CaseResult:
+    """One case: its check ops, and each FileCheck RUN line whose prefixes the case uses
+    (``first_line``: where the case starts in its file, for FileCheck's line numbers)."""
+    from .filecheck import FileCheckError, filecheck, parse_directives
+    name = case_name(case)
+    try:
+        fc_runs = [r for r in run_lines if parse_directives(case, r.prefixes)]
+    except FileCheckError as e:
+        return CaseResult(file, name, False, f"FileCheck: {e}")
+    if not fc_runs:
+        out = interpret(case)
+        if not out.ok and out.stage in ("import", "args"):
+            return CaseResult(file, name, False, f"{out.stage}: " +
+                              out.stderr.strip().splitlines()[0][len("error: "):])
+        if out.failures:
+            return CaseResult(file, name, False, "wrong value: " + out.failures[0], out.checks)
+        if not out.ok:
+            return CaseResult(file, name, False,
+                              "evaluate: " + out.stderr.strip().splitlines()[0][len("error: "):],
+                              out.checks)
+        if out.checks == 0 and re.search(r"//\s*CHECK", case):
+            # The expectation is on printed output, but no RUN line here pipes to FileCheck.
+            return CaseResult(file, name, False, "needs FileCheck of printed output")
+        return CaseResult(file, name, True, "", out.checks)
+    cache: dict[tuple, Interpretation] = {}
+    checks = 0
+    padded = "\n" * (first_line - 1) + case
+    for run in fc_runs:
+        key = (run.args, run.print_dense)
+        if key not in cache:
+            cache[key] = interpret(case, run.args, run.print_dense)
+        out = cache[key]
+        where = f"RUN line {run.line}"
+        if run.expect_fail and out.ok:
+            return CaseResult(file, name, False, f"{where}: expected the interpreter to fail "
+                                                 "('not'), it succeeded", out.checks)
+        if not run.expect_fail and not out.ok:
+            return CaseResult(file, name, False, f"{where}: " +
+                              out.stderr.strip().splitlines()[0], out.checks)
+        output = out.stdout + (out.stderr if run.merge_stderr else "")
+        errors = filecheck(padded, output, run.prefixes, Path(file).name)
+        if errors:
+            return CaseResult(file, name, False, f"FileCheck ({where}): {errors[0]}",
+                              out.checks)
+        checks += out.checks + len(parse_directives(case, run.prefixes))
+    return CaseResult(file, name, True, "", checks)
 
 
 def run_check_files(paths: Iterable[str | Path]) -> tuple[list[CaseResult], int, int]:
@@ -539,8 +1042,12 @@ def run_check_files(paths: Iterable[str | Path]) -> tuple[list[CaseResult], int,
         except OSError as e:
             results.append(CaseResult(p, "<file>", False, f"cannot read: {e}"))
             continue
+        run_lines = parse_run_lines(text)
+        at = 0
         for case in split_cases(text):
-            results.append(run_case(p, case))
+            at = text.find(case, at)
+            results.append(run_case(p, case, run_lines, text.count("\n", 0, at) + 1))
+            at += len(case)
     passed = sum(r.passed for r in results)
     return results, passed, len(results) - passed
 

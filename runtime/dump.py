@@ -48,6 +48,21 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:60]
 
 
+def buffer_assignment_section(module: hlo.Module, directory: Optional[Path] = None) -> str:
+    """The buffer-assignment report and memory timeline of a scheduled module, as HTML
+    (also written as ``buffer_assignment.txt`` / ``memory_timeline.svg``)."""
+    from hlo.errors import HlotkError
+    from passes.buffer_assignment import assign_buffers
+    try:
+        ba = assign_buffers(module)
+    except HlotkError as e:
+        return f"<h2>Buffer assignment</h2><p>not available: {html.escape(str(e))}</p>"
+    if directory is not None:
+        atomic_write(Path(directory) / "buffer_assignment.txt", ba.to_text())
+        atomic_write(Path(directory) / "memory_timeline.svg", ba.memory_timeline_svg())
+    return ba.html_section()
+
+
 @dataclass
 class _PassEntry:
     record: PassRecord
@@ -96,7 +111,8 @@ class PassDumper:
                                                 f"{stem}.before", f"{stem}.after")
             atomic_write(self.directory / f"{stem}.diff.txt", entry.diff.to_text())
             dot_b = to_dot(before_module, diff=entry.diff.marks_before(), max_nodes=self.max_nodes,
-                           title=f"{record.name}: before")
+                           title=f"{record.name}: before",
+                           edge_styles=_fusion_edge_styles(module, record.name))
             dot_a = to_dot(module, diff=entry.diff.marks_after(), max_nodes=self.max_nodes,
                            title=f"{record.name}: after")
             atomic_write(self.directory / f"{stem}.before.dot", dot_b)
@@ -114,6 +130,7 @@ class PassDumper:
     def finish(self, final: Optional[hlo.Module] = None, extra_sections: str = "") -> Path:
         """Write ``index.html`` (and the final module's text); returns the index path."""
         if final is not None:
+            extra_sections += _fusion_section(final)
             atomic_write(self.directory / "99.final.hlo.txt", final.to_text())
             dot_final = to_dot(final, max_nodes=self.max_nodes, title="final")
             atomic_write(self.directory / "99.final.dot", dot_final)
@@ -126,6 +143,8 @@ class PassDumper:
                     final_svg = None
         else:
             final_svg = None
+        if final is not None and final.is_scheduled:
+            extra_sections += buffer_assignment_section(final, self.directory)
         index = self.directory / "index.html"
         atomic_write(index, self._html(final, final_svg, extra_sections))
         return index
@@ -213,3 +232,18 @@ def run_with_dump(module: hlo.Module, pipeline: Any, directory: str | Path, *, v
     records = run_pipeline(module, pipeline, verify=verify, hooks=[dumper])
     index = dumper.finish(module)
     return records, index
+
+
+def _fusion_edge_styles(module: hlo.Module, pass_name: str) -> dict:
+    """After a fusion pass: the unfused graph's edges coloured by its decisions."""
+    if not pass_name.startswith("fusion"):
+        return {}
+    from passes.fusion.explain import report_for
+    report = report_for(module)
+    return report.edge_styles() if report is not None else {}
+
+
+def _fusion_section(final: hlo.Module) -> str:
+    from passes.fusion.explain import report_for
+    report = report_for(final)
+    return report.html() if report is not None else ""

@@ -25,7 +25,7 @@ import hlo
 from hlo.errors import HlotkError, InvalidArgumentError
 
 from . import analysis
-from .client import PIPELINES, Client, LoadedExecutable, resolve_pipeline
+from .client import PIPELINES, Buffer, Client, LoadedExecutable, resolve_pipeline
 from .client import client as make_client
 
 _CLIENTS: dict[str, Client] = {}
@@ -127,7 +127,14 @@ class Compiled:
         return self.executable.as_text()
 
     def memory_analysis(self) -> analysis.CompiledMemoryStats:
-        return analysis.memory_analysis(self.module)
+        exe = getattr(self.executable._body, "executable", None)
+        return analysis.memory_analysis(self.module, getattr(exe, "assignment", None))
+
+    def buffer_assignment(self) -> Any:
+        """The BufferAssignment the CPU executable runs with (``.to_text()``, timeline)."""
+        from passes.buffer_assignment import assign_buffers
+        exe = getattr(self.executable._body, "executable", None)
+        return exe.assignment if exe is not None else assign_buffers(self.module)
 
     def cost_analysis(self) -> dict[str, float]:
         return analysis.cost_analysis(self.module)
@@ -152,12 +159,14 @@ class Compiled:
             if got.shape != spec.shape or got.dtype != spec.dtype:
                 raise InvalidArgumentError(f"{where}: expected {spec.describe()}, got "
                                            f"{got.describe()}")
-            out.append(_to_numpy(x, spec))
+            # An hlotk Buffer is passed as it is (so that donating it invalidates it).
+            out.append(x if isinstance(x, Buffer) and x.dtype == spec.dtype else _to_numpy(x, spec))
         return out
 
     def call_flat(self, flat: list[np.ndarray]) -> list[np.ndarray]:
         client = self.executable.client
-        buffers = [client.buffer_from_pyval(x, self.executable.device) for x in flat]
+        buffers = [x if isinstance(x, Buffer) and x.device is self.executable.device
+                   else client.buffer_from_pyval(x, self.executable.device) for x in flat]
         return [b.to_numpy() for b in self.executable.execute(buffers)]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -196,12 +205,45 @@ class Lowered:
     def compile(self, *, dump_dir: str | None = None, verify: bool = True) -> Compiled:
         """Run the pipeline and build the executable; ``dump_dir`` writes the per-pass dump
         (HLO text before/after each pass, graphs, ``index.html``)."""
+        if self.module.config.get("num_partitions", 1) > 1:
+            # Sharded (in_shardings/out_shardings/mesh): partition and run on N devices.
+            from .spmd import compile_spmd
+            return Compiled(self, compile_spmd(self.module, verify=verify))
         client = default_client(self.backend)
-        return Compiled(self, client.compile(self.module, pipeline=self.pipeline,
-                                             dump_dir=dump_dir, verify=verify))
+        module = self.module
+        donated = getattr(self, "donated_leaves", ())
+        if donated:
+            module = module.clone()
+            aliases = donation_aliases(module, donated)
+            if aliases:
+                from passes.dataflow import format_input_output_alias
+                module.config["input_output_alias"] = format_input_output_alias(aliases)
+        extra = {} if getattr(self, "poison", None) is None else {"poison": self.poison}
+        if getattr(self, "target", None) is not None:
+            extra["target"] = self.target
+        return Compiled(self, client.compile(module, pipeline=self.pipeline,
+                                             dump_dir=dump_dir, verify=verify, **extra))
 
     def __repr__(self) -> str:
         return f"Lowered({self.name}, {len(self.in_specs)} inputs)"
+
+
+def donation_aliases(module: hlo.Module, donated: Sequence[int]) -> dict[tuple[int, ...], int]:
+    """Output index -> donated parameter, as JAX pairs them: each donated input goes to the
+    first output leaf of the same shape and dtype not taken yet."""
+    from passes.dataflow import array_leaves
+    root = module.entry.root.shape
+    outs = list(array_leaves(root))
+    taken: set[tuple[int, ...]] = set()
+    pairs: dict[tuple[int, ...], int] = {}
+    for p in sorted(donated):
+        ps = module.entry.parameters[p].shape
+        for ix, s in outs:
+            if ix not in taken and not ps.is_tuple and s.compatible(ps):
+                taken.add(ix)
+                pairs[ix] = p
+                break
+    return pairs
 
 
 class CacheInfo(NamedTuple):
@@ -214,16 +256,23 @@ class Jitted:
     """The object ``runtime.jit(fn)`` returns (``jax.stages.Wrapped``)."""
 
     def __init__(self, fn: Callable, backend: str = "cpu", pipeline: str = "default",
-                 static_argnums: int | Sequence[int] = (), donate_argnums: int | Sequence[int] = ()):
+                 static_argnums: int | Sequence[int] = (), donate_argnums: int | Sequence[int] = (),
+                 in_shardings: Any = None, out_shardings: Any = None, mesh: Any = None,
+                 poison: bool | None = None, target: str | None = None):
         if not callable(fn):
             raise InvalidArgumentError(f"jit expects a callable, got {type(fn).__name__}")
         self.fn = fn
+        from .spmd import jax_sharding_kwargs   # jax.jit's own sharding arguments
+        self._sharding_kwargs = jax_sharding_kwargs(in_shardings, out_shardings, mesh)
         self.backend = backend
         self.pipeline = pipeline
         as_set = lambda v: frozenset((v,) if isinstance(v, int) else v)  # noqa: E731
         self.static_argnums = as_set(static_argnums)
-        # Recorded for the later buffer-assignment work; the interpreter never aliases.
+        # Donated arguments may share a buffer with an output (input_output_alias); an hlotk
+        # Buffer passed for one is invalid after the call, as a donated jax.Array is.
         self.donate_argnums = as_set(donate_argnums)
+        self.poison = poison
+        self.target = target      # GPU spec fusion decides for (h100, h200, a100 ...)
         self._cache: dict[_Signature, Compiled] = {}
         self._hits = 0
         self._misses = 0
@@ -273,7 +322,7 @@ class Jitted:
 
         # keep_unused: one entry parameter per leaf, even for arguments fn ignores.
         traced = jax.jit(traced_fn, static_argnums=tuple(sorted(self.static_argnums)),
-                         keep_unused=True)
+                         keep_unused=True, **self._sharding_kwargs)
         specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type) for s in sig.leaves]
         dyn_specs, kw_specs = jax.tree_util.tree_unflatten(sig.in_tree, specs)
         it = iter(dyn_specs)
@@ -285,10 +334,29 @@ class Jitted:
             raise HlotkError(f"{self.__name__}: the imported module has "
                              f"{len(module.entry.parameters)} parameters for {len(specs)} "
                              "argument leaves")
-        return Lowered(module, name=self.__name__, in_tree=sig.in_tree, in_specs=sig.leaves,
-                       out_tree=store["out_tree"], backend=self.backend,
-                       pipeline=self.pipeline, arg_names=self._arg_names,
-                       static_argnums=self.static_argnums, num_dynamic_args=num_dynamic)
+        lowered = Lowered(module, name=self.__name__, in_tree=sig.in_tree, in_specs=sig.leaves,
+                          out_tree=store["out_tree"], backend=self.backend,
+                          pipeline=self.pipeline, arg_names=self._arg_names,
+                          static_argnums=self.static_argnums, num_dynamic_args=num_dynamic)
+        lowered.donated_leaves = self._donated_leaves(sig)
+        lowered.poison = self.poison
+        lowered.target = self.target
+        return lowered
+
+    def _donated_leaves(self, sig: _Signature) -> tuple[int, ...]:
+        """Flat parameter numbers of the leaves of the donated positional arguments."""
+        import jax
+        if not self.donate_argnums:
+            return ()
+        numbered = jax.tree_util.tree_unflatten(sig.in_tree, list(range(len(sig.leaves))))
+        dynamic_args = numbered[0]
+        static = {i for i, _ in sig.static}
+        positions = [i for i in range(len(dynamic_args) + len(static)) if i not in static]
+        out: list[int] = []
+        for k, argnum in enumerate(positions):
+            if argnum in self.donate_argnums and argnum not in self.static_argnums:
+                out.extend(jax.tree_util.tree_leaves(dynamic_args[k]))
+        return tuple(out)
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         sig, dynamic = self._signature(args, kwargs)
@@ -318,8 +386,19 @@ class Jitted:
 
 def jit(fn: Callable, backend: str = "cpu", pipeline: str = "default",
         static_argnums: int | Sequence[int] = (),
-        donate_argnums: int | Sequence[int] = ()) -> Jitted:
-    """Compile ``fn`` (a JAX-traceable function) with hlotk, like ``jax.jit``."""
+        donate_argnums: int | Sequence[int] = (), in_shardings: Any = None,
+        out_shardings: Any = None, mesh: Any = None, poison: bool | None = None,
+        target: str | None = None) -> Jitted:
+    """Compile ``fn`` (a JAX-traceable function) with hlotk, like ``jax.jit``.
+
+    ``in_shardings``/``out_shardings`` take what jax.jit takes (NamedSharding, or a
+    PartitionSpec with ``mesh=``); a sharded program is partitioned and runs on as many
+    simulated CPU devices as the mesh has (see runtime/spmd.py). ``donate_argnums`` lets
+    outputs reuse those arguments' buffers; ``poison=True`` fills the CPU buffer arena with
+    0xFF bytes before each run (a debugging aid; env ``HLOTK_POISON_ARENA=1`` does the same).
+    ``target`` ("h100", "h200", "a100" ...) is the GPU whose cost model fusion decides for.
+    """
     return Jitted(fn, backend=backend, pipeline=pipeline, static_argnums=static_argnums,
-                  donate_argnums=donate_argnums)
+                  donate_argnums=donate_argnums, in_shardings=in_shardings,
+                  out_shardings=out_shardings, mesh=mesh, poison=poison, target=target)
 

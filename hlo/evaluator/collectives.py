@@ -297,6 +297,14 @@ class _DeviceCollectives:
         self.ctx: Optional[EvalContext] = None
         self.host: Optional["HostQueues"] = None   # infeed/outfeed/send/recv (simulate_programs)
 
+    def exchange_group(self, inst: Instruction, group: Sequence[int],
+                       arrays: list) -> dict[int, list]:
+        """Meet the other members of ``group`` at ``inst``; every member's ``arrays`` by
+        device id (for collectives evaluated outside ``__call__``, e.g. custom-calls)."""
+        seq = self.counts.get(id(inst), 0)
+        self.counts[id(inst)] = seq + 1
+        return self.rv.exchange((id(inst), seq, tuple(group)), group, self.device, arrays, inst)
+
     def __call__(self, inst: Instruction, operands: list) -> Any:
         assert self.ctx is not None
         seq = self.counts.get(id(inst), 0)
@@ -514,3 +522,81 @@ def _send_done(inst: Instruction, operands: list, ctx: EvalContext) -> Any:
 @rule("evaluate", "recv-done")
 def _recv_done(inst: Instruction, operands: list, ctx: EvalContext) -> Any:
     return (operands[0][0], TOKEN)
+
+
+# ---------------------------------------------------------------------------------------
+# Collectives newer than JAX's StableHLO, carried as custom-calls
+# ---------------------------------------------------------------------------------------
+# ``stablehlo.collective_reduce`` and ``stablehlo.collective_broadcast`` with
+# ``has_dynamic_root`` do not exist in the StableHLO JAX ships, so a front end rewrites them
+# into ``custom-call``s with these targets (runtime/conformance.py does). backend_config is
+# an MLIR dictionary: ``{replica_groups = [[0, 1]], channel_id = 0, has_dynamic_root =
+# true}``; collective_reduce's reducer is ``called_computations[0]``. Groups follow the
+# spec: cross_replica(replica_groups) without a channel, cross_partition(replica_groups)
+# with channel_id > 0. With a dynamic root the last operand is an s32[N] of group ranks,
+# one per data operand; otherwise every root is rank 0. A process in no group gets zeros.
+NEWER_COLLECTIVE_TARGETS = ("stablehlo.collective_broadcast", "stablehlo.collective_reduce")
+
+
+def _newer_collective(inst: Instruction, operands: list, ctx: EvalContext) -> Any:
+    from ..attrs import ReplicaGroups
+    from .custom_calls import parse_mlir_dict
+    target = inst.attrs.get("custom_call_target")
+    cfg = parse_mlir_dict(inst.attrs.get("backend_config"))
+    dynamic = bool(cfg.get("has_dynamic_root", False))
+    arrays = [np.asarray(o) for o in operands]
+    data = arrays[:-1] if dynamic else arrays
+    if not data:
+        raise EvaluationError(f"%{inst.name} ({target}): no data operands")
+    roots = [int(r) for r in arrays[-1].reshape(-1)] if dynamic else [0] * len(data)
+    if len(roots) != len(data):
+        raise EvaluationError(f"%{inst.name} ({target}): {len(roots)} roots for "
+                              f"{len(data)} data operands")
+    attrs: dict = {"replica_groups": ReplicaGroups(tuple(
+        tuple(int(i) for i in g) for g in cfg.get("replica_groups", ())))}
+    if int(cfg.get("channel_id", 0)) > 0:
+        attrs["channel_id"] = int(cfg["channel_id"])
+    # collective-broadcast has the group modes the spec gives these ops (no global ids).
+    proxy = Instruction("collective-broadcast", [], inst.shape, attrs)
+    device = ctx.replica_id * ctx.num_partitions + ctx.partition_id
+    group = next((g for g in device_groups(proxy, ctx.num_replicas, ctx.num_partitions)
+                  if device in g), None)
+    zeros = [np.zeros_like(d) for d in data]
+    if group is None:
+        results = zeros
+    else:
+        for r in roots:
+            if not 0 <= r < len(group):
+                raise EvaluationError(f"%{inst.name} ({target}): root {r} outside the group "
+                                      f"{group}")
+        if ctx.collective is None:
+            if len(group) != 1:
+                raise EvaluationError(f"%{inst.name}: a group of {len(group)} devices needs a "
+                                      "multi-device run (hlo.evaluator.collectives.simulate)")
+            per_member = [data]
+        else:
+            exchange = getattr(ctx.collective, "exchange_group", None)
+            if exchange is None:
+                raise EvaluationError(f"%{inst.name} ({target}): this multi-device runner "
+                                      "cannot exchange values for custom-call collectives")
+            got = exchange(inst, group, data)
+            per_member = [got[d] for d in group]
+        rank = group.index(device)
+        if target == "stablehlo.collective_broadcast":
+            results = [per_member[roots[j]][j].copy() for j in range(len(data))]
+        else:
+            comps = inst.attrs.get("called_computations") or ()
+            if not comps:
+                raise EvaluationError(f"%{inst.name}: collective_reduce needs its reducer in "
+                                      "called_computations")
+            results = [_reduce_values(comps[0], [m[j] for m in per_member], ctx)
+                       if rank == roots[j] else zeros[j] for j in range(len(data))]
+    return tuple(results) if inst.shape.is_tuple else results[0]
+
+
+def _register_newer_collectives() -> None:
+    from .custom_calls import register
+    register(*NEWER_COLLECTIVE_TARGETS)(_newer_collective)
+
+
+_register_newer_collectives()

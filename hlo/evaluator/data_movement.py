@@ -14,7 +14,6 @@ import numpy as np
 from ..errors import EvaluationError
 from ..ir import Instruction
 from ..ops import rule
-from ..shape import Shape
 from .core import TOKEN
 from .elementwise import convert_array
 from .reductions import apply_elementwise
@@ -103,24 +102,16 @@ def _reshape(inst, ops, ctx):
     return ops[0].reshape(inst.shape.dims)
 
 
-def _major_to_minor(shape: Shape) -> tuple[int, ...]:
-    if shape.layout is None:
-        return tuple(range(shape.rank))
-    return tuple(reversed(shape.layout.minor_to_major))
-
-
 @rule("evaluate", "bitcast")
 def _bitcast(inst, ops, ctx):
-    """A bitcast reinterprets the physical buffer: with default layouts it is a reshape."""
-    x = ops[0]
-    src_shape = inst.operands[0].shape
-    dst_shape = inst.shape
-    physical = np.transpose(x, _major_to_minor(src_shape)).reshape(-1)
-    dst_order = _major_to_minor(dst_shape)
-    phys_dims = [dst_shape.dims[d] for d in dst_order]
-    if physical.dtype != dst_shape.dtype.np_dtype:
-        physical = physical.view(dst_shape.dtype.np_dtype)
-    return np.transpose(physical.reshape(phys_dims), np.argsort(dst_order))
+    """A bitcast reinterprets the physical buffer (``hlo.layout_util``): the operand's bytes
+    in its layout are read back as the result's physical dims in the result's layout."""
+    from ..layout_util import from_physical, to_physical
+    src_shape, dst_shape = inst.operands[0].shape, inst.shape
+    if src_shape.dtype != dst_shape.dtype:
+        raise EvaluationError(f"bitcast %{inst.name} changes the element type {src_shape.dtype} "
+                              f"to {dst_shape.dtype}; that is bitcast-convert")
+    return from_physical(to_physical(ops[0], src_shape.layout), dst_shape)
 
 
 @rule("evaluate", "transpose")

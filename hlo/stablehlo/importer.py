@@ -56,6 +56,7 @@ class Importer:
         self.funcs: dict[str, Any] = {}
         self.func_comps: dict[str, Computation] = {}
         self._building: set[str] = set()
+        self.sdy_meshes: dict[str, Any] = {}   # sdy.mesh symbol -> shardy.Mesh
         self.options = options or {}
 
     # --- naming and emitting -------------------------------------------------------------
@@ -84,7 +85,8 @@ class Importer:
         if "mhlo.sharding" in a and "sharding" not in attrs:
             attrs["sharding"] = parse_sharding_text(_string_value(a["mhlo.sharding"]))
         elif "sdy.sharding" in a and "sharding" not in attrs:
-            attrs["sharding"] = Raw(str(a["sdy.sharding"]))
+            from .shardy import sharding_attr
+            attrs["sharding"] = sharding_attr(self, a["sdy.sharding"], op.operation.name)
         if "mhlo.frontend_attributes" in a:
             attrs["frontend_attributes"] = dict_to_frontend(a["mhlo.frontend_attributes"])
 
@@ -229,7 +231,8 @@ class Importer:
                 if "mhlo.sharding" in d:
                     p.attrs["sharding"] = parse_sharding_text(_string_value(d["mhlo.sharding"]))
                 elif "sdy.sharding" in d:
-                    p.attrs["sharding"] = Raw(str(d["sdy.sharding"]))
+                    from .shardy import sharding_attr
+                    p.attrs["sharding"] = sharding_attr(self, d["sdy.sharding"])
             scope.values[a] = p
         outs = self.import_block(scope, block)
         if not outs:
@@ -239,6 +242,11 @@ class Importer:
         res_attrs = _array_of_dicts(f, "res_attrs")
         shardings = [_string_value(d["mhlo.sharding"]) if "mhlo.sharding" in d else None
                      for d in res_attrs]
+        if any("sdy.sharding" in d for d in res_attrs):
+            from .shardy import sharding_attr
+            sdy = [sharding_attr(self, d["sdy.sharding"]) if "sdy.sharding" in d else None
+                   for d in res_attrs]
+            shardings = [None if s is None else s.to_text() for s in sdy]
         if any(s is not None for s in shardings):
             if len(outs) == 1:
                 root.attrs["sharding"] = parse_sharding_text(shardings[0])
@@ -354,7 +362,10 @@ def _import_mlir_module(mlir_module: Any, options: Optional[dict] = None) -> Mod
             imp.funcs[sym] = f
             funcs.append((sym, f))
         elif f.operation.name in ("sdy.mesh",):
-            continue  # Shardy meshes: kept only as the Raw shardings that name them
+            from .shardy import mesh_of_op
+            sym, mesh = mesh_of_op(f)   # Shardy shardings name it; they convert to HLO's
+            imp.sdy_meshes[sym] = mesh
+            continue
         else:
             raise HloImportError("unsupported top-level operation", op=f.operation.name,
                                  location=short_location(f.location))
@@ -399,7 +410,7 @@ def _set_config(m: Module, op: Any) -> None:
 
 
 def _ensure_rules() -> None:
-    from . import ops_table, chlo  # noqa: F401  (register OP_RULES)
+    from . import ops_table, chlo, shardy  # noqa: F401  (register OP_RULES)
 
 
 def from_stablehlo(text_or_bytes: str | bytes, **options: Any) -> Module:
@@ -431,6 +442,10 @@ def from_stablehlo(text_or_bytes: str | bytes, **options: Any) -> Module:
         data = text
     if not isinstance(data, str):
         raise HloImportError(f"from_stablehlo expects str or bytes, got {type(data).__name__}")
+    if "!quant." in data:
+        # JAX's MLIR has no quant dialect: lower quantized types and ops on the text first.
+        from .quant import lower_quantized
+        data = lower_quantized(data)
     return _parse_and_import(data, options)
 
 

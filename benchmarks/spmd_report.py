@@ -1,0 +1,216 @@
+"""SPMD report: hlotk's partitioner next to XLA's on four sharded programs.
+
+    .venv/bin/python benchmarks/spmd_report.py     # writes benchmarks/spmd_report.md
+
+For each program: the result of running hlotk's partitioned module on 8 simulated devices
+against ``jax.jit`` with the same shardings on the same mesh (8 host CPU devices), and the
+collectives each partitioner inserted (count and bytes). Bytes are per device: for each
+collective the larger of its operand and result array bytes, measured the same way on
+XLA's compiled HLO (``jax.jit(...).lower(...).compile().as_text()``, parsed with
+``hlo.parse_hlo``).
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+@dataclass
+class Program:
+    name: str
+    make: Callable[[], tuple[Any, list]]   # -> (jax.jit-wrapped fn with shardings, args)
+    note: str
+
+
+def _mesh(shape, names):
+    import jax
+    return jax.make_mesh(shape, names, axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+
+
+def _ns(mesh, *spec):
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    return NamedSharding(mesh, P(*spec))
+
+
+def _args(shapes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(s) * 0.5).astype(np.float32) for s in shapes]
+
+
+def megatron_mlp():
+    import jax
+    mesh = _mesh((8,), ("model",))
+
+    def mlp(x, w1, w2):
+        return jax.nn.relu(x @ w1) @ w2
+    f = jax.jit(mlp, in_shardings=(_ns(mesh), _ns(mesh, None, "model"), _ns(mesh, "model", None)),
+                out_shardings=_ns(mesh))
+    return f, _args([(16, 32), (32, 64), (64, 32)])
+
+
+def dp_train_step():
+    import jax
+    import jax.numpy as jnp
+    mesh = _mesh((8,), ("data",))
+
+    def step(w, b, x, y):
+        def loss(w, b):
+            return jnp.mean((jnp.tanh(x @ w + b) - y) ** 2)
+        lv, (gw, gb) = jax.value_and_grad(loss, argnums=(0, 1))(w, b)
+        return w - 0.1 * gw, b - 0.1 * gb, lv
+    rep = _ns(mesh)
+    f = jax.jit(step, in_shardings=(rep, rep, _ns(mesh, "data"), _ns(mesh, "data")),
+                out_shardings=(rep, rep, rep))
+    return f, _args([(16, 8), (8,), (32, 16), (32, 8)])
+
+
+def transformer_block():
+    import jax
+    import jax.numpy as jnp
+    mesh = _mesh((2, 4), ("data", "model"))
+    B, S, D, H = 4, 8, 32, 4
+
+    def norm(x):
+        m = jnp.mean(x, -1, keepdims=True)
+        v = jnp.mean((x - m) ** 2, -1, keepdims=True)
+        return (x - m) * jax.lax.rsqrt(v + 1e-5)
+
+    def block(x, wq, wk, wv, wo, w1, w2):
+        h = norm(x)
+        q = (h @ wq).reshape(B, S, H, D // H)
+        k = (h @ wk).reshape(B, S, H, D // H)
+        v = (h @ wv).reshape(B, S, H, D // H)
+        s = jnp.einsum("bshd,bthd->bhst", q, k) / np.sqrt(D // H)
+        p = jax.nn.softmax(s, axis=-1)
+        a = jnp.einsum("bhst,bthd->bshd", p, v).reshape(B, S, D)
+        x = x + a @ wo
+        return x + jax.nn.relu(norm(x) @ w1) @ w2
+    col, row = _ns(mesh, None, "model"), _ns(mesh, "model", None)
+    f = jax.jit(block, in_shardings=(_ns(mesh, "data"), col, col, col, row, col, row),
+                out_shardings=_ns(mesh, "data"))
+    return f, _args([(B, S, D), (D, D), (D, D), (D, D), (D, D), (D, 2 * D), (2 * D, D)])
+
+
+def seq_sharded():
+    import jax
+    import jax.numpy as jnp
+    mesh = _mesh((8,), ("seq",))
+
+    def fn(x):
+        y = jnp.tanh(x) * x + 1.0
+        return jnp.sum(y, axis=1), jnp.max(y, axis=2)
+    f = jax.jit(fn, in_shardings=(_ns(mesh, None, "seq"),),
+                out_shardings=(_ns(mesh), _ns(mesh, None, "seq")))
+    return f, _args([(4, 64, 16)])
+
+
+PROGRAMS = [
+    Program("megatron_mlp", megatron_mlp, "column- then row-parallel MLP, mesh (model=8)"),
+    Program("dp_train_step", dp_train_step, "data-parallel SGD step, mesh (data=8)"),
+    Program("transformer_block_2d", transformer_block,
+            "attention + MLP block, mesh (data=2, model=4)"),
+    Program("seq_sharded_reduce", seq_sharded,
+            "elementwise + reduce over a sequence-sharded array, mesh (seq=8)"),
+]
+
+
+# --- XLA's compiled HLO --------------------------------------------------------------------
+_MESH_GROUPS = re.compile(r"replica_groups=mesh\[(?P<axes>[^\]]*)\]"
+                          r"(?:,\s*device_ids=\((?P<ids>[^)]*\)?)\))?\s*\{(?P<group>[^}]*)\}")
+
+
+def _mesh_groups_to_explicit(m: re.Match) -> str:
+    """XLA's newer ``replica_groups=mesh[...] device_ids=(...) {'axis'}`` spelling, as the
+    explicit ``{{...},...}`` groups hlotk's parser reads."""
+    axes = re.findall(r"'([^']+)'=(\d+)", m.group("axes"))
+    names = [a for a, _ in axes]
+    sizes = [int(s) for _, s in axes]
+    n = int(np.prod(sizes))
+    ids = np.arange(n)
+    spec = m.group("ids")
+    if spec:
+        dm = re.match(r"\[([\d,]+)\](?:T\(([\d,]+)\))?", spec.strip())
+        shape = [int(x) for x in dm.group(1).split(",")]
+        ids = np.arange(n).reshape(shape)
+        if dm.group(2):
+            ids = ids.transpose([int(x) for x in dm.group(2).split(",")])
+    ids = ids.reshape(sizes)
+    group_axes = [names.index(a) for a in re.findall(r"'([^']+)'", m.group("group"))]
+    other = [i for i in range(len(sizes)) if i not in group_axes]
+    size = int(np.prod([sizes[i] for i in group_axes])) if group_axes else 1
+    groups = ids.transpose(other + group_axes).reshape(-1, size)
+    return "replica_groups={" + ",".join("{" + ",".join(map(str, g)) + "}" for g in groups) + "}"
+
+
+def xla_compiled_module(f, args):
+    import hlo
+    text = f.lower(*args).compile().as_text()
+    return hlo.parse_hlo(_MESH_GROUPS.sub(_mesh_groups_to_explicit, text))
+
+
+def hlotk_partitioned(f, args):
+    import hlo
+    from runtime.spmd import compile_spmd
+    return compile_spmd(hlo.from_jax(f, *args))
+
+
+def fmt_stats(stats: dict[str, tuple[int, int]]) -> tuple[int, int, str]:
+    count = sum(c for c, _ in stats.values())
+    nbytes = sum(b for _, b in stats.values())
+    detail = ", ".join(f"{k} ×{c} ({b} B)" for k, (c, b) in sorted(stats.items())) or "none"
+    return count, nbytes, detail
+
+
+def run_program(p: Program) -> dict:
+    import jax
+    from passes.spmd import collective_stats
+    f, args = p.make()
+    exe = hlotk_partitioned(f, args)
+    ours = exe.execute_arrays(args)
+    ref = [np.asarray(r) for r in jax.tree_util.tree_leaves(f(*args))]
+    err = max(float(np.max(np.abs(a - b))) for a, b in zip(ours, ref))
+    return {"name": p.name, "note": p.note, "max_abs_err": err,
+            "hlotk": collective_stats(exe.module),
+            "xla": collective_stats(xla_compiled_module(f, args)),
+            "module": exe.module}
+
+
+def main(path: str = os.path.join(ROOT, "benchmarks", "spmd_report.md")) -> list[dict]:
+    rows = [run_program(p) for p in PROGRAMS]
+    lines = ["# SPMD partitioning: hlotk vs XLA", "",
+             "Generated by `benchmarks/spmd_report.py`. Each program runs with `jax.jit` and "
+             "the same shardings on 8 host CPU devices, and through hlotk "
+             "(`sharding-propagation`, `spmd-partitioner`) on 8 simulated devices. "
+             "Bytes: per device, for each collective the larger of its operand and result "
+             "array sizes, measured the same way on XLA's compiled HLO.", "",
+             "| program | max abs error vs jax.jit | hlotk collectives | hlotk bytes "
+             "| XLA collectives | XLA bytes | bytes ≤ XLA |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        hc, hb, hd = fmt_stats(r["hlotk"])
+        xc, xb, xd = fmt_stats(r["xla"])
+        lines.append(f"| {r['name']} | {r['max_abs_err']:.2e} | {hc}: {hd} | {hb} | "
+                     f"{xc}: {xd} | {xb} | {'yes' if hb <= xb else 'NO'} |")
+    lines += [""] + [f"- **{r['name']}**: {r['note']}" for r in rows] + [""]
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines))
+    return rows
+
+
+if __name__ == "__main__":
+    for r in main():
+        print(r["name"], f"{r['max_abs_err']:.2e}", "hlotk", r["hlotk"], "xla", r["xla"])

@@ -1,0 +1,331 @@
+"""``compile_fusion``: one fusion instruction -> a ``TritonKernel`` (source file + launcher).
+
+The generated source is a standalone Python file (Triton's JIT reads the source of the
+function it compiles, so it must live in a real file): it is written into the kernel cache
+(``codegen.cache``, ``$HLOTK_CACHE_DIR/triton/<name>_<hash>.py``) and imported by path.
+
+Kernel arguments: input pointers (fusion parameters in order), output pointers, hidden
+constant arrays, then the strides of each of those tensors in elements, then the
+``tl.constexpr`` block sizes. Strides are read from the tensors at launch time, so a caller
+that passes logical-shape views with physical strides (any layout) gets the right answer.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from hlo.ir import Computation, Instruction
+from codegen.cache import KernelCache, cache_root, content_key
+
+from .elemental import (HELPERS_GPU, HELPERS_INTERPRET, Emitter, TritonCodegenError, tl_type)
+from .templates import NotTileable, Plan, gemm_template, loop_template, outputs_of, rows_template
+
+GENERATOR_VERSION = "triton-1"
+_CACHE = KernelCache("triton")
+_MODULES: dict[str, Any] = {}
+
+_NAME_SKIP = {"parameter", "constant", "tuple", "get-tuple-element", "broadcast", "bitcast",
+              "reshape", "copy"}
+
+
+def interpret_mode() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def kernel_name(comp: Computation) -> str:
+    ops: list[str] = []
+    for inst in comp.instructions:
+        op = inst.opcode.replace("-", "_")
+        if inst.opcode not in _NAME_SKIP and op not in ops:
+            ops.append(op)
+    return "fused_" + "_".join(ops[:4] or ["copy"])
+
+
+def classify(fusion: Instruction) -> str:
+    """Which template to try first: gemm | rows | loop."""
+    try:
+        from passes.fusion.kinds import fusion_kind
+        kind = fusion_kind(fusion)
+    except ImportError:    # the fusion pass may not exist yet: look at the computation
+        kind = ""
+    comp = fusion.attrs["calls"]
+    opcodes = {i.opcode for i in comp.instructions}
+    if kind == "gemm" or "dot" in opcodes:
+        return "gemm"
+    if kind in ("normalization", "input") or "reduce" in opcodes:
+        return "rows"
+    return "loop"
+
+
+@dataclass
+class TritonKernel:
+    """A generated Triton kernel for one fusion, loaded from its cached source file."""
+    name: str
+    source: str
+    path: Path
+    template: str
+    config: dict
+    plan: Plan
+    fusion_name: str
+    input_shapes: list
+    output_shapes: list
+    constants: list[np.ndarray]
+    key: str
+    autotune: bool = False
+    _fn: Any = None
+    _const_tensors: dict = field(default_factory=dict)
+
+    @property
+    def grid(self) -> tuple:
+        return self.plan.grid(self.config)
+
+    @property
+    def fn(self) -> Any:
+        if self._fn is None:
+            self._fn = getattr(_load_module(self.path), self.name)
+        return self._fn
+
+    def _check(self, tensors: Sequence[Any], shapes: list, what: str) -> None:
+        if len(tensors) != len(shapes):
+            raise TritonCodegenError(f"kernel {self.name} (fusion %{self.fusion_name}) takes "
+                                     f"{len(shapes)} {what}, got {len(tensors)}")
+        for i, (t, s) in enumerate(zip(tensors, shapes)):
+            if tuple(t.shape) != tuple(s.dims):
+                raise TritonCodegenError(f"kernel {self.name}: {what[:-1]} {i} has shape "
+                                         f"{tuple(t.shape)}, expected {tuple(s.dims)} ({s})")
+
+    def _args(self, outputs: Sequence[Any], inputs: Sequence[Any]) -> list:
+        import torch
+        device = outputs[0].device
+        consts = self._const_tensors.get(str(device))
+        if consts is None:
+            consts = [_to_torch(c).to(device) for c in self.constants]
+            self._const_tensors[str(device)] = consts
+        tensors = list(inputs) + list(outputs) + consts
+        args: list = [_as_triton(t) for t in tensors]
+        for t in tensors:
+            args.extend(int(s) for s in t.stride())
+        del torch
+        return args
+
+    def launch(self, outputs: Sequence[Any], inputs: Sequence[Any], stream: Any = None,
+               config: Optional[dict] = None) -> None:
+        """Run the kernel: ``outputs``/``inputs`` are torch tensors of the logical shapes
+        (views with any strides). ``stream``: a torch stream to launch on."""
+        self._check(inputs, self.input_shapes, "inputs")
+        self._check(outputs, self.output_shapes, "outputs")
+        if any(math.prod(s.dims) == 0 for s in self.output_shapes):
+            return
+        args = self._args(outputs, inputs)
+        if config is None and self.autotune and not interpret_mode() and outputs[0].is_cuda:
+            self.config = _autotune(self, outputs, inputs, args)
+            self.autotune = False
+        cfg = dict(config or self.config)
+        warps, stages = cfg.pop("num_warps", 4), cfg.pop("num_stages", 1)
+        grid = self.plan.grid(dict(cfg))
+        if stream is not None:
+            import torch
+            with torch.cuda.stream(stream):
+                self.fn[grid](*args, **cfg, num_warps=warps, num_stages=stages)
+        else:
+            self.fn[grid](*args, **cfg, num_warps=warps, num_stages=stages)
+
+    def __repr__(self) -> str:
+        return f"<TritonKernel {self.name} ({self.template}) {self.config} at {self.path}>"
+
+
+def _to_torch(arr: np.ndarray) -> Any:
+    import torch
+    a = np.ascontiguousarray(arr)
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _as_triton(t: Any) -> Any:
+    return t
+
+
+def _load_module(path: Path) -> Any:
+    key = str(path)
+    mod = _MODULES.get(key)
+    if mod is None:
+        mod_name = f"hlotk_triton_{path.stem}"
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise TritonCodegenError(f"cannot import generated kernel {path}")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = mod
+        spec.loader.exec_module(mod)
+        _MODULES[key] = mod
+    return mod
+
+
+def _header(fusion: Instruction, comp: Computation, template: str, name: str) -> str:
+    text = comp.to_text(print_metadata=False, print_large_constants=False)
+    try:
+        finst = fusion.to_text(print_metadata=False, print_large_constants=False,
+                               print_backend_config=True)
+    except Exception:   # noqa: BLE001  (printing is best effort for the comment)
+        finst = f"%{fusion.name} = fusion(...)"
+    lines = [f'"""{name}: Triton kernel generated by hlotk (codegen/triton, {GENERATOR_VERSION}).',
+             "", f"Template: {template}. From the fusion", "", "    " + finst, "",
+             "whose fused computation is:", ""]
+    lines += ["    " + ln for ln in text.splitlines()]
+    lines.append('"""')
+    return "\n".join(line.replace('"""', "'''") if 0 < i < len(lines) - 1 else line
+                     for i, line in enumerate(lines))
+
+
+def _generate(fusion: Instruction, template: str, round_narrow: bool) -> tuple[str, Plan, Emitter]:
+    comp: Computation = fusion.attrs["calls"]
+    em = Emitter(fusion.name, round_narrow)
+    params = sorted(comp.parameters, key=lambda p: p.parameter_number)
+    for p in params:
+        em.params[p.parameter_number] = f"p{p.parameter_number}"
+        em.param_strides[p.parameter_number] = [f"s{p.parameter_number}_{d}" for d in range(p.shape.rank)]
+    outs = outputs_of(comp)
+    sizes = [math.prod(p.shape.dims) for p in params] + [math.prod(o.shape.dims) for o in outs]
+    big = max(sizes, default=0) >= 2 ** 31 - 1
+    try:
+        if template == "gemm":
+            plan = gemm_template(em, comp, big)
+        elif template == "rows":
+            plan = rows_template(em, comp, big)
+        else:
+            plan = loop_template(em, comp, big, generic=(template == "generic"))
+    except TritonCodegenError as e:
+        e.partial_source = "\n".join(em.lines)   # type: ignore[attr-defined]
+        raise
+    name = kernel_name(comp)
+    args = [f"p{p.parameter_number}" for p in params] + [f"out{k}" for k in range(len(outs))]
+    args += [f"const{k}" for k in range(len(em.extra_constants))]
+    strides = [s for p in params for s in em.param_strides[p.parameter_number]]
+    strides += [f"so{k}_{d}" for k, o in enumerate(outs) for d in range(o.shape.rank)]
+    strides += [f"sc{k}_{d}" for k, c in enumerate(em.extra_constants) for d in range(c.ndim)]
+    sig = ", ".join(args + strides + [f"{c}: tl.constexpr" for c in plan.constexprs])
+    parts = [_header(fusion, comp, plan.template, name), "",
+             "import triton", "import triton.language as tl"]
+    parts.append("from triton.language.extra import libdevice" if not interpret_mode() else "")
+    parts.append(HELPERS_INTERPRET if interpret_mode() else HELPERS_GPU)
+    for src in em.combine_fns.values():
+        parts += ["", src]
+    parts += ["", "@triton.jit", f"def {name}({sig}):"]
+    parts += em.lines
+    return "\n".join(parts) + "\n", plan, em
+
+
+def _write_partial(fusion: Instruction, err: TritonCodegenError) -> Path:
+    partial = getattr(err, "partial_source", "")
+    path = cache_root() / "triton" / "failed" / f"{fusion.name}.py"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# FAILED: {err}\n# partial kernel body for fusion %{fusion.name}:\n{partial}\n")
+    except OSError:
+        pass
+    return path
+
+
+def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: bool = False,
+                   round_narrow_each_op: bool = True, template: Optional[str] = None) -> TritonKernel:
+    """Generate (or fetch from the cache) the Triton kernel for one ``fusion`` instruction.
+
+    ``template``: force gemm | rows | loop | generic (default: chosen from the fusion).
+    ``round_narrow_each_op``: round bf16/f16 after each elementwise op (our interpreter's
+    numerics) instead of keeping f32 between ops.
+    """
+    if fusion_inst.opcode != "fusion":
+        raise TritonCodegenError(f"%{fusion_inst.name} is a {fusion_inst.opcode}, not a fusion")
+    comp: Computation = fusion_inst.attrs["calls"]
+    first = template or classify(fusion_inst)
+    order = [first] + (["generic"] if first != "generic" else [])
+    last_err: Optional[Exception] = None
+    for t in order:
+        try:
+            source, plan, em = _generate(fusion_inst, t, round_narrow_each_op)
+            break
+        except NotTileable as e:
+            last_err = e
+            continue
+        except TritonCodegenError as e:
+            path = _write_partial(fusion_inst, e)
+            raise TritonCodegenError(f"{e} (partial source kept at {path})") from e
+    else:
+        raise TritonCodegenError(f"fusion %{fusion_inst.name}: no template fits ({last_err})")
+    name = kernel_name(comp)
+    key = f"{name}_{content_key(source, GENERATOR_VERSION, target)[:16]}"
+    _CACHE.get_or_create(key, lambda: source)
+    path = _CACHE.path(key)
+    if not path.exists():   # an unwritable cache: keep a private copy so Triton can read it
+        import tempfile
+        path = Path(tempfile.mkdtemp(prefix="hlotk_triton_")) / f"{key}.py"
+        path.write_text(source)
+    params = sorted(comp.parameters, key=lambda p: p.parameter_number)
+    cfg = dict(plan.config)
+    tuned = _tuned_config(key, target) if autotune else None
+    return TritonKernel(name=name, source=source, path=path, template=plan.template,
+                        config=tuned or cfg, plan=plan, fusion_name=fusion_inst.name,
+                        input_shapes=[p.shape for p in params],
+                        output_shapes=[o.shape for o in outputs_of(comp)],
+                        constants=list(em.extra_constants), key=key,
+                        autotune=autotune and tuned is None)
+
+
+# --- autotuning ---------------------------------------------------------------------------------
+def _tuning_path() -> Path:
+    return cache_root() / "triton" / "tuning.json"
+
+
+def _device_name() -> str:
+    try:
+        import torch
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def _tuned_config(key: str, target: str) -> Optional[dict]:
+    try:
+        table = json.loads(_tuning_path().read_text())
+    except (OSError, ValueError):
+        return None
+    return table.get(f"{key}|{_device_name()}")
+
+
+def _autotune(k: TritonKernel, outputs, inputs, args) -> dict:
+    import triton.testing
+    best, best_ms = k.config, float("inf")
+    cands = k.plan.candidates or [k.config]
+    print(f"[hlotk] autotuning {k.name} over {len(cands)} configs", file=sys.stderr)
+    for i, c in enumerate(cands):
+        try:
+            ms = triton.testing.do_bench(lambda: k.launch(outputs, inputs, config=c),
+                                         warmup=10, rep=40, return_mode="median")
+        except Exception as e:  # noqa: BLE001  (a config may not fit: skip it)
+            print(f"[hlotk]   {i + 1}/{len(cands)} {c}: failed ({type(e).__name__})", file=sys.stderr)
+            continue
+        print(f"[hlotk]   {i + 1}/{len(cands)} {c}: {ms * 1e3:.1f} us", file=sys.stderr)
+        if ms < best_ms:
+            best, best_ms = c, ms
+    path = _tuning_path()
+    try:
+        table = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        table = {}
+    table[f"{k.key}|{_device_name()}"] = best
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return dict(best)

@@ -1,0 +1,452 @@
+"""Kernel templates: the loop (and generic fallback), row/column reduction + normalization,
+and GEMM bodies, each driving the elemental emitter over its own tiling.
+
+A template returns a ``Plan``: the kernel body lines, the block-size constexprs and their
+chosen values, and a grid function of those values. A template that cannot tile a fusion
+raises ``NotTileable`` and the caller falls back to the generic loop kernel (serial loops for
+reductions and dots), which is slow but handles any fusion made of supported ops.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from hlo.ir import Computation, Instruction
+from hlo.shape import Shape
+
+from .elemental import Emitter, Index, TritonCodegenError, is_narrow_float, tl_type
+
+
+class NotTileable(Exception):
+    """This template does not fit the fusion; use another one."""
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+@dataclass
+class Plan:
+    template: str
+    constexprs: list[str]                       # names of tl.constexpr block parameters
+    config: dict                                # chosen values (+ num_warps, num_stages)
+    grid: Callable[[dict], tuple]
+    candidates: list[dict] = field(default_factory=list)   # configs autotuning may try
+
+
+def outputs_of(comp: Computation) -> list[Instruction]:
+    root = comp.root
+    return list(root.operands) if root.opcode == "tuple" else [root]
+
+
+def numel(shape: Shape) -> int:
+    return math.prod(shape.dims)
+
+
+def _store(em: Emitter, k: int, out: Instruction, value: str, idx: Index, mask: str) -> None:
+    terms = [f"{i} * so{k}_{d}" for d, i in enumerate(idx)]
+    addr = f"out{k}" + (" + " + " + ".join(terms) if terms else "")
+    dt = tl_type(out.shape.dtype)
+    em.line(f"tl.store({addr}, ({value}).to({dt}), mask={mask})", f"output {k}: %{out.name}")
+
+
+def _reduce_parts(inst: Instruction) -> tuple[list[Instruction], list[Instruction]]:
+    n = len(inst.operands) // 2
+    return inst.operands[:n], inst.operands[n:]
+
+
+def _merge(kept_dims: list[int], kept: list[str], red_dims: list[int], red: list[str]) -> Index:
+    out = [""] * (len(kept_dims) + len(red_dims))
+    for d, e in zip(kept_dims, kept):
+        out[d] = e
+    for d, e in zip(red_dims, red):
+        out[d] = e
+    return tuple(out)
+
+
+def is_sum_reducer(comp: Computation) -> bool:
+    r = comp.root
+    return (r.opcode == "add" and len(comp.parameters) == 2
+            and {id(o) for o in r.operands} == {id(p) for p in comp.parameters})
+
+
+def combine_fn(em: Emitter, comp: Computation) -> str:
+    """A @triton.jit combiner generated from the reducer computation; returns its name."""
+    name = f"combine_{''.join(c if c.isalnum() else '_' for c in comp.name)}"
+    if name in em.combine_fns:
+        return name
+    sub = Emitter(em.fusion_name, em.round_narrow)
+    n = len(comp.parameters)
+    args = [f"a{i}" for i in range(n)]
+    res = sub.inline_scalar(comp, args)
+    ret = ", ".join(res) if isinstance(res, tuple) else res
+    body = "\n".join(sub.lines) or "    pass"
+    em.combine_fns[name] = (f"@triton.jit\ndef {name}({', '.join(args)}):\n"
+                            f"    # the reducer %{comp.name}\n{body}\n    return {ret}\n")
+    return name
+
+
+# --- generic serial strategies (loop template and fallback) -------------------------------------
+def serial_reduce(em: Emitter, inst: Instruction, idx: Index) -> object:
+    operands, inits = _reduce_parts(inst)
+    red_dims = list(inst.attrs["dimensions"])
+    in_dims = operands[0].shape.dims
+    kept_dims = [d for d in range(len(in_dims)) if d not in red_dims]
+    R = math.prod(in_dims[d] for d in red_dims)
+    fn = combine_fn(em, inst.attrs["to_apply"])
+    accs = []
+    for j, init in enumerate(inits):
+        iv = em.value(init, ())
+        dt = em.repr_type(init.shape.dtype)
+        accs.append(em.assign(f"acc_{inst.name}", f"tl.zeros([BLOCK], {dt}) + {iv}",
+                              f"accumulator {j} of %{inst.name}"))
+    r = em.fresh("r")
+    em.line(f"for {r} in range(0, {R}):", f"serial reduction of %{inst.name} over {R} elements")
+    em.push_scope()
+    red = em.delinearize(f"k_{inst.name}", r, [in_dims[d] for d in red_dims])
+    full = _merge(kept_dims, list(idx), red_dims, red)
+    vals = [em.value(o, full) for o in operands]
+    new = em.assign(f"c_{inst.name}", f"{fn}({', '.join(accs + vals)})")
+    if len(accs) == 1:
+        em.line(f"{accs[0]} = {new}")
+    else:
+        for j, a in enumerate(accs):
+            em.line(f"{a} = {new}[{j}]")
+    em.pop_scope()
+    return accs[0] if len(accs) == 1 else tuple(accs)
+
+
+def _dot_dims(inst: Instruction):
+    a = inst.attrs
+    lb, rb = list(a.get("lhs_batch_dims", ())), list(a.get("rhs_batch_dims", ()))
+    lc, rc = list(a.get("lhs_contracting_dims", ())), list(a.get("rhs_contracting_dims", ()))
+    lhs, rhs = inst.operands
+    lf = [d for d in range(lhs.shape.rank) if d not in lb and d not in lc]
+    rf = [d for d in range(rhs.shape.rank) if d not in rb and d not in rc]
+    return lb, rb, lc, rc, lf, rf
+
+
+def serial_dot(em: Emitter, inst: Instruction, idx: Index) -> str:
+    lhs, rhs = inst.operands
+    lb, rb, lc, rc, lf, rf = _dot_dims(inst)
+    K = math.prod(lhs.shape.dims[d] for d in lc)
+    out = inst.shape.dtype
+    acc_t = "tl.float32" if out.is_float else "tl.int64" if out.is_integer else tl_type(out)
+    if out.name == "f64":
+        acc_t = "tl.float64"
+    acc = em.assign(f"acc_{inst.name}", f"tl.zeros([BLOCK], {acc_t})", f"accumulator of %{inst.name}")
+    k = em.fresh("k")
+    em.line(f"for {k} in range(0, {K}):", f"serial dot %{inst.name} over K={K}")
+    em.push_scope()
+    kk = em.delinearize(f"k_{inst.name}", k, [lhs.shape.dims[d] for d in lc])
+    nb = len(lb)
+    li = [""] * lhs.shape.rank
+    ri = [""] * rhs.shape.rank
+    for i, (a, b) in enumerate(zip(lb, rb)):
+        li[a] = idx[i]
+        ri[b] = idx[i]
+    for j, d in enumerate(lf):
+        li[d] = idx[nb + j]
+    for j, d in enumerate(rf):
+        ri[d] = idx[nb + len(lf) + j]
+    for a, b, e in zip(lc, rc, kk):
+        li[a] = e
+        ri[b] = e
+    av = em.value(lhs, tuple(li))
+    bv = em.value(rhs, tuple(ri))
+    em.line(f"{acc} += {av}.to({acc_t}) * {bv}.to({acc_t})")
+    em.pop_scope()
+    return em.assign(inst.name, f"{acc}.to({em.repr_type(out)})", f"%{inst.name} (dot)")
+
+
+# --- loop template ----------------------------------------------------------------------------
+def loop_template(em: Emitter, comp: Computation, big: bool, generic: bool = False) -> Plan:
+    outs = outputs_of(comp)
+    em.reduce_handler = lambda inst, idx: serial_reduce(em, inst, idx)
+    em.dot_handler = lambda inst, idx: serial_dot(em, inst, idx)
+    n_max = max(numel(o.shape) for o in outs)
+    em.line("pid = tl.program_id(0)")
+    em.line(f"offs = pid{'.to(tl.int64)' if big else ''} * BLOCK + tl.arange(0, BLOCK)",
+            "flat indices of this program's output elements")
+    shared: dict[tuple, tuple] = {}
+    for k, out in enumerate(outs):
+        dims = out.shape.dims
+        n = numel(out.shape)
+        if dims not in shared:
+            mask = em.assign("mask", f"offs < {n}")
+            lin = em.assign("lin", f"tl.minimum(offs, {max(n - 1, 0)})", "clamped: loads stay in bounds")
+            idx = tuple(em.delinearize("i", lin, dims))
+            shared[dims] = (mask, idx)
+        mask, idx = shared[dims]
+        v = em.value(out, idx)
+        _store(em, k, out, v, idx, mask)
+    block = min(1024, max(16, next_pow2(n_max)))
+    if generic and any(i.opcode in ("reduce", "dot") for i in comp.instructions):
+        block = min(block, 256)
+    cfg = {"BLOCK": block, "num_warps": 4 if block >= 512 else 2, "num_stages": 1}
+    cands = [dict(cfg, BLOCK=b, num_warps=w) for b, w in ((512, 4), (1024, 4), (2048, 8), (4096, 8))
+             if b <= max(16, next_pow2(n_max))] or [cfg]
+    return Plan("generic" if generic else "loop", ["BLOCK"], cfg,
+                lambda c: (max(1, -(-n_max // c["BLOCK"])),), cands)
+
+
+# --- row/column reduction and normalization template -------------------------------------------
+def rows_template(em: Emitter, comp: Computation, big: bool, max_row_block: int = 16384) -> Plan:
+    outs = outputs_of(comp)
+    reduces = [i for i in comp.instructions if i.opcode == "reduce"]
+    if not reduces:
+        raise NotTileable("no reduce")
+    first = reduces[0]
+    full_dims = first.operands[0].shape.dims
+    red_dims = sorted(first.attrs["dimensions"])
+    for r in reduces:
+        if r.operands[0].shape.dims != full_dims or sorted(r.attrs["dimensions"]) != red_dims:
+            raise NotTileable("reduces over different shapes or dimensions")
+    kept_dims = [d for d in range(len(full_dims)) if d not in red_dims]
+    kept_shape = tuple(full_dims[d] for d in kept_dims)
+    for o in outs:
+        if o.shape.dims not in (full_dims, kept_shape):
+            raise NotTileable(f"output %{o.name} is neither the reduced nor the full shape")
+    M = math.prod(kept_shape)
+    R = math.prod(full_dims[d] for d in red_dims)
+    layout = first.operands[0].shape.layout
+    minor = layout.minor_to_major[0] if layout is not None and layout.minor_to_major else len(full_dims) - 1
+    column = minor in kept_dims and M > 1
+    single = (not column) and next_pow2(R) <= max_row_block
+    if column:
+        BM, BN = min(next_pow2(M), 128), min(next_pow2(R), 32)
+    elif single:
+        BN = next_pow2(R)
+        BM = max(1, min(next_pow2(M), 4096 // BN if BN <= 4096 else 1))
+    else:
+        BM, BN = 1, 4096
+    warps = max(1, min(16, (BM * BN) // 1024)) if not column else 4
+    if not column and single and BN >= 2048:
+        warps = max(warps, 4)
+
+    em.line("pid = tl.program_id(0)")
+    em.line(f"rows = pid{'.to(tl.int64)' if big else ''} * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]",
+            f"{M} kept elements, BLOCK_M per program")
+    em.line(f"row_mask = rows < {M}")
+    em.line(f"rows_c = tl.minimum(rows, {M - 1})")
+    kept = em.delinearize("r", "rows_c", list(kept_shape))
+    kept_idx = tuple(kept)
+
+    def columns(start: str) -> tuple[str, Index]:
+        em.line(f"cols = {start}tl.arange(0, BLOCK_N)[None, :]")
+        cmask = "col_mask"
+        em.line(f"{cmask} = cols < {R}")
+        em.line(f"cols_c = tl.minimum(cols, {R - 1})")
+        red = em.delinearize("c", "cols_c", [full_dims[d] for d in red_dims])
+        return cmask, _merge(kept_dims, kept_idx, red_dims, red)
+
+    def masked(v: str, init: str, need: bool) -> str:
+        return f"tl.where(col_mask, {v}, {init})" if need else f"({v} + tl.zeros([BLOCK_M, BLOCK_N], {v}.dtype))"
+
+    need_mask = single and R != BN or not single and R % BN != 0
+
+    def tile_reduce(inst: Instruction, idx: Index, full: Index) -> object:
+        operands, inits = _reduce_parts(inst)
+        ivs = [em.value(i, ()) for i in inits]
+        vals = [em.value(o, full) for o in operands]
+        sum_ = len(operands) == 1 and is_sum_reducer(inst.attrs["to_apply"])
+        # A sum pads with 0 and adds the init once at the end; other reducers pad with the
+        # init (exact when it is the identity or the reducer is idempotent: max/min/and/or).
+        tiles = [em.assign(f"x_{inst.name}", masked(v, "0" if sum_ else iv, need_mask))
+                 for v, iv in zip(vals, ivs)]
+        return tiles, ivs
+
+    if single:
+        cmask, full_idx = columns("")
+
+        def handler(inst: Instruction, idx: Index) -> object:
+            if tuple(idx) != kept_idx:
+                raise NotTileable("reduce read at a non-row index")
+            tiles, ivs = tile_reduce(inst, idx, full_idx)
+            if len(tiles) == 1 and is_sum_reducer(inst.attrs["to_apply"]):
+                dt = inst.shape.dtype
+                t = f"{tiles[0]}.to(tl.float32)" if is_narrow_float(dt) else tiles[0]
+                s = f"(tl.sum({t}, axis=1, keep_dims=True) + {ivs[0]})"
+                return em.assign(inst.name, f"{s}.to({em.repr_type(dt)})" if is_narrow_float(dt)
+                                 else s, em._comment(inst))
+            fn = combine_fn(em, inst.attrs["to_apply"])
+            arg = tiles[0] if len(tiles) == 1 else "(" + ", ".join(tiles) + ")"
+            r = em.assign(inst.name, f"tl.reduce({arg}, 1, {fn}, keep_dims=True)", em._comment(inst))
+            if len(tiles) == 1:
+                return r
+            return tuple(em.assign(f"{inst.name}_{j}", f"{r}[{j}]") for j in range(len(tiles)))
+        em.reduce_handler = handler
+        for k, o in enumerate(outs):
+            if o.shape.dims == full_dims and len(full_dims) != len(kept_shape):
+                _store(em, k, o, em.value(o, full_idx), full_idx, f"row_mask & {cmask}")
+            else:
+                _store(em, k, o, em.value(o, kept_idx), kept_idx, "row_mask")
+    else:
+        def handler(inst: Instruction, idx: Index) -> object:
+            if tuple(idx) != kept_idx or len(em.scopes) != 1:
+                raise NotTileable("reduce read at a non-row index or inside a loop")
+            operands, inits = _reduce_parts(inst)
+            sum_ = len(operands) == 1 and is_sum_reducer(inst.attrs["to_apply"])
+            fn = None if sum_ else combine_fn(em, inst.attrs["to_apply"])
+            ivs = [em.value(i, ()) for i in inits]
+            accs = []
+            for o, iv in zip(inits, ivs):
+                dt = "tl.float32" if sum_ and is_narrow_float(o.shape.dtype) else em.repr_type(o.shape.dtype)
+                start = "" if sum_ else f" + {iv}"
+                accs.append(em.assign(f"acc_{inst.name}", f"tl.zeros([BLOCK_M, BLOCK_N], {dt}){start}"))
+            em.line(f"for c0 in range(0, {R}, BLOCK_N):", f"pass over the row for %{inst.name}")
+            em.push_scope()
+            _, full = columns("c0 + ")
+            vals = [em.value(o, full) for o in operands]
+            tiles = [em.assign(f"x_{inst.name}", masked(v, "0" if sum_ else iv, need_mask))
+                     for v, iv in zip(vals, ivs)]
+            if sum_:
+                em.line(f"{accs[0]} += {tiles[0]}.to({accs[0]}.dtype)")
+            else:
+                new = em.assign("c", f"{fn}({', '.join(accs + tiles)})")
+                for j, a in enumerate(accs):
+                    em.line(f"{a} = {new}" if len(accs) == 1 else f"{a} = {new}[{j}]")
+            em.pop_scope()
+            dt = inst.shape.dtype if len(accs) == 1 else None
+            if sum_:
+                return em.assign(inst.name, f"(tl.sum({accs[0]}, axis=1, keep_dims=True) + {ivs[0]})"
+                                            f".to({em.repr_type(dt)})", em._comment(inst))
+            arg = accs[0] if len(accs) == 1 else "(" + ", ".join(accs) + ")"
+            r = em.assign(inst.name, f"tl.reduce({arg}, 1, {fn}, keep_dims=True)", em._comment(inst))
+            if len(accs) == 1:
+                return r
+            return tuple(em.assign(f"{inst.name}_{j}", f"{r}[{j}]") for j in range(len(accs)))
+        em.reduce_handler = handler
+        # Every reduction first (each its own pass over the row), then the outputs.
+        for r in reduces:
+            em.value(r, kept_idx)
+        full_outs = [(k, o) for k, o in enumerate(outs)
+                     if o.shape.dims == full_dims and len(full_dims) != len(kept_shape)]
+        for k, o in enumerate(outs):
+            if (k, o) not in full_outs:
+                _store(em, k, o, em.value(o, kept_idx), kept_idx, "row_mask")
+        if full_outs:
+            em.line(f"for c0 in range(0, {R}, BLOCK_N):", "output pass over the row")
+            em.push_scope()
+            _, full = columns("c0 + ")
+            for k, o in full_outs:
+                _store(em, k, o, em.value(o, full), full, "row_mask & col_mask")
+            em.pop_scope()
+
+    cfg = {"BLOCK_M": BM, "BLOCK_N": BN, "num_warps": warps, "num_stages": 1}
+    cands = [cfg]
+    if single and not column:
+        for bm in (1, 2, 4, 8):
+            for w in (4, 8, 16):
+                if bm <= next_pow2(M) and bm * BN <= 32768 and (bm, w) != (BM, warps):
+                    cands.append(dict(cfg, BLOCK_M=bm, num_warps=w))
+    elif column:
+        cands += [dict(cfg, BLOCK_M=bm, BLOCK_N=bn) for bm in (64, 256) for bn in (16, 64)
+                  if bm <= max(16, next_pow2(M))]
+    name = "column_reduction" if column else ("normalization" if single else "looped_rows")
+    return Plan(name, ["BLOCK_M", "BLOCK_N"], cfg, lambda c: (max(1, -(-M // c["BLOCK_M"])),), cands)
+
+
+# --- GEMM template ----------------------------------------------------------------------------
+def gemm_template(em: Emitter, comp: Computation, big: bool) -> Plan:
+    dots = [i for i in comp.instructions if i.opcode == "dot"]
+    if len(dots) != 1 or any(i.opcode == "reduce" for i in comp.instructions):
+        raise NotTileable("GEMM template wants exactly one dot and no reduce")
+    dot = dots[0]
+    outs = outputs_of(comp)
+    lhs, rhs = dot.operands
+    lb, rb, lc, rc, lf, rf = _dot_dims(dot)
+    if len(lc) != 1 or len(lf) != 1 or len(rf) != 1:
+        raise NotTileable("GEMM template wants one contracting and one free dim per side")
+    for o in outs:
+        if o.shape.dims != dot.shape.dims:
+            raise NotTileable("an output does not have the dot's shape")
+    nb = len(lb)
+    batch_dims = dot.shape.dims[:nb]
+    B = math.prod(batch_dims)
+    M, N = dot.shape.dims[nb], dot.shape.dims[nb + 1]
+    K = lhs.shape.dims[lc[0]]
+    ldt, rdt, odt = lhs.shape.dtype, rhs.shape.dtype, dot.shape.dtype
+    int_dot = ldt.name in ("s8", "u8") and rdt.name in ("s8", "u8") and odt.is_integer
+    if int_dot:
+        op_t, acc_t = "tl.int8", "tl.int32"
+    elif ldt == rdt and is_narrow_float(ldt):
+        op_t, acc_t = tl_type(ldt), "tl.float32"
+    elif ldt.is_float and rdt.is_float and ldt.bits <= 32 and rdt.bits <= 32:
+        op_t, acc_t = "tl.float32", "tl.float32"
+    else:
+        raise NotTileable(f"dot of {ldt.name} x {rdt.name}")
+    prec = dot.attrs.get("operand_precision") or ()
+    ieee = any(str(p).lower() == "highest" for p in prec)
+    dot_kw = ", out_dtype=tl.int32" if int_dot else (
+        f", input_precision=\"{'ieee' if ieee else 'tf32'}\"" if op_t == "tl.float32" else "")
+
+    small = max(M, N) <= 64
+    BM = min(128, max(16, next_pow2(M)))
+    BN = min(128, max(16, next_pow2(N)))
+    BK = min(64, max(16, next_pow2(K)))
+    warps, stages = (8, 3) if BM * BN >= 128 * 128 else (4, 3)
+    if small:
+        warps = 4
+    em.line("pid = tl.program_id(0)")
+    em.line("pid_b = tl.program_id(1)", f"batch index over {B}")
+    em.line(f"num_pid_m = tl.cdiv({M}, BLOCK_M)")
+    em.line(f"num_pid_n = tl.cdiv({N}, BLOCK_N)")
+    em.line("group = GROUP_M * num_pid_n", "grouped order: programs sharing A rows run together (L2)")
+    em.line("first_m = (pid // group) * GROUP_M")
+    em.line("group_m = tl.minimum(num_pid_m - first_m, GROUP_M)")
+    em.line("pid_m = first_m + (pid % group) % group_m")
+    em.line("pid_n = (pid % group) // group_m")
+    bidx = em.delinearize("b", "pid_b", list(batch_dims)) if nb else []
+    em.line(f"rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
+    em.line(f"rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
+    em.line(f"rm_c = tl.minimum(rm, {M - 1})")
+    em.line(f"rn_c = tl.minimum(rn, {N - 1})")
+    em.line(f"acc = tl.zeros([BLOCK_M, BLOCK_N], {acc_t})")
+    em.line(f"for k0 in range(0, {K}, BLOCK_K):", f"K = {K}")
+    em.push_scope()
+    em.line("ka = k0 + tl.arange(0, BLOCK_K)[None, :]")
+    em.line("kb = k0 + tl.arange(0, BLOCK_K)[:, None]")
+    k_tail = K % BK != 0
+    if k_tail:
+        em.line(f"ka_c = tl.minimum(ka, {K - 1})")
+        em.line(f"kb_c = tl.minimum(kb, {K - 1})")
+    ka, kb = ("ka_c", "kb_c") if k_tail else ("ka", "kb")
+    li = [""] * lhs.shape.rank
+    ri = [""] * rhs.shape.rank
+    for i, (a, b) in enumerate(zip(lb, rb)):
+        li[a] = bidx[i]
+        ri[b] = bidx[i]
+    li[lf[0]], ri[rf[0]] = "rm_c", "rn_c"
+    li[lc[0]], ri[rc[0]] = ka, kb
+    av = em.value(lhs, tuple(li))
+    bv = em.value(rhs, tuple(ri))
+    a = em.assign("a", f"tl.broadcast_to({av}, [BLOCK_M, BLOCK_K]).to({op_t})", "A tile (prologue applied)")
+    b = em.assign("b", f"tl.broadcast_to({bv}, [BLOCK_K, BLOCK_N]).to({op_t})", "B tile (prologue applied)")
+    if k_tail:
+        em.line(f"{a} = tl.where(ka < {K}, {a}, 0)")
+        em.line(f"{b} = tl.where(kb < {K}, {b}, 0)")
+    em.line(f"acc = tl.dot({a}, {b}, acc{dot_kw})", em._comment(dot))
+    em.pop_scope()
+    out_idx = tuple(bidx) + ("rm_c", "rn_c")
+    dval = em.assign(dot.name, f"acc.to({em.repr_type(odt)})", "the dot's result tile")
+    em.bind(dot, out_idx, dval, outer=True)
+
+    def handler(inst: Instruction, idx: Index) -> object:
+        raise NotTileable("the dot is read at an index other than its output tile")
+    em.dot_handler = handler
+    em.reduce_handler = None
+    for k, o in enumerate(outs):
+        _store(em, k, o, em.value(o, out_idx), out_idx, f"(rm < {M}) & (rn < {N})")
+    cfg = {"BLOCK_M": BM, "BLOCK_N": BN, "BLOCK_K": BK, "GROUP_M": 8,
+           "num_warps": warps, "num_stages": stages}
+    cands = [cfg]
+    if not small:
+        for bm, bn, bk, w, s in ((128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4),
+                                 (64, 128, 64, 4, 4), (128, 128, 128, 8, 3), (128, 64, 64, 4, 4)):
+            c = dict(cfg, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s)
+            if c != cfg:
+                cands.append(c)
+    grid = lambda c: (-(-M // c["BLOCK_M"]) * -(-N // c["BLOCK_N"]), B)  # noqa: E731
+    return Plan("gemm", ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"], cfg, grid, cands)

@@ -1,0 +1,488 @@
+"""Dataflow and aliasing: which array values of a module share one buffer.
+
+A *position* is one array leaf of one instruction's result: ``(instruction, shape index)``.
+Some instructions define new values at their positions (an ``add``, a ``fusion``, a
+``constant``, an entry ``parameter``); others only name values defined elsewhere:
+
+- ``tuple`` / ``get-tuple-element``: leaf ``(i,)+rest`` of a tuple is leaf ``rest`` of operand i;
+- ``bitcast``: the operand's bytes, reinterpreted (same buffer);
+- ``while``: init, body parameter, body root, condition parameter and the while's result are
+  one loop-carried buffer per leaf (the body updates the state in place);
+- ``conditional``: every branch root and the conditional's result share a buffer; branch
+  parameters are the conditional's operands;
+- ``call``: callee parameters are the arguments, the callee root is the call's result.
+
+``Dataflow(module)`` groups positions into ``BufferSet``s with a union-find (XLA's HloBuffer:
+values that must live in one place). Fusion bodies and reducer computations (``to_apply``)
+are not looked into: they run inside one kernel, their intermediates are not buffers.
+
+``copy-insertion`` adds the copies that make those must-share groups safe (XLA's
+CopyInsertion): a loop state may not start as an entry parameter or a constant, a body may
+not swap state leaves, an entry result may not be a parameter or a constant (unless it was
+donated), and so on. ``in-place`` sharing (an operand buffer reused by its user when it dies
+there) is decided later by buffer assignment, once the schedule is known: see
+``can_share_with_operand``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+from hlo.attrs import Raw
+from hlo.ir import Computation, Instruction, Module
+from hlo.shape import AnyShape, Shape, leaf_paths, subshape
+from hlo.ops import ELEMENTWISE
+
+from .base import register_pass
+
+Index = tuple[int, ...]
+Position = tuple[Instruction, Index]
+
+# Computations that run as part of one instruction's kernel; not analysed for buffers.
+_KERNEL_COMPUTATION_ATTRS = ("calls", "to_apply", "select", "scatter", "comparator")
+
+
+def array_leaves(shape: AnyShape) -> Iterator[tuple[Index, Shape]]:
+    """(index, shape) of each leaf that holds bytes (arrays; tokens hold none)."""
+    for index, s in leaf_paths(shape):
+        if s.is_array:
+            yield index, s
+
+
+def leaf_bytes(shape: Shape) -> int:
+    return shape.byte_size if shape.is_array else 0
+
+
+@dataclass(eq=False)
+class BufferSet:
+    """Positions that must share one buffer (XLA's HloBuffer)."""
+    id: int
+    positions: list[Position] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return max((leaf_bytes(subshape(i.shape, ix)) for i, ix in self.positions), default=0)
+
+    def defining(self) -> list[Position]:
+        """The positions whose instruction writes the buffer (not views, not pass-throughs)."""
+        return [(i, ix) for i, ix in self.positions if defines_value(i)]
+
+    def __repr__(self) -> str:
+        names = ", ".join(f"%{i.name}{'{' + ','.join(map(str, ix)) + '}' if ix else ''}"
+                          for i, ix in self.positions[:4])
+        more = f", +{len(self.positions) - 4}" if len(self.positions) > 4 else ""
+        return f"BufferSet#{self.id}({names}{more})"
+
+
+_VIEW_OPS = {"tuple", "get-tuple-element", "bitcast", "while", "conditional", "call"}
+
+
+def defines_value(inst: Instruction) -> bool:
+    """Whether ``inst`` writes new bytes at its positions (False for views/pass-throughs)."""
+    if inst.opcode == "parameter":
+        return inst.parent is not None and inst.parent.is_entry
+    if inst.opcode == "bitcast":
+        return not _bitcast_is_view(inst)
+    return inst.opcode not in _VIEW_OPS
+
+
+def _bitcast_is_view(inst: Instruction) -> bool:
+    src = inst.operands[0].shape
+    return (not src.is_tuple and not inst.shape.is_tuple
+            and src.byte_size == inst.shape.byte_size)
+
+
+class Dataflow:
+    """Positions of every analysed computation, grouped into BufferSets."""
+
+    def __init__(self, module: Module):
+        self.module = module
+        self._parent: dict[tuple[int, Index], tuple[int, Index]] = {}
+        self._pos: dict[tuple[int, Index], Position] = {}
+        self.computations: list[Computation] = []
+        self._visit(module.entry)
+        groups: dict[tuple[int, Index], BufferSet] = {}
+        self.sets: list[BufferSet] = []
+        self._set_of: dict[tuple[int, Index], BufferSet] = {}
+        for key, pos in self._pos.items():
+            root = self._find(key)
+            bs = groups.get(root)
+            if bs is None:
+                bs = groups[root] = BufferSet(len(self.sets))
+                self.sets.append(bs)
+            bs.positions.append(pos)
+            self._set_of[key] = bs
+
+    # --- union-find ---------------------------------------------------------------------
+    def _key(self, inst: Instruction, index: Index) -> tuple[int, Index]:
+        key = (id(inst), index)
+        if key not in self._parent:
+            self._parent[key] = key
+            self._pos[key] = (inst, index)
+        return key
+
+    def _find(self, key: tuple[int, Index]) -> tuple[int, Index]:
+        while self._parent[key] != key:
+            self._parent[key] = self._parent[self._parent[key]]
+            key = self._parent[key]
+        return key
+
+    def _union(self, a: Position, b: Position) -> None:
+        ra, rb = self._find(self._key(*a)), self._find(self._key(*b))
+        if ra != rb:
+            self._parent[rb] = ra
+
+    def _union_leaves(self, a: Instruction, a_prefix: Index, b: Instruction, b_prefix: Index,
+                      shape: AnyShape) -> None:
+        for index, _ in array_leaves(shape):
+            self._union((a, a_prefix + index), (b, b_prefix + index))
+
+    # --- walking ------------------------------------------------------------------------
+    def _visit(self, comp: Computation) -> None:
+        if comp in self.computations:
+            return
+        self.computations.append(comp)
+        for inst in comp.instructions:
+            for index, _ in array_leaves(inst.shape):
+                self._key(inst, index)
+            self._alias(inst)
+
+    def _alias(self, inst: Instruction) -> None:
+        op = inst.opcode
+        if op == "tuple":
+            for i, o in enumerate(inst.operands):
+                self._union_leaves(inst, (i,), o, (), o.shape)
+        elif op == "get-tuple-element":
+            self._union_leaves(inst, (), inst.operands[0], (inst.attrs["index"],), inst.shape)
+        elif op == "bitcast" and _bitcast_is_view(inst):
+            self._union((inst, ()), (inst.operands[0], ()))
+        elif op == "while":
+            body, cond = inst.attrs["body"], inst.attrs["condition"]
+            self._visit(body)
+            self._visit(cond)
+            init = inst.operands[0]
+            for other, prefix in ((init, ()), (body.parameters[0], ()), (body.root, ()),
+                                  (cond.parameters[0], ())):
+                self._union_leaves(inst, (), other, prefix, inst.shape)
+        elif op == "conditional":
+            branches = (list(inst.attrs["branch_computations"])
+                        if "branch_computations" in inst.attrs
+                        else [inst.attrs["true_computation"], inst.attrs["false_computation"]])
+            for b, operand in zip(branches, inst.operands[1:]):
+                self._visit(b)
+                self._union_leaves(b.parameters[0], (), operand, (), operand.shape)
+                self._union_leaves(inst, (), b.root, (), inst.shape)
+        elif op == "call":
+            callee = inst.attrs["to_apply"]
+            self._visit(callee)
+            for p, a in zip(callee.parameters, inst.operands):
+                self._union_leaves(p, (), a, (), a.shape)
+            self._union_leaves(inst, (), callee.root, (), inst.shape)
+
+    # --- queries ------------------------------------------------------------------------
+    def buffer_set(self, inst: Instruction, index: Index = ()) -> BufferSet:
+        return self._set_of[(id(inst), index)]
+
+    def positions(self, inst: Instruction) -> list[tuple[Index, BufferSet]]:
+        return [(ix, self._set_of[(id(inst), ix)]) for ix, _ in array_leaves(inst.shape)]
+
+    def uses(self, bs: BufferSet) -> list[Instruction]:
+        """Instructions that read the buffer (users of its positions that are not views)."""
+        out: list[Instruction] = []
+        for inst, _ in bs.positions:
+            for u in inst.users:
+                if u not in out:
+                    out.append(u)
+        return out
+
+    def sets_of(self, inst: Instruction) -> list[BufferSet]:
+        seen: list[BufferSet] = []
+        for _, bs in self.positions(inst):
+            if bs not in seen:
+                seen.append(bs)
+        return seen
+
+
+# --- in-place sharing --------------------------------------------------------------------
+IN_PLACE_OPS = {"dynamic-update-slice": 0, "scatter": 0}
+
+
+def in_place_operand_candidates(inst: Instruction) -> list[tuple[Index, int]]:
+    """(result index, operand number) pairs where the result may take over the operand's
+    buffer if the operand dies at ``inst`` (XLA's CanShareOperandBufferWithUser).
+
+    In-place ops (dynamic-update-slice, scatter) update operand 0; an elementwise op (or a
+    loop/input fusion) writes each output element after reading the same element of a
+    same-shaped operand, so it may write over it.
+    """
+    op = inst.opcode
+    out: list[tuple[Index, int]] = []
+    if op in IN_PLACE_OPS and not inst.shape.is_tuple:
+        return [((), IN_PLACE_OPS[op])]
+    if op == "fusion" or (inst.op.category == ELEMENTWISE and not inst.shape.is_tuple):
+        for index, leaf in array_leaves(inst.shape):
+            for k, o in enumerate(inst.operands):
+                if not o.shape.is_tuple and o.shape.is_array and \
+                        o.shape.byte_size == leaf.byte_size and o.shape.dims == leaf.dims:
+                    out.append((index, k))
+    return out
+
+
+# --- copy insertion ----------------------------------------------------------------------
+def _reorder(comp: Computation) -> None:
+    """New instructions were appended; put the list back in an operands-first order."""
+    comp.instructions[:] = comp.post_order()
+
+
+def _owns_buffer(v: Instruction, user: Instruction) -> bool:
+    """``v`` defines a fresh buffer that only ``user`` reads (so ``user`` may take it)."""
+    return (defines_value(v) and v.opcode not in ("parameter", "constant")
+            and not v.shape.is_tuple and v.users == [user])
+
+
+def _readers(comp: Computation, param_leaf: tuple[Instruction, Index]) -> list[Instruction]:
+    """Instructions of ``comp`` that read leaf ``index`` of ``param`` (through views)."""
+    param, index = param_leaf
+    out: list[Instruction] = []
+    stack: list[tuple[Instruction, Index]] = [(param, index)]
+    while stack:
+        inst, ix = stack.pop()
+        for u in inst.users:
+            if u.opcode == "get-tuple-element":
+                k = u.attrs["index"]
+                if ix[:1] == (k,):
+                    stack.append((u, ix[1:]))
+                elif not ix:
+                    out.append(u)   # reads a tuple containing the leaf: a view of it
+                continue
+            if u.opcode == "tuple":
+                for i, o in enumerate(u.operands):
+                    if o is inst:
+                        stack.append((u, (i,) + ix))
+                if u is comp.root:
+                    continue
+            elif u.opcode == "bitcast":
+                stack.append((u, ix))
+            if u not in out:
+                out.append(u)
+    return out
+
+
+def insert_copies(module: Module, donated_outputs: Optional[dict[Index, int]] = None) -> bool:
+    """Add the copies that let loop state, branch results and entry outputs own buffers."""
+    changed = False
+    for comp in list(module.reachable_computations()):
+        if comp.fusion_instruction is not None:
+            continue
+        for inst in list(comp.instructions):
+            if inst.opcode == "while":
+                changed |= _copy_while(comp, inst)
+            elif inst.opcode == "conditional":
+                branches = (list(inst.attrs["branch_computations"])
+                            if "branch_computations" in inst.attrs
+                            else [inst.attrs["true_computation"], inst.attrs["false_computation"]])
+                for b in branches:
+                    changed |= _copy_root_leaves(b, lambda v, ix: False)
+    entry = module.entry
+    aliased = donated_outputs if donated_outputs is not None else output_aliases(module)
+    changed |= _copy_entry_root(entry, aliased)
+    return changed
+
+
+def _leaf_value(inst: Instruction, index: Index) -> tuple[Instruction, Index]:
+    """Follow tuples/get-tuple-elements to the instruction that provides a leaf."""
+    while True:
+        if inst.opcode == "tuple" and index:
+            inst, index = inst.operands[index[0]], index[1:]
+        elif inst.opcode == "get-tuple-element":
+            inst, index = inst.operands[0], (inst.attrs["index"],) + index
+        else:
+            return inst, index
+
+
+def _copy_root_leaves(comp: Computation, needs_copy) -> bool:
+    """Rebuild ``comp``'s root so that each leaf needing it is a fresh copy."""
+    root = comp.root
+    leaves = list(array_leaves(root.shape))
+    seen: dict[tuple[int, Index], int] = {}
+    need: set[Index] = set()
+    for ix, _ in leaves:
+        v, vix = _leaf_value(root, ix)
+        key = (id(v), vix)
+        seen[key] = seen.get(key, 0) + 1
+    for ix, _ in leaves:
+        v, vix = _leaf_value(root, ix)
+        # A leaf may stay as it is when it appears once and its buffer belongs to this
+        # computation: defined here (not a parameter or constant), or the state of a loop /
+        # the result of a conditional (whose own copies made them owned).
+        owned = (seen[(id(v), vix)] == 1 and v.opcode not in ("parameter", "constant")
+                 and (defines_value(v) or v.opcode in ("while", "conditional")))
+        if owned and not needs_copy(v, ix):
+            continue
+        need.add(ix)
+    if not need:
+        return False
+    comp.root = _rebuild(comp, root, (), need)
+    _drop_if_dead(comp, root)
+    _reorder(comp)
+    return True
+
+
+def _drop_if_dead(comp: Computation, old: Instruction) -> None:
+    """Remove a replaced root/init tuple nobody uses any more."""
+    while old.opcode in ("tuple", "get-tuple-element") and not old.users and old is not comp.root:
+        operands = list(old.operands)
+        comp.remove_instruction(old)
+        if len(operands) != 1:
+            break
+        old = operands[0]
+
+
+def _rebuild(comp: Computation, value: Instruction, prefix: Index, need: set[Index]) -> Instruction:
+    """``value`` with the leaves in ``need`` (paths from the root) replaced by copies."""
+    if not any(n[:len(prefix)] == prefix for n in need):
+        return value
+    if not value.shape.is_tuple:
+        return comp.add_instruction(Instruction("copy", [value], value.shape))
+    parts = []
+    for i, s in enumerate(value.shape.elements):
+        if value.opcode == "tuple":
+            part = value.operands[i]
+        else:
+            part = comp.add_instruction(Instruction("get-tuple-element", [value], s, {"index": i}))
+        parts.append(_rebuild(comp, part, prefix + (i,), need))
+    return comp.add_instruction(Instruction("tuple", parts, value.shape))
+
+
+def _copy_while(comp: Computation, w: Instruction) -> bool:
+    changed = False
+    body = w.attrs["body"]
+    param = body.parameters[0]
+
+    # Body: root leaf i must be leaf i of the parameter passed through, or a state-update
+    # copy written after every read of the old state leaf.
+    root = body.root
+    need: set[Index] = set()
+    counts: dict[tuple[int, Index], int] = {}
+    for ix, _ in array_leaves(root.shape):
+        v, vix = _leaf_value(root, ix)
+        counts[(id(v), vix)] = counts.get((id(v), vix), 0) + 1
+    for ix, _ in array_leaves(root.shape):
+        v, vix = _leaf_value(root, ix)
+        if v is param and vix == ix and counts[(id(v), vix)] == 1:
+            continue   # unchanged state leaf: no copy
+        if v.opcode == "copy" and len(v.users) == 1 and counts[(id(v), vix)] == 1 \
+                and v.control_predecessors:
+            continue   # already a state-update copy
+        need.add(ix)
+    if need:
+        passthrough = {ix for ix in need if _leaf_value(root, ix)[0].opcode == "parameter"}
+        body.root = _rebuild(body, root, (), need)
+        _drop_if_dead(body, root)
+        # A leaf that is another state leaf passed through (a rotation of the state) is
+        # first copied out into a temporary: the state copies then never read state.
+        for ix in passthrough:
+            c, _ = _leaf_value(body.root, ix)
+            early = body.add_instruction(Instruction("copy", [c.operands[0]], c.shape))
+            c.replace_operand(0, early)
+        # Each state-update copy overwrites leaf ix of the state: every reader of the old
+        # state leaf must run first (a control edge, as XLA's copy insertion adds).
+        for ix in need:
+            c, _ = _leaf_value(body.root, ix)
+            for r in _readers(body, (param, ix)):
+                if r is not c and r not in c.control_predecessors and not _depends_on(r, c):
+                    c.control_predecessors.append(r)
+        _reorder(body)
+        changed = True
+
+    # Init: every leaf must be a buffer only the loop uses.
+    init = w.operands[0]
+    need_init: set[Index] = set()
+    counts = {}
+    for ix, _ in array_leaves(init.shape):
+        v, vix = _leaf_value(init, ix)
+        counts[(id(v), vix)] = counts.get((id(v), vix), 0) + 1
+    for ix, _ in array_leaves(init.shape):
+        v, vix = _leaf_value(init, ix)
+        holder = init if (init.opcode == "tuple" and len(ix) == 1) else None
+        if not vix and holder is not None and _owns_buffer(v, holder) \
+                and counts[(id(v), vix)] == 1 and init.users == [w]:
+            continue
+        need_init.add(ix)
+    if need_init:
+        new_init = _rebuild(comp, init, (), need_init)
+        w.replace_operand(0, new_init)
+        _drop_if_dead(comp, init)
+        _reorder(comp)
+        changed = True
+    return changed
+
+
+def _depends_on(a: Instruction, b: Instruction) -> bool:
+    """Whether ``a`` (transitively) uses ``b``."""
+    stack, seen = [a], set()
+    while stack:
+        x = stack.pop()
+        if x is b:
+            return True
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        stack.extend(x.operands)
+        stack.extend(x.control_predecessors)
+    return False
+
+
+def _copy_entry_root(entry: Computation, aliased: dict[Index, int]) -> bool:
+    """Entry outputs own their buffers: no parameter, constant or repeated value, except
+    for outputs aliased with a donated parameter, which are written last into it."""
+    changed = _copy_root_leaves(entry, lambda v, ix: False)
+    for ix, pnum in aliased.items():
+        param = entry.parameters[pnum]
+        v, vix = _leaf_value(entry.root, ix)
+        if vix or not defines_value(v) or v.opcode in ("parameter", "constant"):
+            continue
+        for r in _readers(entry, (param, ())):
+            if r is not v and r not in v.control_predecessors and not _depends_on(r, v):
+                v.control_predecessors.append(r)
+                changed = True
+    if changed:
+        _reorder(entry)
+    return changed
+
+
+@register_pass
+@dataclass(frozen=True)
+class CopyInsertion:
+    """Adds the copies buffer assignment needs (loop state, branch results, entry outputs)."""
+    name = "copy-insertion"
+
+    def run(self, module: Module) -> bool:
+        return insert_copies(module)
+
+
+# --- input/output aliasing (donated arguments) --------------------------------------------
+def parse_input_output_alias(text: str) -> dict[Index, int]:
+    """``{ {0}: (1, {}, may-alias), {1}: (0, {}, must-alias) }`` -> {(0,): 1, (1,): 0}."""
+    import re
+    out: dict[Index, int] = {}
+    for o, p, pix in re.findall(r"\{([\d,\s]*)\}\s*:\s*\(\s*(\d+)\s*,\s*\{([\d,\s]*)\}", text):
+        if pix.strip():
+            continue   # aliasing into a tuple parameter's leaf: not produced by hlotk
+        out[tuple(int(i) for i in o.replace(" ", "").split(",") if i)] = int(p)
+    return out
+
+
+def format_input_output_alias(pairs: dict[Index, int]) -> Raw:
+    """XLA's spelling: ``{ {0}: (1, {}, may-alias) }``."""
+    items = ", ".join("{" + ",".join(map(str, o)) + "}" + f": ({p}, {{}}, may-alias)"
+                      for o, p in sorted(pairs.items()))
+    return Raw("{ " + items + " }")
+
+
+def output_aliases(module: Module) -> dict[Index, int]:
+    """Output index -> parameter number from the header's ``input_output_alias``."""
+    raw = module.config.get("input_output_alias")
+    if raw is None:
+        return {}
+    return parse_input_output_alias(str(getattr(raw, "text", raw)))

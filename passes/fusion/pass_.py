@@ -1,0 +1,201 @@
+"""The ``fusion`` pass: normalization groups, then a policy's fusions, then the rewrite.
+
+``fusion{policy=priority,target=h100,max_operands=96}`` in a pipeline spec. ``policy`` is a
+registered name (priority, greedy, none) or ``module:Class``; a policy object can be given
+in Python (``Fusion(policy=MyPolicy())``). ``target`` names a device spec of the cost model
+(h100, h200, a100, or one a user registered). After the pass, ``report_for(module)`` holds
+the decision log.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hlo.ir import Computation, Instruction, Module
+
+from ..base import register_pass
+from . import greedy, priority  # noqa: F401  (register the built-in policies)
+from .cost_model import count_kernels, get_device, predict
+from .explain import FusionDecision, FusionReport, attach
+from .legality import Decision, can_duplicate, can_fuse_siblings, can_merge, fusible
+from .normalization import form_groups
+from .policy import Candidate, FusionPolicy, estimates, resolve_policy
+from .rewrite import FusionState, Group, materialize
+
+# Called computations that are scalar functions (reducers, comparators), not programs.
+_SCALAR_BODIES = ("to_apply", "select", "scatter")
+
+
+def fusion_roots(module: Module) -> list[Computation]:
+    """Computations whose instructions become kernels: the entry and control-flow bodies."""
+    scalar: set[int] = set()
+    for comp in module.computations:
+        for inst in comp.instructions:
+            for key in _SCALAR_BODIES:
+                c = inst.attrs.get(key)
+                if isinstance(c, Computation) and inst.opcode not in ("call",):
+                    scalar.add(id(c))
+    return [c for c in module.reachable_computations()
+            if c.fusion_instruction is None and id(c) not in scalar]
+
+
+def _edges(c: Candidate) -> list[tuple[str, str]]:
+    if c.action == "sibling":
+        return [(c.producer.label, c.consumer.label)]
+    out = []
+    for g in c.consumers:
+        for u in g.instances():
+            for o in u.operands:
+                if o in c.producer.members:
+                    out.append((o.name, u.name))
+    return out or [(c.producer.label, c.consumer.label)]
+
+
+def check(c: Candidate, state: FusionState, max_operands: int, max_size: int) -> Decision:
+    if c.action == "merge":
+        return can_merge(state, c.producer, c.consumer, max_operands, max_size)
+    if c.action == "sibling":
+        return can_fuse_siblings(state, c.producer, c.consumer, max_operands, max_size)
+    for g in c.consumers:
+        d = can_duplicate(state, c.producer, g, max_operands, max_size)
+        if not d:
+            return d
+    return Decision(True, "legal")
+
+
+def apply(c: Candidate, state: FusionState) -> None:
+    if c.action == "merge" or c.action == "sibling":
+        state.merge(c.producer, c.consumer)
+    else:
+        for g in c.consumers:
+            state.duplicate(c.producer, g)
+
+
+def run_policy(state: FusionState, policy: FusionPolicy, report: FusionReport,
+               max_operands: int = 96, max_size: int = 256) -> int:
+    """Apply the policy's best legal wanted candidate until none is left. Returns how many
+    fusions were applied."""
+    said: dict[tuple, tuple[bool, str]] = {}
+    rejected: dict[tuple, Decision] = {}
+    applied = 0
+    while True:
+        cands = list(policy.candidates(state))
+        scored = sorted(((policy.priority(c, state), k, c) for k, c in enumerate(cands)),
+                        key=lambda t: (-t[0], t[1]))
+        taken = None
+        for _, _, c in scored:
+            key = c.key + (state.epoch,)
+            d = rejected.get(key)
+            if d is None:
+                d = check(c, state, max_operands, max_size)
+                if d:
+                    d = policy.should_fuse(c, state)
+                if not d:
+                    rejected[key] = d
+            _log(report, said, c, state, d)
+            if d:
+                taken = c
+                break
+        if taken is None:
+            return applied
+        apply(taken, state)
+        applied += 1
+
+
+def _log(report: FusionReport, said: dict, c: Candidate, state: FusionState, d: Decision) -> None:
+    reason = d.reason if not d.ok else f"fused ({c.action})"
+    for pair in _edges(c):
+        if said.get(pair) == (d.ok, reason):
+            continue
+        said[pair] = (d.ok, reason)
+        apart, together = estimates(c, state)
+        report.record(FusionDecision(pair[0], pair[1], d.ok, c.action, reason,
+                                     apart.time_us, together.time_us, state.comp.name))
+
+
+def fuse_computation(comp: Computation, policy: FusionPolicy, target: str, report: FusionReport,
+                     max_operands: int = 96, max_size: int = 256,
+                     normalization: bool = True) -> int:
+    spec = get_device(target)
+    state = FusionState(comp, spec, fusible=lambda i: bool(fusible(i)))
+    for inst in comp.instructions:
+        for o in inst.operands:
+            report.edges[(o.name, inst.name)] = False
+            d, who = fusible(o), o
+            if d:
+                d, who = fusible(inst), inst
+            if not d:
+                report.record(FusionDecision(o.name, inst.name, False, "none",
+                                             f"%{who.name} is not fusible: {d.reason}",
+                                             computation=comp.name))
+    if normalization and getattr(policy, "normalization", True):
+        form_groups(state, report, max_operands=max_operands, max_size=max_size)
+    run_policy(state, policy, report, max_operands, max_size)
+    # Which unfused edges ended inside one kernel.
+    for inst in comp.instructions:
+        g = state.group_of(inst)
+        for o in inst.operands:
+            h = state.group_of(o)
+            same = (g is not None and h is g and len(g.instances()) > 1) or (
+                g is not None and o in g)
+            copied = any(o in state.groups[gid] for gid in state.copy_in.get(id(inst), ()))
+            report.edges[(o.name, inst.name)] = same or copied
+    fusions = materialize(state)
+    return len(fusions)
+
+
+@register_pass
+@dataclass(frozen=True)
+class Fusion:
+    """Fuse instructions into kernels (XLA's priority fusion by default)."""
+    name = "fusion"
+    policy: Any = "priority"
+    target: str = "h100"
+    max_operands: int = 96
+    max_size: int = 256
+    normalization: bool = True
+
+    def run(self, module: Module) -> bool:
+        policy = resolve_policy(self.policy)
+        spec = get_device(self.target)
+        report = FusionReport(target=spec.key, policy=getattr(policy, "name", str(policy)))
+        report.kernels_before = count_kernels(module)
+        before = predict(module, spec)
+        report.time_before_us, report.bytes_before = before.time_us, before.bytes_moved
+        made = 0
+        for comp in fusion_roots(module):
+            made += fuse_computation(comp, policy, spec.key, report, self.max_operands,
+                                     self.max_size, self.normalization)
+        after = predict(module, spec)
+        report.kernels_after = count_kernels(module)
+        report.time_after_us, report.bytes_after = after.time_us, after.bytes_moved
+        attach(module, report)
+        return made > 0
+
+
+def with_target(spec: str, target: str | None) -> str:
+    """``spec`` with ``target=<target>`` given to every pass that has a ``target`` option
+    (fusion, layout-assignment ...) and does not name one already."""
+    import dataclasses
+    import re
+
+    from ..base import PASSES
+    if not target or not spec:
+        return spec
+    get_device(target)          # an unknown target fails here, naming the known ones
+    names = [n for n, cls in PASSES.items()
+             if any(f.name == "target" for f in dataclasses.fields(cls))]
+    if not names:
+        return spec
+    pat = re.compile(r"(?<![\w\-.])(" + "|".join(re.escape(n) for n in names)
+                     + r")(?![\w\-.])(\{[^}]*\})?")
+
+    def add(m: re.Match) -> str:
+        opts = m.group(2)
+        if opts is None:
+            return f"{m.group(1)}{{target={target}}}"
+        if re.search(r"[{,]\s*target\s*=", opts):
+            return m.group(0)
+        inner = opts[1:-1].strip()
+        return f"{m.group(1)}{{{inner + ',' if inner else ''}target={target}}}"
+    return pat.sub(add, spec)

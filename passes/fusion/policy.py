@@ -1,0 +1,144 @@
+"""The ``FusionPolicy`` protocol: profitability, apart from legality.
+
+A policy answers three questions about a ``FusionState`` (groups of instructions that will
+be kernels; see ``rewrite.py``):
+
+- ``candidates(state)``: which fusions to consider now (``Candidate`` objects: merge a
+  producer group into a consumer group, duplicate a cheap producer into all its consumers,
+  or merge two siblings that read the same input);
+- ``priority(candidate, state)``: a number, the highest is tried first;
+- ``should_fuse(candidate, state)``: a ``Decision`` (yes/no with a reason).
+
+The driver (``driver.run_policy``) repeatedly takes the best candidate that is legal and
+that the policy wants, applies it, and asks again, until no candidate is taken. Every
+candidate looked at is recorded with its reason and predicted times. A user's policy is a
+class with these three methods (``name`` too), passed by object or as ``"module:Class"``.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Protocol, Union, runtime_checkable
+
+from hlo.errors import HlotkError
+
+from .cost_model import Estimate
+from .legality import Decision
+from .rewrite import FusionState, Group
+
+
+@dataclass(frozen=True)
+class Candidate:
+    action: str                     # "merge" | "duplicate" | "sibling"
+    producer: Group                 # for siblings: the first of the two
+    consumers: tuple[Group, ...]    # merge/sibling: one group; duplicate: every consumer
+
+    @property
+    def consumer(self) -> Group:
+        return self.consumers[0]
+
+    @property
+    def key(self) -> tuple:
+        return (self.action, self.producer.id) + tuple(g.id for g in self.consumers)
+
+
+@runtime_checkable
+class FusionPolicy(Protocol):
+    name: str
+
+    def candidates(self, state: FusionState) -> Iterable[Candidate]: ...
+
+    def priority(self, candidate: Candidate, state: FusionState) -> float: ...
+
+    def should_fuse(self, candidate: Candidate, state: FusionState) -> Decision: ...
+
+
+# --- helpers a policy can use ------------------------------------------------------------------
+def producer_consumer_candidates(state: FusionState, duplicates: bool = True,
+                                 multi_output: bool = True) -> Iterator[Candidate]:
+    """merge(P, C) for every producer group P and consumer group C; duplicate(P, all C)
+    when every reader of P is a group and there are several."""
+    for p in list(state.groups.values()):
+        readers = state.consumers(p)
+        groups = [n for n in readers if isinstance(n, Group)]
+        only_groups = len(groups) == len(readers) and not any(
+            m is state.comp.root for m in p.members)
+        if duplicates and only_groups and len(groups) > 1:
+            yield Candidate("duplicate", p, tuple(groups))
+        for c in groups:
+            if multi_output or (only_groups and len(groups) == 1):
+                yield Candidate("merge", p, (c,))
+
+
+def sibling_candidates(state: FusionState, min_shared_bytes: int = 1 << 16) -> Iterator[Candidate]:
+    """Pairs of groups (in program order) that read the same input of at least
+    ``min_shared_bytes``."""
+    from .cost_model import array_bytes
+    seen: set[tuple[int, int]] = set()
+    for inst in state.comp.instructions:
+        if array_bytes(inst.shape) < min_shared_bytes:
+            continue
+        readers = [n for n in state.user_nodes(inst) if isinstance(n, Group)]
+        readers = sorted({g.id: g for g in readers}.values(), key=state._first)
+        for a, b in zip(readers, readers[1:]):
+            if (a.id, b.id) not in seen:
+                seen.add((a.id, b.id))
+                yield Candidate("sibling", a, (b,))
+
+
+def estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:
+    """(unfused, fused): predicted cost of the kernels involved, apart and after fusing."""
+    p = c.producer
+    if c.action == "duplicate":
+        apart = state.node_estimate(p)
+        together = None
+        for g in c.consumers:
+            apart = apart + state.node_estimate(g)
+            inst = g.instances() + [i for i in p.instances() if i not in g]
+            e = state.estimate(inst, {g.id})
+            together = e if together is None else together + e
+        assert together is not None
+        return apart, together
+    g = c.consumer
+    apart = state.node_estimate(p) + state.node_estimate(g)
+    members = p.members + g.members
+    inst = members + [i for i in p.copies + g.copies if i not in members]
+    return apart, state.estimate(inst, {p.id, g.id})
+
+
+def benefit_us(c: Candidate, state: FusionState) -> float:
+    apart, together = estimates(c, state)
+    return apart.time_us - together.time_us
+
+
+# --- policies by name ----------------------------------------------------------------------------
+POLICIES: dict[str, type] = {}
+
+
+def register_policy(cls: type) -> type:
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def resolve_policy(policy: Union[str, FusionPolicy, type]) -> FusionPolicy:
+    """A policy object from a registered name, a ``module:Class`` path, a class or an object."""
+    if isinstance(policy, type):
+        return policy()
+    if not isinstance(policy, str):
+        return policy
+    if policy in POLICIES:
+        return POLICIES[policy]()
+    if ":" in policy or "." in policy:
+        # "pkg.module:Class", or "pkg.module.Class" (pipeline specs cannot hold ':')
+        mod, _, attr = policy.partition(":") if ":" in policy else policy.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError) as e:
+            raise HlotkError(f"cannot load fusion policy {policy!r}: {e}") from None
+        obj = cls() if isinstance(cls, type) else cls
+        for m in ("candidates", "priority", "should_fuse"):
+            if not callable(getattr(obj, m, None)):
+                raise HlotkError(f"fusion policy {policy!r} has no method {m}()")
+        return obj
+    raise HlotkError(f"unknown fusion policy {policy!r}; known: {', '.join(sorted(POLICIES))} "
+                     "or a module:Class (module.Class in a pipeline spec) path")

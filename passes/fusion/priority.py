@@ -1,0 +1,53 @@
+"""XLA's priority fusion: the most beneficial fusion first, by the cost model.
+
+benefit = predicted time of the kernels apart - predicted time of the fused kernel. A
+producer is merged into a consumer (multi-output when it is read elsewhere) or, when it is
+cheap, recomputed in every consumer. After each fusion the candidates are scored again;
+scores of groups that did not change come from a cache, so in effect only the neighbours
+of the fused groups are re-scored. Sibling (multi-output) fusions of groups reading the
+same input come after all producer-consumer fusions, as XLA runs multi-output fusion after
+priority fusion.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from .legality import YES, Decision, no
+from .policy import (Candidate, benefit_us, producer_consumer_candidates, register_policy,
+                     sibling_candidates)
+from .rewrite import FusionState
+
+SIBLING_PENALTY = 1e9
+
+
+@register_policy
+@dataclass
+class PriorityPolicy:
+    name = "priority"
+    siblings: bool = True
+    min_benefit_us: float = 0.0
+
+    def candidates(self, state: FusionState) -> Iterator[Candidate]:
+        yield from producer_consumer_candidates(state)
+        if self.siblings:
+            yield from sibling_candidates(state)
+
+    def priority(self, c: Candidate, state: FusionState) -> float:
+        b = benefit_us(c, state)
+        if b == 0.0 and _free(c):
+            b = 1e-3        # fold views (reshape/bitcast) into their consumer
+        return b - SIBLING_PENALTY if c.action == "sibling" else b
+
+    def should_fuse(self, c: Candidate, state: FusionState) -> Decision:
+        b = benefit_us(c, state)
+        if b == 0.0 and _free(c):
+            return YES
+        if b <= self.min_benefit_us:
+            return no(f"not profitable: benefit {b:.2f} us")
+        return YES
+
+
+def _free(c: Candidate) -> bool:
+    from .cost_model import is_free
+    return c.action != "sibling" and all(is_free(i) for i in c.producer.instances())

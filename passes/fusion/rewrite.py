@@ -1,0 +1,385 @@
+"""The mechanics of fusion: groups of instructions that will become one kernel.
+
+Fusion decisions are made on a ``FusionState``: every fusible instruction of a computation
+starts in a group of its own; policies *merge* a producer group into a consumer group (if
+the producer also has readers outside, the merged group becomes multi-output), *duplicate*
+a cheap producer into a consumer (the copy is recomputed there; the original disappears
+once nothing else reads it), or merge two *siblings* that read the same input. Nothing in
+the IR changes until ``materialize`` builds one ``fusion`` instruction per group, with its
+body in XLA's form: a ``fused_computation.N`` whose instructions are named after the
+originals and whose parameters are ``param_0``, ``param_1``, ...
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Optional, Union
+
+from hlo.attrs import Raw
+from hlo.ir import Computation, Instruction, Module
+from hlo.shape import Shape, TupleShape
+
+from .cost_model import DeviceSpec, Estimate, elements, estimate_kernel, is_free
+from .kinds import TRITON_GEMM, TRITON_NORMALIZATION
+
+_gids = itertools.count(1)
+
+# Constants with at most this many elements are cloned into each fusion that reads them
+# (XLA keeps big constants in their own buffers and reads them as parameters).
+SMALL_CONSTANT_ELEMENTS = 64
+
+
+@dataclass(eq=False)
+class Group:
+    """Instructions that will be one kernel: ``members`` are owned here, ``copies`` are
+    cheap producers recomputed here whose original lives elsewhere (or nowhere)."""
+    members: list[Instruction]
+    copies: list[Instruction] = field(default_factory=list)
+    kind: str = ""            # "" (derived from the contents) or "normalization"
+    id: int = field(default_factory=lambda: next(_gids))
+
+    def instances(self) -> list[Instruction]:
+        return self.members + self.copies
+
+    def __contains__(self, inst: Instruction) -> bool:
+        return any(i is inst for i in self.members) or any(i is inst for i in self.copies)
+
+    @property
+    def label(self) -> str:
+        """The name a person recognizes: the last member (the group's root)."""
+        return self.members[-1].name
+
+    def __repr__(self) -> str:
+        return f"<Group {self.id} [{', '.join(i.name for i in self.instances())}]>"
+
+
+Node = Union[Group, Instruction]
+
+
+class FusionState:
+    """Groups over one computation, with the queries legality and cost need."""
+
+    def __init__(self, comp: Computation, spec: DeviceSpec, fusible=None):
+        self.comp = comp
+        self.spec = spec
+        self.order = {id(i): k for k, i in enumerate(comp.post_order())}
+        self.groups: dict[int, Group] = {}
+        self.home: dict[int, Group] = {}
+        self.copy_in: dict[int, set[int]] = {}
+        self.dissolved: set[int] = set()
+        self._estimates: dict[tuple, Estimate] = {}
+        self.epoch = 0        # bumped when readers change in ways merges do not (duplicates)
+        for inst in comp.instructions:
+            if fusible is None or fusible(inst):
+                self._add(Group([inst]))
+
+    # --- bookkeeping ------------------------------------------------------------------------
+    def _add(self, g: Group) -> Group:
+        g.members.sort(key=self.pos)
+        g.copies.sort(key=self.pos)
+        self.groups[g.id] = g
+        for m in g.members:
+            self.home[id(m)] = g
+        for c in g.copies:
+            self.copy_in.setdefault(id(c), set()).add(g.id)
+        return g
+
+    def _drop(self, g: Group) -> None:
+        del self.groups[g.id]
+        for c in g.copies:
+            self.copy_in[id(c)].discard(g.id)
+
+    def pos(self, inst: Instruction) -> int:
+        return self.order.get(id(inst), -1)
+
+    def group_of(self, inst: Instruction) -> Optional[Group]:
+        return self.home.get(id(inst))
+
+    def node_of(self, inst: Instruction) -> Node:
+        return self.home.get(id(inst), inst)
+
+    # --- graph queries ----------------------------------------------------------------------
+    def user_nodes(self, inst: Instruction) -> Iterator[Node]:
+        """Every node (group or unfused instruction) holding an instance of a user of inst."""
+        for u in inst.users:
+            if u.parent is not self.comp:
+                continue
+            g = self.home.get(id(u))
+            if g is not None:
+                yield g
+            elif id(u) not in self.dissolved:
+                yield u
+            for gid in self.copy_in.get(id(u), ()):
+                yield self.groups[gid]
+
+    def external_readers(self, inst: Instruction, inside: set[int]) -> list[Node]:
+        """Nodes not in ``inside`` (group ids) that read inst's value from its home."""
+        out = []
+        for n in self.user_nodes(inst):
+            if isinstance(n, Group):
+                if n.id in inside or inst in n:
+                    continue
+            out.append(n)
+        return out
+
+    def outputs(self, members: Iterable[Instruction], inside: set[int]) -> list[Instruction]:
+        """Members whose value is needed outside the groups ``inside``."""
+        outs = []
+        for m in members:
+            if m is self.comp.root or self.external_readers(m, inside):
+                outs.append(m)
+        return outs
+
+    def external_inputs(self, instances: list[Instruction]) -> list[Instruction]:
+        ids = {id(i) for i in instances}
+        seen: dict[int, Instruction] = {}
+        for i in instances:
+            for o in i.operands:
+                if id(o) not in ids and id(o) not in seen:
+                    seen[id(o)] = o
+        return list(seen.values())
+
+    def consumers(self, g: Group) -> list[Node]:
+        """Distinct nodes reading any of g's members from g."""
+        seen: dict[int, Node] = {}
+        for m in g.members:
+            for n in self.external_readers(m, {g.id}):
+                seen.setdefault(id(n), n)
+        return list(seen.values())
+
+    def producers(self, g: Group) -> list[Node]:
+        seen: dict[int, Node] = {}
+        for o in self.external_inputs(g.instances()):
+            n = self.node_of(o)
+            seen.setdefault(id(n), n)
+        return list(seen.values())
+
+    def _successors(self, n: Node) -> Iterator[Node]:
+        if isinstance(n, Group):
+            for m in n.members:
+                yield from self.external_readers(m, {n.id})
+        else:
+            yield from self.user_nodes(n)
+
+    def _first(self, n: Node) -> int:
+        return min(self.pos(i) for i in n.instances()) if isinstance(n, Group) else self.pos(n)
+
+    def _last(self, n: Node) -> int:
+        return max(self.pos(i) for i in n.instances()) if isinstance(n, Group) else self.pos(n)
+
+    def path_via_outside(self, a: Group, b: Group) -> Optional[Node]:
+        """A node outside a and b on a path a -> ... -> b, or None (fusing them keeps the
+        graph acyclic). Nodes that start after b's last instruction cannot reach b."""
+        limit = self._last(b)
+        stack = [n for n in self._successors(a) if n is not b]
+        seen = {id(n) for n in stack}
+        while stack:
+            n = stack.pop()
+            if self._first(n) > limit:
+                continue
+            for s in self._successors(n):
+                if s is b:
+                    return n
+                if s is a or id(s) in seen:
+                    continue
+                seen.add(id(s))
+                stack.append(s)
+        return None
+
+    # --- cost -----------------------------------------------------------------------------
+    def estimate(self, instances: list[Instruction], inside: set[int]) -> Estimate:
+        members = [i for i in instances if self.home.get(id(i)) is not None
+                   and self.home[id(i)].id in inside]
+        outs = self.outputs(members, inside)
+        key = (frozenset(id(i) for i in instances), tuple(id(o) for o in outs))
+        est = self._estimates.get(key)
+        if est is None:
+            est = estimate_kernel(instances, outs, self.spec, SMALL_CONSTANT_ELEMENTS)
+            self._estimates[key] = est
+        return est
+
+    def node_estimate(self, n: Node) -> Estimate:
+        if isinstance(n, Group):
+            return self.estimate(n.instances(), {n.id})
+        return estimate_kernel([n], [n], self.spec) if not is_free(n) else \
+            estimate_kernel([], [], self.spec)
+
+    # --- actions --------------------------------------------------------------------------
+    def merge(self, a: Group, b: Group) -> Group:
+        """One group holding both (multi-output if a member is still read outside)."""
+        members = a.members + b.members
+        ids = {id(m) for m in members}
+        copies = [c for c in _unique(a.copies + b.copies) if id(c) not in ids]
+        kind = "normalization" if "normalization" in (a.kind, b.kind) else ""
+        self._drop(a)
+        self._drop(b)
+        return self._add(Group(members, copies, kind))
+
+    def duplicate(self, producer: Group, consumer: Group) -> Group:
+        """Recompute the producer inside the consumer; the producer disappears when no one
+        else reads it."""
+        self.epoch += 1
+        new = [i for i in producer.instances() if i not in consumer]
+        self._drop(consumer)
+        merged = self._add(Group(consumer.members, consumer.copies + new, consumer.kind))
+        if not self.consumers(producer) and not any(m is self.comp.root for m in producer.members):
+            self._drop(producer)
+            for m in producer.members:
+                del self.home[id(m)]
+                self.dissolved.add(id(m))
+        return merged
+
+
+    def merge_many(self, groups: list[Group], kind: str = "") -> Group:
+        g = groups[0]
+        for other in groups[1:]:
+            g = self.merge(g, other)
+        g.kind = kind or g.kind
+        return g
+
+
+def _unique(items: list[Instruction]) -> list[Instruction]:
+    seen: set[int] = set()
+    out = []
+    for i in items:
+        if id(i) not in seen:
+            seen.add(id(i))
+            out.append(i)
+    return out
+
+
+# --- materialize ----------------------------------------------------------------------------
+def group_kind(g: Group) -> tuple[str, Optional[str]]:
+    """(XLA fusion kind, backend_config text or None) for a group."""
+    if g.kind == "normalization":
+        return "kCustom", TRITON_NORMALIZATION
+    insts = g.instances()
+    if any(i.opcode == "dot" for i in insts):
+        return "kCustom", TRITON_GEMM
+    from .legality import is_hero
+    if any(is_hero(i) for i in g.members):
+        return "kInput", None
+    return "kLoop", None
+
+
+def needs_fusion(g: Group) -> bool:
+    """A group of one unfused instruction stays as it is (a plain dot is a library call)."""
+    return len(g.instances()) > 1
+
+
+def materialize(state: FusionState) -> dict[int, Instruction]:
+    """Rewrite the computation: one ``fusion`` per group of two or more instructions.
+    Returns group id -> fusion instruction."""
+    comp, module = state.comp, state.comp.parent
+    assert module is not None
+    groups = [g for g in state.groups.values() if needs_fusion(g)]
+    fused_ids = {g.id for g in groups}
+    value: dict[int, Instruction] = {}        # original instruction -> value replacing it
+    fusions: dict[int, Instruction] = {}
+    bodies: list[Computation] = []
+
+    def value_of(inst: Instruction) -> Instruction:
+        return value.get(id(inst), inst)
+
+    for g in _topological(state, groups):
+        instances = sorted(g.instances(), key=state.pos)
+        outs = state.outputs(g.members, {g.id})
+        body = Computation("fused_computation")
+        clone: dict[int, Instruction] = {}
+        operands: list[Instruction] = []
+        for inst in instances:
+            for o in inst.operands:
+                if id(o) in clone or any(o is i for i in instances):
+                    continue
+                if o.opcode == "constant" and elements(o.shape) <= SMALL_CONSTANT_ELEMENTS:
+                    c = Instruction("constant", [], o.shape, dict(o.attrs), name=o.name,
+                                    literal=o.literal)
+                else:
+                    c = Instruction("parameter", [], o.shape, name=f"param_{len(operands)}",
+                                    parameter_number=len(operands))
+                    operands.append(value_of(o))
+                clone[id(o)] = body.add_instruction(c)
+            new = Instruction(inst.opcode, [clone[id(o)] for o in inst.operands], inst.shape,
+                              dict(inst.attrs), name=inst.name, literal=inst.literal)
+            clone[id(inst)] = body.add_instruction(new)
+        if len(outs) == 1:
+            body.root = clone[id(outs[0])]
+            shape = outs[0].shape
+        else:
+            body.root = body.add_instruction(Instruction(
+                "tuple", [clone[id(o)] for o in outs],
+                TupleShape(tuple(o.shape for o in outs)), name="tuple"))
+            shape = body.root.shape
+        kind, config = group_kind(g)
+        attrs: dict = {"kind": kind, "calls": body}
+        md = outs[-1].attrs.get("metadata")
+        if md is not None:
+            attrs["metadata"] = md
+        if config is not None:
+            attrs["backend_config"] = Raw(config)
+        fusion = comp.add_instruction(Instruction("fusion", operands, shape, attrs, name="fusion"))
+        body.fusion_instruction = fusion
+        fusions[g.id] = fusion
+        bodies.append(body)
+        if len(outs) == 1:
+            value[id(outs[0])] = fusion
+        else:
+            for k, o in enumerate(outs):
+                value[id(o)] = comp.add_instruction(Instruction(
+                    "get-tuple-element", [fusion], o.shape, {"index": k},
+                    name="get-tuple-element"))
+
+    # Unfused instructions (and groups of one) now read the fusions' results.
+    originals = [i for i in comp.instructions
+                 if (id(i) in state.home and state.home[id(i)].id in fused_ids)
+                 or id(i) in state.dissolved]
+    gone = {id(i) for i in originals}
+    for inst in list(comp.instructions):
+        if id(inst) in gone:
+            continue
+        for o in list(inst.operands):
+            if id(o) in value:
+                inst.replace_operand_with(o, value[id(o)])
+    if id(comp.root) in value:
+        comp.root = value[id(comp.root)]
+    for inst in sorted(originals, key=state.pos, reverse=True):
+        comp.remove_instruction(inst)
+    comp.instructions = comp.post_order()
+    at = module.computations.index(comp)
+    for body in bodies:
+        module.add_computation(body)
+        module.computations.remove(body)
+        module.computations.insert(at, body)
+        at += 1
+    return fusions
+
+
+def _topological(state: FusionState, groups: list[Group]) -> list[Group]:
+    """Groups ordered so that a group comes after the groups producing its inputs."""
+    by_id = {g.id: g for g in groups}
+    deps: dict[int, set[int]] = {}
+    for g in groups:
+        d = set()
+        for o in state.external_inputs(g.instances()):
+            h = state.home.get(id(o))
+            if h is not None and h.id in by_id and h.id != g.id:
+                d.add(h.id)
+        deps[g.id] = d
+    order: list[Group] = []
+    ready = sorted((gid for gid, d in deps.items() if not d),
+                   key=lambda gid: state._first(by_id[gid]))
+    users: dict[int, list[int]] = {}
+    for gid, d in deps.items():
+        for p in d:
+            users.setdefault(p, []).append(gid)
+    while ready:
+        gid = ready.pop(0)
+        order.append(by_id[gid])
+        for u in users.get(gid, ()):
+            deps[u].discard(gid)
+            if not deps[u]:
+                ready.append(u)
+    if len(order) != len(groups):
+        from hlo.errors import HlotkError
+        raise HlotkError("fusion groups form a cycle (a legality check is missing)")
+    return order

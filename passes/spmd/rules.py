@@ -1,0 +1,248 @@
+"""How a tiling passes through one op, forwards (operands -> result) and backwards
+(result -> operand). Shared by sharding propagation and the partitioner.
+
+Each rule returns a valid ``Tiling`` or None (no opinion). Dimensions an op cannot keep
+split (a sliced or padded dim, a concatenated dim) come out replicated.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+from hlo.ir import Instruction
+
+from .tiling import Tiling
+
+
+# --- dimension maps ---------------------------------------------------------------------
+def map_dims(t: Tiling, src_to_dst: dict[int, int], dst_rank: int) -> Optional[Tiling]:
+    """Move split dims: source dim s becomes result dim ``src_to_dst[s]``; source dims not
+    in the map are dropped (their split becomes replication); other result dims are whole."""
+    tiles = [1] * dst_rank
+    for s, d in src_to_dst.items():
+        tiles[d] = t.tiles[s]
+    index = []
+    for ix in t.index:
+        out = [0] * dst_rank
+        for s, d in src_to_dst.items():
+            out[d] = ix[s]
+        index.append(tuple(out))
+    return Tiling.from_index(tiles, index)
+
+
+def passthrough_dims(inst: Instruction) -> Optional[list[int]]:
+    """Dims along which slice/pad/concatenate/reverse/dynamic-slice act elementwise (same
+    size in and out, element i from element i), or None for other ops."""
+    op = inst.opcode
+    rank = len(inst.shape.dims) if not inst.shape.is_tuple else 0
+    if op == "slice":
+        dims = inst.operands[0].shape.dims
+        return [i for i, sd in enumerate(inst.attrs["slice"].dims)
+                if sd.start == 0 and sd.limit == dims[i] and sd.stride == 1]
+    if op == "pad":
+        return [i for i, pd in enumerate(inst.attrs["padding"].dims)
+                if pd.low == 0 and pd.high == 0 and pd.interior == 0]
+    if op == "concatenate":
+        return [i for i in range(rank) if i != inst.attrs["dimensions"][0]]
+    if op == "reverse":
+        return [i for i in range(rank) if i not in inst.attrs["dimensions"]]
+    if op == "dynamic-slice":
+        dims = inst.operands[0].shape.dims
+        return [i for i, s in enumerate(inst.attrs["dynamic_slice_sizes"]) if s == dims[i]]
+    return None
+
+
+def reshape_groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    """Minimal groups of dims (of a, of b) with equal element counts, in order."""
+    groups = []
+    i = j = 0
+    while i < len(a) or j < len(b):
+        ga, gb = [], []
+        pa = pb = 1
+        if i < len(a):
+            ga.append(i)
+            pa *= a[i]
+            i += 1
+        if j < len(b):
+            gb.append(j)
+            pb *= b[j]
+            j += 1
+        while pa != pb:
+            if pa < pb:
+                ga.append(i)
+                pa *= a[i]
+                i += 1
+            else:
+                gb.append(j)
+                pb *= b[j]
+                j += 1
+        groups.append((ga, gb))
+    return groups
+
+
+def reshape_tiling(t: Tiling, src: Sequence[int], dst: Sequence[int]) -> Tiling:
+    """The tiling of a reshape's result (src dims -> dst dims) keeping every split that
+    stays contiguous: a group of dims split only on its first non-trivial dim, by a factor
+    that divides the first non-trivial dim on the other side. Other groups replicate."""
+    mapping: dict[int, int] = {}
+    for ga, gb in reshape_groups(src, dst):
+        split = [d for d in ga if t.tiles[d] > 1]
+        if not split:
+            continue
+        first_a = next((d for d in ga if src[d] > 1), None)
+        first_b = next((d for d in gb if dst[d] > 1), None)
+        if (len(split) == 1 and split[0] == first_a and first_b is not None
+                and dst[first_b] % t.tiles[split[0]] == 0):
+            mapping[split[0]] = first_b
+    out = map_dims(t.without_partial(), mapping, len(dst))
+    assert out is not None   # dropping or moving whole dims keeps a tiling uniform
+    return out
+
+
+def _shape_dims(inst: Instruction) -> tuple[int, ...]:
+    return tuple(inst.shape.dims)
+
+
+# --- dot ---------------------------------------------------------------------------------
+def dot_dims(inst: Instruction) -> tuple[list[int], list[int], list[int], list[int], list[int],
+                                         list[int]]:
+    """(lhs batch, rhs batch, lhs contracting, rhs contracting, lhs free, rhs free)."""
+    a = inst.attrs
+    lb, rb = list(a.get("lhs_batch_dims", ())), list(a.get("rhs_batch_dims", ()))
+    lc, rc = list(a.get("lhs_contracting_dims", ())), list(a.get("rhs_contracting_dims", ()))
+    lr, rr = len(inst.operands[0].shape.dims), len(inst.operands[1].shape.dims)
+    lf = [d for d in range(lr) if d not in lb and d not in lc]
+    rf = [d for d in range(rr) if d not in rb and d not in rc]
+    return lb, rb, lc, rc, lf, rf
+
+
+def dot_operand_from_result(inst: Instruction, out: Tiling, which: int) -> Optional[Tiling]:
+    """The operand tiling matching the result's split of batch and free dims (contracting
+    dims whole): the operands a dot needs to produce ``out`` with no communication after."""
+    lb, rb, lc, rc, lf, rf = dot_dims(inst)
+    nb = len(lb)
+    if which == 0:
+        m = {i: d for i, d in enumerate(lb)}
+        m.update({nb + i: d for i, d in enumerate(lf)})
+        rank = len(inst.operands[0].shape.dims)
+    else:
+        m = {i: d for i, d in enumerate(rb)}
+        m.update({nb + len(lf) + i: d for i, d in enumerate(rf)})
+        rank = len(inst.operands[1].shape.dims)
+    return map_dims(out.without_partial(), m, rank)
+
+
+def dot_result(inst: Instruction, lhs: Optional[Tiling], rhs: Optional[Tiling]
+               ) -> Optional[Tiling]:
+    """The result tiling from the operands' batch/free splits (contracting splits are
+    summed away). Combines both operands when that is a valid tiling, else the more split."""
+    lb, rb, lc, rc, lf, rf = dot_dims(inst)
+    nb, nl = len(lb), len(lf)
+    rank = nb + nl + len(rf)
+    cands = []
+    if lhs is not None and rhs is not None:
+        tiles = [lhs.tiles[d] for d in lb] + [lhs.tiles[d] for d in lf] + [rhs.tiles[d] for d in rf]
+        index = [tuple(li[d] for d in lb) + tuple(li[d] for d in lf) + tuple(ri[d] for d in rf)
+                 for li, ri in zip(lhs.index, rhs.index)]
+        both = Tiling.from_index(tiles, index)
+        if both is not None:
+            return both
+    if lhs is not None:
+        m = {d: i for i, d in enumerate(lb)}
+        m.update({d: nb + i for i, d in enumerate(lf)})
+        cands.append(map_dims(lhs.without_partial(), m, rank))
+    if rhs is not None:
+        m = {d: i for i, d in enumerate(rb)}
+        m.update({d: nb + nl + i for i, d in enumerate(rf)})
+        cands.append(map_dims(rhs.without_partial(), m, rank))
+    cands = [c for c in cands if c is not None]
+    return max(cands, key=lambda c: math.prod(c.tiles), default=None)
+
+
+# --- forward and backward ----------------------------------------------------------------
+_IDENTITY_LIKE = ("copy", "custom-call", "optimization-barrier")
+
+
+def forward(inst: Instruction, ops: list[Optional[Tiling]]) -> Optional[Tiling]:
+    if inst.shape.is_tuple:
+        return None
+    rank = len(inst.shape.dims)
+    opc = inst.opcode
+    if inst.op.elementwise or opc in ("copy",) or (
+            opc == "custom-call" and inst.attrs.get("custom_call_target") == "Sharding"):
+        known = [t for t, o in zip(ops, inst.operands)
+                 if t is not None and not o.shape.is_tuple and len(o.shape.dims) == rank]
+        return max((t.without_partial() for t in known), key=lambda t: math.prod(t.tiles),
+                   default=None)
+    if not ops or ops[0] is None:
+        if opc == "dot" and len(ops) == 2 and ops[1] is not None:
+            return dot_result(inst, None, ops[1])
+        return None
+    t = ops[0].without_partial()
+    if opc == "broadcast":
+        return map_dims(t, {k: d for k, d in enumerate(inst.attrs["dimensions"])}, rank)
+    if opc == "transpose":
+        perm = inst.attrs["dimensions"]
+        return map_dims(t, {p: i for i, p in enumerate(perm)}, rank)
+    if opc == "reshape":
+        return reshape_tiling(t, _shape_dims(inst.operands[0]), _shape_dims(inst))
+    if opc == "dot":
+        return dot_result(inst, ops[0], ops[1])
+    if opc == "reduce" and len(inst.operands) == 2:
+        red = inst.attrs["dimensions"]
+        kept = [d for d in range(t.rank) if d not in red]
+        return map_dims(t, {d: i for i, d in enumerate(kept)}, rank)
+    pt = passthrough_dims(inst)
+    if pt is not None:
+        return map_dims(t, {d: d for d in pt}, rank)
+    if opc == "scatter" and len(inst.operands) == 3:
+        fixed = set(inst.attrs.get("inserted_window_dims", ())) | set(
+            inst.attrs.get("scatter_dims_to_operand_dims", ()))
+        return map_dims(t, {d: d for d in range(rank) if d not in fixed}, rank)
+    if opc == "gather":
+        return _gather_forward(inst, t)
+    return None
+
+
+def _gather_forward(inst: Instruction, t: Tiling) -> Optional[Tiling]:
+    """Operand dims taken whole by every slice keep their split in the offset dims."""
+    a = inst.attrs
+    collapsed = set(a.get("collapsed_slice_dims", ())) | set(a.get("operand_batching_dims", ()))
+    kept = [d for d in range(t.rank) if d not in collapsed]
+    op_dims = inst.operands[0].shape.dims
+    m = {}
+    for d, out_d in zip(kept, a.get("offset_dims", ())):
+        if d not in a.get("start_index_map", ()) and a["slice_sizes"][d] == op_dims[d]:
+            m[d] = out_d
+    return map_dims(t, m, len(inst.shape.dims))
+
+
+def backward(user: Instruction, k: int, out: Tiling) -> Optional[Tiling]:
+    """The tiling operand ``k`` of ``user`` would want for ``user`` to be split as ``out``."""
+    if user.shape.is_tuple:
+        return None
+    operand = user.operands[k]
+    if operand.shape.is_tuple:
+        return None
+    rank = len(operand.shape.dims)
+    opc = user.opcode
+    out = out.without_partial()
+    if user.op.elementwise or opc == "copy" or (
+            opc == "custom-call" and user.attrs.get("custom_call_target") == "Sharding"):
+        return out if rank == out.rank else None
+    if opc == "broadcast":
+        return map_dims(out, {d: i for i, d in enumerate(user.attrs["dimensions"])}, rank)
+    if opc == "transpose":
+        return map_dims(out, {i: p for i, p in enumerate(user.attrs["dimensions"])}, rank)
+    if opc == "reshape":
+        return reshape_tiling(out, _shape_dims(user), _shape_dims(operand))
+    if opc == "dot":
+        return dot_operand_from_result(user, out, k)
+    if opc == "reduce" and k == 0 and len(user.operands) == 2:
+        red = user.attrs["dimensions"]
+        kept = [d for d in range(rank) if d not in red]
+        return map_dims(out, {i: d for i, d in enumerate(kept)}, rank)
+    pt = passthrough_dims(user)
+    if pt is not None and (k == 0 or user.opcode == "concatenate"):
+        return map_dims(out, {d: d for d in pt}, rank)
+    return None

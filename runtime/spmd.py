@@ -1,0 +1,166 @@
+"""Running a sharded module on N simulated devices.
+
+    exe = runtime.spmd.compile_spmd(module, num_devices=8)   # partitions the module
+    outs = exe.execute_arrays([x, w1, w2])                   # whole arrays in and out
+
+``compile_spmd`` runs ``sharding-propagation``, ``spmd-partitioner`` and the simplifier on
+a copy of the module. Executing splits every whole argument into the piece each device
+holds (by the partitioned parameter's sharding), runs the per-device program on every
+device in lock-step threads (``hlo.evaluator.collectives.simulate``: collectives meet at a
+barrier, a device that never arrives is a timeout error, never a hang), and puts the
+results back together from the root's sharding.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+import hlo
+from hlo.errors import HlotkError, InvalidArgumentError
+from hlo.sharding import Sharding
+
+from .client import Buffer, Client, Device, flatten_value
+
+
+def spmd_pipeline() -> str:
+    from passes.pipelines import SIMPLIFY
+    return f"sharding-propagation,spmd-partitioner,{SIMPLIFY}"
+
+
+def _tiling(sharding: Any, rank: int, n: int):
+    from passes.spmd.tiling import Tiling
+    return Tiling.from_sharding(sharding, rank, n)
+
+
+def split_array(x: np.ndarray, sharding: Any, n: int) -> list[np.ndarray]:
+    """The piece of ``x`` each of ``n`` devices holds under ``sharding``."""
+    t = _tiling(sharding, x.ndim, n)
+    loc = t.local_dims(x.shape, "argument")
+    return [x[tuple(slice(i * l, (i + 1) * l) for i, l in zip(ix, loc))] for ix in t.index]
+
+
+def join_array(pieces: Sequence[np.ndarray], sharding: Any, global_dims: Sequence[int],
+               n: int) -> np.ndarray:
+    """The whole array from each device's piece (the inverse of ``split_array``)."""
+    t = _tiling(sharding, len(global_dims), n)
+    out = np.empty(tuple(global_dims), dtype=pieces[0].dtype)
+    loc = t.local_dims(global_dims, "result")
+    for ix, p in zip(t.index, pieces):
+        out[tuple(slice(i * l, (i + 1) * l) for i, l in zip(ix, loc))] = p
+    return out
+
+
+class SpmdExecutable:
+    """A partitioned module bound to the devices of a client (the PJRT executable shape:
+    ``execute`` takes and returns Buffers; here they hold whole arrays)."""
+
+    def __init__(self, client: Client, module: hlo.Module, original: hlo.Module,
+                 timeout: float = 30.0):
+        self.client = client
+        self.module = module
+        self.original = original
+        self.timeout = timeout
+        self.num_devices = int(module.config.get("num_partitions", 1))
+        self.device = client.devices()[0]
+        self.pipeline = spmd_pipeline()
+        self.pass_records: list = []
+        self.global_parameter_shapes = [p.shape for p in original.entry.parameters]
+        self.global_result_shape = original.entry.root.shape
+
+    def devices(self) -> list[Device]:
+        return self.client.devices()[:self.num_devices]
+
+    def hlo_modules(self) -> list[hlo.Module]:
+        return [self.module]
+
+    def as_text(self) -> str:
+        return self.module.to_text()
+
+    def execute_arrays(self, args: Sequence[Any]) -> list[np.ndarray]:
+        entry = self.module.entry
+        n = self.num_devices
+        if len(args) != len(entry.parameters):
+            raise InvalidArgumentError(f"{self.module.name} takes {len(entry.parameters)} "
+                                       f"arguments, got {len(args)}")
+        per_device: list[list[np.ndarray]] = [[] for _ in range(n)]
+        for k, (a, p, g) in enumerate(zip(args, entry.parameters, self.global_parameter_shapes)):
+            a = np.asarray(a)
+            if tuple(a.shape) != tuple(g.dims):
+                raise InvalidArgumentError(f"argument {k}: expected shape {list(g.dims)}, "
+                                           f"got {list(a.shape)}")
+            for d, piece in enumerate(split_array(a, p.sharding, n)):
+                per_device[d].append(piece)
+        from hlo.evaluator.collectives import simulate
+        results = simulate(self.module, per_device, 1, n, timeout=self.timeout)
+        root = entry.root
+        flat = [flatten_value(r) for r in results]
+        g_leaves = (self.global_result_shape.elements if self.global_result_shape.is_tuple
+                    else (self.global_result_shape,))
+        s = root.sharding
+        leaf_sh = (s.elements if isinstance(s, Sharding) and s.is_tuple
+                   else [s] * len(g_leaves))
+        return [join_array([f[k] for f in flat], leaf_sh[k], g.dims, n)
+                for k, g in enumerate(g_leaves)]
+
+    def execute(self, arguments: Sequence[Buffer]) -> list[Buffer]:
+        outs = self.execute_arrays([np.asarray(b) for b in arguments])
+        return [Buffer(o, self.device) for o in outs]
+
+
+def compile_spmd(module: hlo.Module, num_devices: Optional[int] = None,
+                 client: Optional[Client] = None, verify: bool = True,
+                 timeout: float = 30.0) -> SpmdExecutable:
+    """Partition ``module`` (not modified) for ``num_devices`` simulated CPU devices."""
+    from passes import run_pipeline
+    from passes.spmd.propagation import num_devices as module_devices
+    n = module_devices(module)
+    if num_devices is not None and num_devices != n:
+        raise HlotkError(f"the module is sharded over {n} devices (mesh/num_partitions) but "
+                         f"{num_devices} devices were given; the mesh must match the devices")
+    if client is None:
+        from .client import client as make_client
+        client = make_client("cpu", num_devices=n)
+    if client.device_count() < n:
+        raise HlotkError(f"the module is sharded over {n} devices but the client has "
+                         f"{client.device_count()}; use runtime.client('cpu', num_devices={n})")
+    part = module.clone()
+    run_pipeline(part, spmd_pipeline(), verify=verify)
+    part.config["num_partitions"] = n
+    return SpmdExecutable(client, part, module, timeout)
+
+
+def jax_sharding_kwargs(in_shardings: Any, out_shardings: Any, mesh: Any) -> dict:
+    """``jax.jit`` keyword arguments for hlotk's ``jit(in_shardings=, out_shardings=,
+    mesh=)``: NamedShardings pass through; a PartitionSpec (or None inside a pytree) is
+    bound to ``mesh``. JAX then writes the shardings into the export hlotk imports."""
+    if in_shardings is None and out_shardings is None:
+        if mesh is not None:
+            raise InvalidArgumentError("jit(mesh=...) needs in_shardings or out_shardings")
+        return {}
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    def bind(tree: Any) -> Any:
+        def one(s: Any) -> Any:
+            if isinstance(s, PartitionSpec):
+                if mesh is None:
+                    raise InvalidArgumentError(f"sharding {s} is a PartitionSpec: pass "
+                                               "mesh=... to jit (or use NamedSharding)")
+                return NamedSharding(mesh, s)
+            if isinstance(s, jax.sharding.Sharding):
+                if mesh is not None and isinstance(s, NamedSharding) and s.mesh.shape != mesh.shape:
+                    raise InvalidArgumentError(f"sharding {s} is on mesh {dict(s.mesh.shape)} "
+                                               f"but jit was given mesh {dict(mesh.shape)}")
+                return s
+            raise InvalidArgumentError(f"expected a NamedSharding or PartitionSpec, got "
+                                       f"{type(s).__name__}")
+        return jax.tree_util.tree_map(one, tree,
+                                      is_leaf=lambda x: isinstance(x, (PartitionSpec,
+                                                                      jax.sharding.Sharding)))
+    out: dict = {}
+    if in_shardings is not None:
+        out["in_shardings"] = bind(in_shardings)
+    if out_shardings is not None:
+        out["out_shardings"] = bind(out_shardings)
+    return out

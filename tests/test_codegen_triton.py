@@ -1,0 +1,327 @@
+"""Generated Triton kernels, run in Triton's interpreter (TRITON_INTERPRET=1) on CPU torch
+tensors, against the reference interpreter (hlo.evaluate of the fused computation)."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import hlo  # noqa: E402
+from hlo.layout_util import major_to_minor, to_physical  # noqa: E402
+from codegen.triton import TritonCodegenError, compile_fusion  # noqa: E402
+from codegen.triton.kernel import _to_torch  # noqa: E402
+
+ANCHORS = "/work/shared/anchors/xla_gpu_h200"
+TOL = {"f32": 2e-5, "f64": 1e-12, "bf16": 2e-2, "f16": 2e-3}
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HLOTK_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def random_input(shape, rng):
+    dt = shape.dtype
+    if dt.is_float:
+        return rng.standard_normal(shape.dims).astype(dt.np_dtype)
+    if dt.is_pred:
+        return rng.integers(0, 2, shape.dims).astype(bool)
+    return rng.integers(-50, 50, shape.dims).astype(dt.np_dtype)
+
+
+def with_layout(x: np.ndarray, shape) -> "torch.Tensor":
+    """A logical-shape torch view whose strides are those of ``shape``'s layout."""
+    phys = _to_torch(to_physical(x, shape.layout))
+    order = major_to_minor(shape.layout, x.ndim)
+    inv = [order.index(d) for d in range(x.ndim)]
+    return phys.permute(*inv) if x.ndim else phys
+
+
+def from_torch(t: "torch.Tensor", dtype) -> np.ndarray:
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(dtype.np_dtype)
+    return t.numpy()
+
+
+def check_fusion(fusion, seed=0, args=None, **kw):
+    rng = np.random.default_rng(seed)
+    comp = fusion.attrs["calls"]
+    params = sorted(comp.parameters, key=lambda p: p.parameter_number)
+    args = args or [random_input(p.shape, rng) for p in params]
+    kernel = compile_fusion(fusion, **kw)
+    root = comp.root
+    outs_shapes = [o.shape for o in (root.operands if root.opcode == "tuple" else [root])]
+    outs = []
+    for s in outs_shapes:
+        poison = np.full(s.dims, np.nan if s.dtype.is_float else 7).astype(s.dtype.np_dtype)
+        outs.append(with_layout(poison, s))
+    kernel.launch(outs, [with_layout(a, p.shape) for a, p in zip(args, params)])
+    ref = hlo.evaluate(comp, args)
+    refs = list(ref) if isinstance(ref, tuple) else [ref]
+    for o, r, s in zip(outs, refs, outs_shapes):
+        got = from_torch(o, s.dtype)
+        if s.dtype.is_float:
+            g, w = got.astype(np.float64), np.asarray(r).astype(np.float64)
+            assert not np.isnan(g).any(), f"unwritten or NaN outputs in {kernel.name}"
+            err = np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30)
+            assert err < TOL[s.dtype.name], (err, kernel.source)
+        else:
+            np.testing.assert_array_equal(got, np.asarray(r))
+    return kernel
+
+
+def fusions(module):
+    return [i for c in module.computations for i in c.instructions if i.opcode == "fusion"]
+
+
+def fusion_module(body: str, entry_params: str, call_args: str, root_shape: str, kind="kLoop",
+                  extra="", backend_config=""):
+    bc = f", backend_config={backend_config}" if backend_config else ""
+    text = f"""HloModule m
+{extra}
+%fused ({entry_params}) -> {root_shape} {{
+{body}
+}}
+
+ENTRY %main ({', '.join('e_' + p for p in entry_params.split(', '))}) -> {root_shape} {{
+{call_args}
+  ROOT %f = {root_shape} fusion({', '.join('%e_' + p.split(':')[0].strip() for p in entry_params.split(', '))}), kind={kind}, calls=%fused{bc}
+}}
+"""
+    m = hlo.parse_hlo(text)
+    return m.entry.root
+
+
+def entry_params_lines(entry_params: str) -> str:
+    lines = []
+    for i, p in enumerate(entry_params.split(", ")):
+        name, shape = p.split(": ")
+        lines.append(f"  %e_{name} = {shape} parameter({i})")
+    return "\n".join(lines)
+
+
+def make(body, params, root_shape, **kw):
+    ep = ", ".join(params)
+    return fusion_module(body, ep, entry_params_lines(ep), root_shape, **kw)
+
+
+ADD = """%add (ra: f32[], rb: f32[]) -> f32[] {
+  %ra = f32[] parameter(0)
+  %rb = f32[] parameter(1)
+  ROOT %radd = f32[] add(%ra, %rb)
+}
+%max (ma: f32[], mb: f32[]) -> f32[] {
+  %ma = f32[] parameter(0)
+  %mb = f32[] parameter(1)
+  ROOT %rmax = f32[] maximum(%ma, %mb)
+}"""
+
+
+# --- (b) XLA:GPU anchors, shrunk ----------------------------------------------------------------
+def shrink(text: str, sizes: dict[str, str]) -> str:
+    for big, small in sizes.items():
+        text = text.replace(big, small)
+    return text
+
+
+@pytest.mark.skipif(not os.path.isdir(ANCHORS), reason="anchors not present")
+def test_anchor_softmax():
+    text = open(f"{ANCHORS}/xla_softmax_f32.hlo.txt").read()
+    m = hlo.parse_hlo(shrink(text, {"8192": "8", "4096": "64"}))
+    k = check_fusion(m.entry.root)
+    assert k.template == "normalization"
+    assert k.name == "fused_reduce_subtract_exponential_divide"
+    assert k.path.name.startswith(k.name) and k.path.exists()
+    assert "%reduce_max.6 = f32[8]{0} reduce(" in k.source   # one line per instruction
+
+
+@pytest.mark.skipif(not os.path.isdir(ANCHORS), reason="anchors not present")
+def test_anchor_layernorm_bf16():
+    text = open(f"{ANCHORS}/xla_layernorm_bf16.hlo.txt").read()
+    text = shrink(text, {"8192": "6", "4096": "96", "0.000244140625": "0.010416666666666666"})
+    m = hlo.parse_hlo(text)
+    k = check_fusion(m.entry.root)
+    assert k.template == "normalization"
+
+
+@pytest.mark.skipif(not os.path.isdir(ANCHORS), reason="anchors not present")
+def test_anchor_mlp_gelu_loop_fusion():
+    text = open(f"{ANCHORS}/xla_mlp_bf16.hlo.txt").read()
+    m = hlo.parse_hlo(shrink(text, {"16384": "48", "4096": "16", "33554432": "64",
+                                    "67108864": "768", "16777216": "256"}))
+    (f,) = fusions(m)
+    k = check_fusion(f)
+    assert k.template == "loop" and "tanh" in k.name
+
+
+# --- (a) XLA:CPU's own fusions from jax ----------------------------------------------------------
+def test_xla_cpu_fusions_from_jax():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+
+    def f(x, y):
+        z = jnp.concatenate([x, y[:, ::2]], axis=1)
+        return jax.nn.softmax(jnp.tanh(z) * 2.0, axis=-1), jnp.sum(x * y[:, :16], axis=0)
+
+    x = np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32)
+    y = np.random.default_rng(2).standard_normal((8, 32)).astype(np.float32)
+    text = jax.jit(f).lower(x, y).compile().as_text()
+    m = hlo.parse_hlo(text)
+    fs = fusions(m)
+    assert fs, "XLA:CPU produced no fusions"
+    for i, fu in enumerate(fs):
+        check_fusion(fu, seed=i)
+
+
+# --- (c) hand-written fusions covering every template --------------------------------------------
+def test_transposed_parameter_layout():
+    f = make("""  %p0 = f32[4,6]{0,1} parameter(0)
+  %p1 = f32[4,6]{1,0} parameter(1)
+  %e = f32[4,6]{1,0} exponential(%p0)
+  ROOT %r = f32[4,6]{1,0} add(%e, %p1)""", ["p0: f32[4,6]{0,1}", "p1: f32[4,6]{1,0}"], "f32[4,6]{1,0}")
+    check_fusion(f)
+
+
+def test_loop_concat_pad_slice_iota_reverse_transpose():
+    f = make("""  %p0 = f32[4,6] parameter(0)
+  %p1 = f32[4,3] parameter(1)
+  %c = f32[4,9] concatenate(%p0, %p1), dimensions={1}
+  %z = f32[] constant(-1.5)
+  %pd = f32[7,12] pad(%c, %z), padding=1_2x2_1
+  %sl = f32[3,6] slice(%pd), slice={[1:7:2], [0:12:2]}
+  %io = s32[3,6] iota(), iota_dimension=1
+  %cv = f32[3,6] convert(%io)
+  %rv = f32[3,6] reverse(%sl), dimensions={0}
+  %t = f32[6,3] transpose(%cv), dimensions={1,0}
+  %tt = f32[3,6] transpose(%t), dimensions={1,0}
+  ROOT %o = f32[3,6] multiply(%rv, %tt)""", ["p0: f32[4,6]", "p1: f32[4,3]"], "f32[3,6]")
+    k = check_fusion(f)
+    assert k.template == "loop"
+
+
+def test_integer_semantics_divide_by_zero_and_shifts():
+    f = make("""  %p0 = s32[16] parameter(0)
+  %p1 = s32[16] parameter(1)
+  %d = s32[16] divide(%p0, %p1)
+  %r = s32[16] remainder(%p0, %p1)
+  %s = s32[16] shift-left(%d, %p1)
+  ROOT %o = (s32[16], s32[16], s32[16]) tuple(%d, %r, %s)""", ["p0: s32[16]", "p1: s32[16]"],
+             "(s32[16], s32[16], s32[16])")
+    a = np.array([7, -7, 5, -2147483648, 9, 0, 3, -1, 100, 1, 2, 3, 4, 5, 6, 7], np.int32)
+    b = np.array([2, 2, 0, -1, -3, 0, 40, 31, 3, 33, -1, 1, 2, 0, 3, 2], np.int32)
+    check_fusion(f, args=[a, b])
+
+
+def test_column_reduction():
+    f = make("""  %p0 = f32[37,24] parameter(0)
+  %z = f32[] constant(0)
+  ROOT %r = f32[24] reduce(%p0, %z), dimensions={0}, to_apply=%add""", ["p0: f32[37,24]"],
+             "f32[24]", kind="kInput", extra=ADD)
+    k = check_fusion(f)
+    assert k.template == "column_reduction"
+
+
+def test_multi_output_reduction_sum_and_sum_of_squares():
+    f = make("""  %p0 = bf16[5,40] parameter(0)
+  %x = f32[5,40] convert(%p0)
+  %sq = f32[5,40] multiply(%x, %x)
+  %z = f32[] constant(0)
+  %s1 = f32[5] reduce(%x, %z), dimensions={1}, to_apply=%add
+  %s2 = f32[5] reduce(%sq, %z), dimensions={1}, to_apply=%add
+  ROOT %t = (f32[5], f32[5]) tuple(%s1, %s2)""", ["p0: bf16[5,40]"], "(f32[5], f32[5])",
+             kind="kInput", extra=ADD)
+    k = check_fusion(f)
+    assert k.template == "normalization"
+
+
+def test_looped_normalization_row_too_long():
+    f = make("""  %p0 = f32[2,20000] parameter(0)
+  %ninf = f32[] constant(-inf)
+  %m = f32[2] reduce(%p0, %ninf), dimensions={1}, to_apply=%max
+  %mb = f32[2,20000] broadcast(%m), dimensions={0}
+  %sub = f32[2,20000] subtract(%p0, %mb)
+  %e = f32[2,20000] exponential(%sub)
+  %z = f32[] constant(0)
+  %s = f32[2] reduce(%e, %z), dimensions={1}, to_apply=%add
+  %sb = f32[2,20000] broadcast(%s), dimensions={0}
+  ROOT %d = f32[2,20000] divide(%e, %sb)""", ["p0: f32[2,20000]"], "f32[2,20000]",
+             kind="kCustom", extra=ADD, backend_config='{"fusion_backend_config":{"kind":"__triton"}}')
+    k = check_fusion(f)
+    assert k.template == "looped_rows"
+    assert k.source.count("for c0 in range(0, 20000, BLOCK_N)") == 3   # max, sum, output
+
+
+GEMM_CFG = '{"fusion_backend_config":{"kind":"__triton_gemm"}}'
+
+
+def test_gemm_s8_prologue_scale_negate_epilogue():
+    # -((a.astype(bf16) @ b) * 0.125)
+    f = make("""  %a = s8[40,48] parameter(0)
+  %b = bf16[48,24] parameter(1)
+  %ac = bf16[40,48] convert(%a)
+  %d = bf16[40,24] dot(%ac, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %c = bf16[] constant(0.125)
+  %cb = bf16[40,24] broadcast(%c), dimensions={}
+  %m = bf16[40,24] multiply(%d, %cb)
+  ROOT %n = bf16[40,24] negate(%m)""", ["a: s8[40,48]", "b: bf16[48,24]"], "bf16[40,24]",
+             kind="kCustom", backend_config=GEMM_CFG)
+    k = check_fusion(f)
+    assert k.template == "gemm" and "tl.dot(" in k.source
+
+
+def test_batched_gemm_transposed_rhs_layout_and_k_tail():
+    f = make("""  %a = f32[3,20,36] parameter(0)
+  %b = f32[3,36,18]{1,2,0} parameter(1)
+  ROOT %d = f32[3,20,18] dot(%a, %b), lhs_batch_dims={0}, rhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_contracting_dims={1}""",
+             ["a: f32[3,20,36]", "b: f32[3,36,18]{1,2,0}"], "f32[3,20,18]", kind="kCustom",
+             backend_config=GEMM_CFG)
+    # the interpreter computes tl.dot in f32: tolerance as for f32
+    k = check_fusion(f)
+    assert k.grid[1] == 3
+
+
+def test_int8_gemm_s32():
+    f = make("""  %a = s8[32,32] parameter(0)
+  %b = s8[32,16] parameter(1)
+  ROOT %d = s32[32,16] dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}""",
+             ["a: s8[32,32]", "b: s8[32,16]"], "s32[32,16]", kind="kCustom", backend_config=GEMM_CFG)
+    k = check_fusion(f)
+    assert "out_dtype=tl.int32" in k.source
+
+
+def test_fallback_generic_reduce_of_transposed_reduce_result():
+    # a reduce read through a transpose is not a row-tile: the generic serial kernel runs it
+    f = make("""  %p0 = f32[4,5,6] parameter(0)
+  %z = f32[] constant(0)
+  %r = f32[4,5] reduce(%p0, %z), dimensions={2}, to_apply=%add
+  ROOT %t = f32[5,4] transpose(%r), dimensions={1,0}""", ["p0: f32[4,5,6]"], "f32[5,4]",
+             kind="kInput", extra=ADD)
+    k = check_fusion(f)
+    assert k.template == "generic"
+
+
+def test_unsupported_op_names_fusion_and_keeps_partial_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("HLOTK_CACHE_DIR", str(tmp_path))
+    f = make("""  %p0 = f32[8] parameter(0)
+  %e = f32[8] exponential(%p0)
+  ROOT %s = f32[8] reduce-precision(%e), exponent_bits=5, mantissa_bits=2""", ["p0: f32[8]"], "f32[8]")
+    with pytest.raises(TritonCodegenError, match=r"%f.*reduce-precision") as info:
+        compile_fusion(f)
+    assert (tmp_path / "triton" / "failed" / "f.py").exists()
+    assert "partial source kept" in str(info.value)
+
+
+def test_kernel_cached_by_content():
+    f = make("""  %p0 = f32[8] parameter(0)
+  ROOT %e = f32[8] exponential(%p0)""", ["p0: f32[8]"], "f32[8]")
+    k1 = compile_fusion(f)
+    k2 = compile_fusion(f)
+    assert k1.path == k2.path and k1.source == k2.source
+    assert k1.source.splitlines()[0].startswith('"""fused_exponential')
