@@ -66,6 +66,14 @@ def _measure_text(text: str) -> tuple[int, str]:
         return kernels, "-"
 
 
+def _kinds(m: hlo.Module) -> list[str]:
+    from collections import Counter
+    from passes.fusion import fusion_kind
+    c = Counter(fusion_kind(i) for i in m.entry.instructions if i.opcode == "fusion")
+    c.update("library " + i.opcode for i in m.entry.instructions if i.opcode == "dot")
+    return [f"{n}x {k}" for k, n in sorted(c.items())]
+
+
 def measure(name: str) -> dict:
     fn, args, _, anchor = PROGRAMS[name]
     m = hlo.from_jax(fn, *args)
@@ -76,9 +84,7 @@ def measure(name: str) -> dict:
     row = {"name": name, "kernels": count_kernels(m), "kernels_before": r.kernels_before,
            "MB": predict(m, "h100").bytes_moved / 1e6, "us": predict(m, "h100").time_us,
            "compile_s": seconds,
-           "kinds": sorted(str(i.attrs.get("kind")) + ("/" + str(i.attrs["backend_config"])[27:-2]
-                                                       if "backend_config" in i.attrs else "")
-                           for i in m.entry.instructions if i.opcode == "fusion")}
+           "kinds": _kinds(m)}
     if anchor and (ANCHORS / anchor).exists():
         row["gpu_kernels"], row["gpu_MB"] = _measure_text((ANCHORS / anchor).read_text())
     elif name == "transformer_block":

@@ -9,7 +9,7 @@ import pytest
 
 from runtime.conformance import main_check, rewrite_checks, run_check_files, split_cases
 
-CONF = Path("/work/shared/conformance/stablehlo/interpret")
+from tests.paths import CONFORMANCE as CONF
 pytestmark = pytest.mark.skipif(not CONF.is_dir(), reason="conformance suite not present")
 
 

@@ -9,7 +9,7 @@ from hlo.diff import diff_modules
 from hlo.render import DiffMarks, EdgeStyle, dot_available, render, to_dot
 from runtime.dump import run_with_dump
 
-ANCHORS = Path(__file__).resolve().parents[2] / "shared" / "anchors" / "xla_gpu_h200"
+from tests.paths import ANCHORS, requires_shared
 from tests.test_simplify import CF  # a module with while, conditional and calls
 
 FUSED = """HloModule f
@@ -90,6 +90,7 @@ def test_diff_modules_by_name():
     assert "<table" in d.to_html()
 
 
+@requires_shared
 @pytest.mark.skipif(not dot_available(), reason="graphviz dot binary not installed")
 def test_svg_of_an_xla_gpu_anchor():
     m = hlo.parse_hlo((ANCHORS / "xla_softmax_f32.hlo.txt").read_text())

@@ -25,7 +25,7 @@ from hlo.text.parser import ComputationLayout
 from hlo.text.printer import format_float, format_literal
 
 DATA = pathlib.Path(__file__).parent / "data" / "hlo"
-ANCHORS = pathlib.Path("/work/shared/anchors/xla_gpu_h200")
+from tests.paths import ANCHORS
 LOWERED = sorted(DATA.glob("*.lowered.hlo.txt"))
 COMPILED = sorted(DATA.glob("*.compiled.hlo.txt"))
 ANCHOR_FILES = sorted(ANCHORS.glob("*.hlo.txt")) if ANCHORS.exists() else []
