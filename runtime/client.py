@@ -266,14 +266,14 @@ class LoadedExecutable:
                    if isinstance(args[i], Buffer)]
         if not donated:
             results = self._body(values)
-            return [Buffer._adopt(np.array(r), self.device) for r in results]
+            return [Buffer._adopt(np.asarray(r), self.device) for r in results]
         if len({id(args[i]) for i in donated}) != len(donated) or any(
                 args[i] is args[j] for i in donated for j in range(len(args)) if j != i):
             raise InvalidArgumentError(f"{self.name}: a donated buffer is passed twice")
         for i in donated:
             values[i] = args[i]._donate(self.name)
         results = self._body(values, frozenset(donated))
-        return [Buffer._adopt(np.array(r), self.device) for r in results]
+        return [Buffer._adopt(np.asarray(r), self.device) for r in results]
 
     def __repr__(self) -> str:
         return f"LoadedExecutable({self.name}, device={self.device}, pipeline={self.pipeline!r})"

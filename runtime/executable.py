@@ -174,12 +174,10 @@ class CpuExecutable:
         mem = self._memory(list(args), frozenset(donated) & frozenset(self.donated_parameters))
         ctx = EvalContext(Evaluator())
         self.sequence.run(mem, self.slots, ctx)
-        out = []
-        for slot in self.output_slots:
-            v = mem.read(slot)
-            out.append(np.array(v, copy=True))
-        # Token leaves of the result are not returned (PJRT has no token buffers).
-        return out
+        # Output allocations are fresh for every run (and a donated parameter's memory now
+        # belongs to its output), so results are views of them: no copy. Token leaves of
+        # the result are not returned (PJRT has no token buffers).
+        return [mem.read(slot) for slot in self.output_slots]
 
     def describe(self) -> str:
         """The thunk sequence, one line per thunk (nested sequences indented)."""

@@ -28,9 +28,9 @@ import hlo  # noqa: E402
 from codegen.cache import KernelCache  # noqa: E402
 from hlo.errors import InvalidArgumentError  # noqa: E402
 from hlo.evaluator.core import EvalContext, Evaluator  # noqa: E402
+from tests.paths import ANCHORS  # noqa: E402
 from tests.zoo import ZOO, ZooProgram, assert_flat_close, by_name, x64_scope  # noqa: E402
 
-ANCHORS = Path("/work/shared/anchors/xla_gpu_h200")
 
 
 @pytest.fixture(autouse=True)

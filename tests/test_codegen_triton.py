@@ -245,8 +245,8 @@ def test_looped_normalization_row_too_long():
     f = make("""  %p0 = f32[2,20000] parameter(0)
   %ninf = f32[] constant(-inf)
   %m = f32[2] reduce(%p0, %ninf), dimensions={1}, to_apply=%max
-  %mb = f32[2,20000] broadcast(%m), dimensions={0}
-  %sub = f32[2,20000] subtract(%p0, %mb)
+  %mxb = f32[2,20000] broadcast(%m), dimensions={0}
+  %sub = f32[2,20000] subtract(%p0, %mxb)
   %e = f32[2,20000] exponential(%sub)
   %z = f32[] constant(0)
   %s = f32[2] reduce(%e, %z), dimensions={1}, to_apply=%add

@@ -638,6 +638,13 @@ class Emitter:
             return f"{x}.to({self.repr_type(dst)})"
         if dst.is_float:
             xs = x
+            if src.is_integer and is_narrow_float(dst):
+                # Through an exact wider float (one rounding); Triton's interpreter also
+                # mis-converts ints straight to bf16.
+                xs = f"{x}.to({'tl.float32' if src.bits <= 16 else 'tl.float64'})"
+                if not self.round_narrow:
+                    return f"{xs}.to({tl_type(dst)}).to(tl.float32)"
+                return f"{xs}.to({tl_type(dst)})"
             if src.is_float and is_narrow_float(dst) and not self.round_narrow:
                 return f"{x}.to({tl_type(dst)}).to(tl.float32)"   # explicit rounding stays
             if is_narrow_float(src) and not self.round_narrow:
