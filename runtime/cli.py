@@ -135,13 +135,18 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_explain_fusion(args: argparse.Namespace, out: TextIO) -> int:
-    from passes.fusion.explain import explain_file
-    out.write(explain_file(args.file, target=args.target, policy=args.policy,
-                           unfused_only=args.unfused_only, dot_path=args.dot) + "\n")
+    """Simplify, fuse a copy, and print every considered (producer, consumer) decision."""
+    from hlo.render import to_dot
+    from passes.fusion.explain import explain
+    module = inputs_mod.load_module(args.file)
+    fused, report = explain(module, args.target, args.policy)
+    if args.dot:
+        write_atomically(args.dot, to_dot(module, edge_styles=report.edge_styles(),
+                                          title=f"fusion decisions ({report.policy}, {args.target})"))
+    out.write(report.table(only_unfused=args.unfused_only).rstrip("\n") + "\n")
     return EXIT_OK
 
 
-# --- entry point ------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hlotk", description="Import, run and check HLO programs.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

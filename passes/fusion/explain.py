@@ -152,17 +152,3 @@ def explain(module: Module, target: str = "h100", policy: object = "priority",
     report = report_for(fused)
     assert report is not None
     return fused, report
-
-
-def explain_file(path: str, target: str = "h100", policy: str = "priority",
-                 unfused_only: bool = False, dot_path: Optional[str] = None) -> str:
-    """What ``hlotk explain-fusion FILE`` prints: the summary and one line per edge."""
-    from runtime.inputs import load_module     # the CLI's loader (runtime -> passes is fine
-    module = load_module(path)                 # here: called only from the CLI)
-    fused, report = explain(module, target, policy)
-    if dot_path:
-        from hlo.render import to_dot
-        from pathlib import Path
-        Path(dot_path).write_text(to_dot(module, edge_styles=report.edge_styles(),
-                                         title=f"fusion decisions ({report.policy}, {target})"))
-    return report.table(only_unfused=unfused_only)
