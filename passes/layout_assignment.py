@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional, Sequence
+from typing import ClassVar, Optional, Sequence
 
 from hlo import layout_util as lu
 from hlo.attrs import COMPUTATION_ATTRS, Raw

@@ -18,6 +18,7 @@ the layout ``entry_computation_layout`` asks for.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from hlo import layout_util as lu
 from hlo.ir import Computation, Instruction, Module
 from hlo.shape import AnyShape, Shape, TupleShape
