@@ -8,6 +8,14 @@ constant as its own ``stablehlo.constant``; options (tolerance, ulp bounds) trav
 ``backend_config``. The case is imported with ``hlo.from_stablehlo`` and evaluated with
 ``hlo.evaluate``; the custom-calls are answered by this module, which compares values.
 
+Cases whose expectations are on the interpreter's printed output use FileCheck: each
+``// RUN: [not] stablehlo-translate --interpret [--args=...] [--interpreter-print-dense]
+... | FileCheck %s [--check-prefix(es)=...]`` line is modelled (``interpret``), the output
+formatted as the reference interpreter prints it, and matched with runtime/filecheck.py
+against the case's directives. Ops newer than JAX's StableHLO (collective_reduce,
+dynamic-root collective_broadcast) become custom-calls that hlo.evaluator.collectives
+answers; quantized types are lowered by the importer (hlo/stablehlo/quant.py).
+
     python -c 'from runtime.conformance import main_check; main_check(["add.mlir"])'
 """
 from __future__ import annotations

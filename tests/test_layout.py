@@ -66,9 +66,16 @@ def test_bitcast_rank3_layout_by_hand():
                                   [0, 2, 1, 3, 4, 6, 5, 7])
 
 
+def test_same_width_element_type_bitcast_reinterprets_bits():
+    # XLA's simplifier turns bitcast-convert f32->s32 into bitcast (seen in XLA:CPU sort
+    # comparators): 1.0f is 0x3f800000, -2.0f is 0xc0000000.
+    got = _bitcast("f32[2,1]{1,0}", "s32[1,2]{0,1}", np.array([[1.0], [-2.0]], np.float32))
+    np.testing.assert_array_equal(got, [[0x3F800000, np.int32(-0x40000000)]])
+
+
 def test_verifier_rejects_bitcasts_that_are_not_pure_reinterpretations():
-    with pytest.raises(VerifierError, match="changes the element type f32 to s32"):
-        _bitcast("f32[6]{0}", "s32[6]{0}", X.ravel())
+    with pytest.raises(VerifierError, match="different sizes in bits|element width"):
+        _bitcast("f32[6]{0}", "s16[6]{0}", X.ravel())
     with pytest.raises(VerifierError, match="bitcast"):
         _bitcast("f32[6]{0}", "f32[3]{0}", X.ravel())
 

@@ -52,6 +52,16 @@ def _store(em: Emitter, k: int, out: Instruction, value: str, idx: Index, mask: 
     em.line(f"tl.store({addr}, ({value}).to({dt}), mask={mask})", f"output {k}: %{out.name}")
 
 
+def clamp_if(em: Emitter, dst: str, src: str, n: int, block: str) -> None:
+    """``dst = src`` clamped into [0, n): a compile-time branch skips the clamp when the
+    block divides ``n``, so Triton still sees contiguous, aligned indices (16-byte loads,
+    async copies); the clamp is only paid for ragged shapes."""
+    em.line(f"if {n} % {block} == 0:", "static: the block divides the extent")
+    em.line(f"    {dst} = {src}")
+    em.line("else:")
+    em.line(f"    {dst} = tl.minimum({src}, {max(n - 1, 0)})", "clamped: loads stay in bounds")
+
+
 def _reduce_parts(inst: Instruction) -> tuple[list[Instruction], list[Instruction]]:
     n = len(inst.operands) // 2
     return inst.operands[:n], inst.operands[n:]
@@ -176,7 +186,8 @@ def loop_template(em: Emitter, comp: Computation, big: bool, generic: bool = Fal
         n = numel(out.shape)
         if dims not in shared:
             mask = em.assign("mask", f"offs < {n}")
-            lin = em.assign("lin", f"tl.minimum(offs, {max(n - 1, 0)})", "clamped: loads stay in bounds")
+            lin = em.fresh("lin")
+            clamp_if(em, lin, "offs", n, "BLOCK")
             idx = tuple(em.delinearize("i", lin, dims))
             shared[dims] = (mask, idx)
         mask, idx = shared[dims]
@@ -230,7 +241,7 @@ def rows_template(em: Emitter, comp: Computation, big: bool, max_row_block: int 
     em.line(f"rows = pid{'.to(tl.int64)' if big else ''} * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]",
             f"{M} kept elements, BLOCK_M per program")
     em.line(f"row_mask = rows < {M}")
-    em.line(f"rows_c = tl.minimum(rows, {M - 1})")
+    clamp_if(em, "rows_c", "rows", M, "BLOCK_M")
     kept = em.delinearize("r", "rows_c", list(kept_shape))
     kept_idx = tuple(kept)
 
@@ -238,7 +249,7 @@ def rows_template(em: Emitter, comp: Computation, big: bool, max_row_block: int 
         em.line(f"cols = {start}tl.arange(0, BLOCK_N)[None, :]")
         cmask = "col_mask"
         em.line(f"{cmask} = cols < {R}")
-        em.line(f"cols_c = tl.minimum(cols, {R - 1})")
+        clamp_if(em, "cols_c", "cols", R, "BLOCK_N")
         red = em.delinearize("c", "cols_c", [full_dims[d] for d in red_dims])
         return cmask, _merge(kept_dims, kept_idx, red_dims, red)
 
@@ -406,8 +417,8 @@ def gemm_template(em: Emitter, comp: Computation, big: bool) -> Plan:
     bidx = em.delinearize("b", "pid_b", list(batch_dims)) if nb else []
     em.line(f"rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
     em.line(f"rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
-    em.line(f"rm_c = tl.minimum(rm, {M - 1})")
-    em.line(f"rn_c = tl.minimum(rn, {N - 1})")
+    clamp_if(em, "rm_c", "rm", M, "BLOCK_M")
+    clamp_if(em, "rn_c", "rn", N, "BLOCK_N")
     em.line(f"acc = tl.zeros([BLOCK_M, BLOCK_N], {acc_t})")
     em.line(f"for k0 in range(0, {K}, BLOCK_K):", f"K = {K}")
     em.push_scope()

@@ -105,13 +105,24 @@ def _reshape(inst, ops, ctx):
 @rule("evaluate", "bitcast")
 def _bitcast(inst, ops, ctx):
     """A bitcast reinterprets the physical buffer (``hlo.layout_util``): the operand's bytes
-    in its layout are read back as the result's physical dims in the result's layout."""
-    from ..layout_util import from_physical, to_physical
+    in its layout are read back as the result's physical dims in the result's layout, and as
+    the result's element type when that differs (same width only; the verifier checks)."""
+    from ..layout_util import from_physical, is_default, to_physical
     src_shape, dst_shape = inst.operands[0].shape, inst.shape
+    if src_shape.dtype != dst_shape.dtype and (
+            src_shape.dtype.bits != dst_shape.dtype.bits or src_shape.dtype.bits % 8):
+        raise EvaluationError(f"bitcast %{inst.name} changes the element width "
+                              f"{src_shape.dtype} -> {dst_shape.dtype}; that is bitcast-convert")
+    x = np.asarray(ops[0])
+    if src_shape.dims == dst_shape.dims and (src_shape.layout == dst_shape.layout or (
+            is_default(src_shape.layout) and is_default(dst_shape.layout))):
+        # Same physical order: reinterpret element by element. This is also the path for
+        # reducer/comparator bodies evaluated on whole arrays at once.
+        return x.view(dst_shape.dtype.np_dtype) if src_shape.dtype != dst_shape.dtype else x
+    physical = to_physical(x, src_shape.layout)
     if src_shape.dtype != dst_shape.dtype:
-        raise EvaluationError(f"bitcast %{inst.name} changes the element type {src_shape.dtype} "
-                              f"to {dst_shape.dtype}; that is bitcast-convert")
-    return from_physical(to_physical(ops[0], src_shape.layout), dst_shape)
+        physical = np.ascontiguousarray(physical).view(dst_shape.dtype.np_dtype)
+    return from_physical(physical, dst_shape)
 
 
 @rule("evaluate", "transpose")

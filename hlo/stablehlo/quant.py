@@ -77,7 +77,7 @@ class QuantType:
     @property
     def storage_mlir(self) -> str:
         """The MLIR integer type holding the storage (signless for signed storage)."""
-        return self.storage if self.signed else "u" + self.storage
+        return self.storage if self.signed else "ui" + self.storage[1:]
 
 
 _QUANT_RE = re.compile(
