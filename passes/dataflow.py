@@ -74,7 +74,8 @@ class BufferSet:
         return f"BufferSet#{self.id}({names}{more})"
 
 
-_VIEW_OPS = {"tuple", "get-tuple-element", "bitcast", "while", "conditional", "call"}
+_VIEW_OPS = {"tuple", "get-tuple-element", "bitcast", "while", "conditional", "call",
+             "optimization-barrier"}
 
 
 def defines_value(inst: Instruction) -> bool:
@@ -154,6 +155,9 @@ class Dataflow:
                 self._union_leaves(inst, (i,), o, (), o.shape)
         elif op == "get-tuple-element":
             self._union_leaves(inst, (), inst.operands[0], (inst.attrs["index"],), inst.shape)
+        elif op == "optimization-barrier":
+            # The barrier only orders computation; its result is its operand's buffers.
+            self._union_leaves(inst, (), inst.operands[0], (), inst.shape)
         elif op == "bitcast" and _bitcast_is_view(inst):
             self._union((inst, ()), (inst.operands[0], ()))
         elif op == "while":
@@ -211,7 +215,8 @@ def in_place_operand_candidates(inst: Instruction) -> list[tuple[Index, int]]:
     """(result index, operand number) pairs where the result may take over the operand's
     buffer if the operand dies at ``inst`` (XLA's CanShareOperandBufferWithUser).
 
-    In-place ops (dynamic-update-slice, scatter) update operand 0; an elementwise op (or a
+    In-place ops (dynamic-update-slice, scatter) update operand 0, sort permutes each
+    operand; an elementwise op (or a
     loop/input fusion) writes each output element after reading the same element of a
     same-shaped operand, so it may write over it.
     """
@@ -219,6 +224,11 @@ def in_place_operand_candidates(inst: Instruction) -> list[tuple[Index, int]]:
     out: list[tuple[Index, int]] = []
     if op in IN_PLACE_OPS and not inst.shape.is_tuple:
         return [((), IN_PLACE_OPS[op])]
+    if op == "sort":
+        # Sort permutes its operands in place: output i may take operand i's buffer.
+        if inst.shape.is_tuple:
+            return [((i,), i) for i in range(len(inst.operands))]
+        return [((), 0)]
     if op == "fusion" or (inst.op.category == ELEMENTWISE and not inst.shape.is_tuple):
         for index, leaf in array_leaves(inst.shape):
             for k, o in enumerate(inst.operands):

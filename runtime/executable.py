@@ -28,7 +28,7 @@ from passes.dataflow import array_leaves
 from .thunks import (CallThunk, ConditionalThunk, CopyThunk, FallbackThunk, KernelThunk,
                      LibraryCallThunk, Memory, SequenceThunk, Slot, Slots, Thunk, WhileThunk)
 
-_NO_THUNK = {"parameter", "constant", "tuple", "get-tuple-element"}
+_NO_THUNK = {"parameter", "constant", "tuple", "get-tuple-element", "optimization-barrier"}
 _LIBRARY_CALLS = {"dot"}
 
 
