@@ -375,15 +375,18 @@ def test_chlo_ops():
 
 
 # --- errors -------------------------------------------------------------------------------
-def test_unsupported_op_names_op_and_location():
+def test_quantized_round_trip_and_unsupported_op_named_with_location():
     src = """
     func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {
       %0 = stablehlo.uniform_quantize %a : (tensor<4xf32>) -> tensor<4x!quant.uniform<i8:f32, 0.1>>
       %1 = stablehlo.uniform_dequantize %0 : (tensor<4x!quant.uniform<i8:f32, 0.1>>) -> tensor<4xf32>
       return %1 : tensor<4xf32>
     }"""
-    with pytest.raises(hlo.ImportError, match="quant"):
-        hlo.from_stablehlo(src)
+    # Quantized types are rewritten to their storage types (hlo/stablehlo/quant.py):
+    # round(x / 0.1) to nearest even, clamped to i8, then scaled back.
+    m = hlo.from_stablehlo(src)
+    got = hlo.evaluate(m, [np.array([0.0, 0.14, -0.26, 20.0], np.float32)])
+    np.testing.assert_allclose(got, [0.0, 0.1, -0.3, 12.7], rtol=1e-6)
     src2 = """
     func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {
       %0 = stablehlo.einsum %a, %a, config = "i,i->i" : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
