@@ -386,3 +386,11 @@ def test_zoo_poisoned_arena_matches_jax(program: ZooProgram):
         want = jax.jit(program.fn)(*args)
         got = runtime.jit(program.fn, pipeline="default", poison=True)(*args)
     assert_trees_close(got, want, program.rtol, program.atol)
+
+
+def test_dump_report_has_the_buffer_assignment_section(tmp_path):
+    c = runtime.client("cpu")
+    c.compile(hlo.parse_hlo(TUPLES), dump_dir=str(tmp_path))
+    page = (tmp_path / "index.html").read_text()
+    assert "<h2>Buffer assignment</h2>" in page and "preallocated-temp" in page
+    assert (tmp_path / "memory_timeline.svg").read_text().startswith("<svg")
