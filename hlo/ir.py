@@ -363,6 +363,25 @@ class Module:
             self.computations.append(comp)
         return comp
 
+    def clone_computation(self, comp: Computation, suffix: str = ".clone") -> Computation:
+        """Copy ``comp`` into this module under a fresh name, placed right after it (callees
+        print before callers); the copy calls the same computations the original calls."""
+        new = Computation(comp.name + suffix)
+        mapping: dict[int, Instruction] = {}
+        for inst in comp.instructions:
+            c = Instruction(inst.opcode, [mapping[id(o)] for o in inst.operands], inst.shape,
+                            dict(inst.attrs), name=inst.name, literal=inst.literal,
+                            parameter_number=inst.parameter_number)
+            c.control_predecessors = [mapping[id(p)] for p in inst.control_predecessors]
+            new.add_instruction(c)
+            mapping[id(inst)] = c
+        assert comp.root is not None
+        new.root = mapping[id(comp.root)]
+        self.add_computation(new)
+        self.computations.remove(new)
+        self.computations.insert(self.computations.index(comp) + 1, new)
+        return new
+
     def remove_computation(self, comp: Computation) -> None:
         if comp is self.entry:
             raise IRError("cannot remove the entry computation")

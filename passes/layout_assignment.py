@@ -289,22 +289,8 @@ class _Assigner:
         return comp
 
     def _clone(self, comp: Computation) -> Computation:
-        new = Computation(comp.name + ".clone")
-        mapping: dict[int, Instruction] = {}
-        for inst in comp.instructions:
-            c = Instruction(inst.opcode, [mapping[id(o)] for o in inst.operands], inst.shape,
-                            dict(inst.attrs), name=inst.name, literal=inst.literal,
-                            parameter_number=inst.parameter_number)
-            c.control_predecessors = [mapping[id(p)] for p in inst.control_predecessors]
-            new.add_instruction(c)
-            mapping[id(inst)] = c
-        new.root = mapping[id(comp.root)]
-        self.module.add_computation(new)
-        # Called computations print before their callers: keep the clone next to its original.
-        self.module.computations.remove(new)
-        self.module.computations.insert(self.module.computations.index(comp) + 1, new)
         self.stats["computations_cloned"] += 1
-        return new
+        return self.module.clone_computation(comp)
 
     def _assign_called(self, inst: Instruction) -> None:
         """Assign the computations ``inst`` calls, fixing their signatures from its operands."""

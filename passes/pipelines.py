@@ -1,4 +1,4 @@
-"""Named pipelines. ``default`` grows as passes land (layout, fusion, scheduling ...)."""
+"""Named pipelines: ``default`` is each backend's full pipeline, ``simplify`` and ``none``."""
 from __future__ import annotations
 
 from .base import PassError
@@ -7,13 +7,19 @@ SIMPLIFY = "fixpoint(simplify,tuple-simplify,control-flow-simplify,constant-fold
 
 PIPELINES: dict[str, dict[str, str]] = {
     # backend -> spec of its full pipeline
+    # The CPU backend fuses with the GPU cost model too (its kernels are numpy functions, so
+    # the decisions are the ones a GPU would get, runnable and testable without one); the
+    # target spec is chosen with runtime.jit(target=...) / hlotk compile --target.
     "default": {
-        "cpu": f"inline,{SIMPLIFY},layout-assignment{{target=cpu}},schedule",
-        "cuda": f"inline,{SIMPLIFY},layout-assignment{{target=gpu}},schedule",
+        "cpu": f"inline,{SIMPLIFY},layout-assignment{{target=cpu}},fusion,schedule",
+        "cuda": f"inline,{SIMPLIFY},layout-assignment{{target=gpu}},fusion,schedule",
     },
     "simplify": {"cpu": SIMPLIFY, "cuda": SIMPLIFY},
     "none": {"cpu": "", "cuda": ""},
 }
+# Backends that compile like another one (the reference-interpreter backend runs what the
+# CPU backend would).
+BACKEND_ALIASES = {"interpreter": "cpu"}
 
 
 def pipeline_spec(name_or_spec: str, backend: str = "cpu") -> str:
@@ -22,7 +28,7 @@ def pipeline_spec(name_or_spec: str, backend: str = "cpu") -> str:
     if table is None:
         return name_or_spec
     try:
-        return table[backend]
+        return table[BACKEND_ALIASES.get(backend, backend)]
     except KeyError:
         raise PassError(f"pipeline {name_or_spec!r} has no variant for backend {backend!r}; "
                         f"known: {', '.join(table)}") from None

@@ -1,5 +1,5 @@
 """Imports every built-in pass so that each registers its name."""
-from . import constant_folding, control_flow_simplify, cse, dce, inline, simplify, tuple_simplify  # noqa: F401
+from . import constant_folding, control_flow_simplify, cse, dce, flatten_call_graph, inline, simplify, tuple_simplify  # noqa: F401
 from . import layout_assignment, layout_normalization  # noqa: F401
 from . import spmd  # noqa: F401  (sharding-propagation, spmd-partitioner)
 from . import fusion  # noqa: F401  (fusion)

@@ -209,7 +209,11 @@ class Schedule:
                             + ", ".join(SCHEDULERS))
         before = [[i.uid for i in c.instructions] for c in module.computations]
         was = module.is_scheduled
+        # Buffer assignment gives each loop its own state only if no two call sites share a
+        # computation: flatten first (XLA runs FlattenCallGraph before scheduling too).
+        from .flatten_call_graph import FlattenCallGraph
+        flattened = FlattenCallGraph().run(module)
         insert_copies(module)
         schedule_module(module, self.algorithm)
         after = [[i.uid for i in c.instructions] for c in module.computations]
-        return before != after or not was
+        return before != after or not was or flattened
