@@ -94,6 +94,25 @@ def max_min_self(i: Instruction):
         return a
 
 
+def max_min_identity(i: Instruction):
+    """max(x, -inf) -> x and min(x, +inf) -> x for floats (NaN stays NaN either way);
+    for integers the type's lowest/highest value plays the same part."""
+    dtype = i.shape.dtype
+    if dtype.is_float:
+        identity = -np.inf if i.opcode == "maximum" else np.inf
+    elif dtype.is_integer:
+        info = np.iinfo(dtype.np_dtype) if dtype.bits >= 8 else None
+        if info is None:
+            return None
+        identity = info.min if i.opcode == "maximum" else info.max
+    else:
+        return None
+    a, b = i.operands
+    for x, y in ((a, b), (b, a)):
+        if is_value(y, identity):
+            return _forward_if_same_shape(i, x)
+
+
 def select_constant_pred(i: Instruction):
     p, t, f = i.operands
     v = scalar_constant_value(p)
@@ -289,6 +308,7 @@ SIMPLIFY_RULES: list[Rule] = [
     Rule("double-negation", ("negate", "not"), double_negation),
     Rule("and-or-identity", ("and", "or"), and_or_identity),
     Rule("max-min-self", ("maximum", "minimum"), max_min_self),
+    Rule("max-min-identity", ("maximum", "minimum"), max_min_identity),
     Rule("select-constant-pred", ("select",), select_constant_pred),
     Rule("convert-same-type", ("convert",), convert_same_type),
     Rule("convert-of-widening-convert", ("convert",), convert_convert_widening),

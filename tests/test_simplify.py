@@ -143,6 +143,10 @@ CASES = [
     ("copy-noop", "f32[4]{0}",
      "  %c = f32[4]{0} copy(%p0)\n  ROOT %r = f32[4]{0} abs(%c)", "f32[4]",
      ["%r = f32[4]{0} abs(%p0)"]),
+    ("max-min-identity", "f32[4]{0}",
+     "  %ninf = f32[] constant(-inf)\n  %b = f32[4]{0} broadcast(%ninf), dimensions={}\n"
+     "  %m = f32[4]{0} maximum(%b, %p0)\n  ROOT %r = f32[4]{0} exponential(%m)", "f32[4]",
+     ["%r = f32[4]{0} exponential(%p0)"]),
     ("max-min-self", "f32[4]{0}",
      "  %m = f32[4]{0} maximum(%p0, %p0)\n  ROOT %r = f32[4]{0} abs(%m)", "f32[4]",
      ["%r = f32[4]{0} abs(%p0)"]),
