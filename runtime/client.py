@@ -53,7 +53,9 @@ class _InterpreterBackend:
     def __init__(self, client: "Client"):
         self.client = client
 
-    def prepare(self, module: hlo.Module) -> Body:
+    def prepare(self, module: hlo.Module, poison: Optional[bool] = None,
+                target: Optional[str] = None) -> Body:
+        # poison and target concern the arena and library calls: the interpreter has neither.
         def run(args: list[np.ndarray]) -> list[np.ndarray]:
             return flatten_value(hlo.evaluate(module, args))
         return run
@@ -71,13 +73,14 @@ class _ThunkBackend:
     def __init__(self, client: "Client"):
         self.client = client
 
-    def prepare(self, module: hlo.Module, poison: Optional[bool] = None) -> Body:
+    def prepare(self, module: hlo.Module, poison: Optional[bool] = None,
+                target: Optional[str] = None) -> Body:
         from passes.scheduling import Schedule
         from .executable import CpuExecutable
         if not module.is_scheduled:
             module = module.clone()
             Schedule().run(module)
-        exe = CpuExecutable.build(module, poison=poison)
+        exe = CpuExecutable.build(module, poison=poison, target=target)
 
         def run(args: list[np.ndarray], donated: frozenset[int] = frozenset()) -> list[np.ndarray]:
             return exe.run(args, donated)
@@ -88,8 +91,10 @@ class _ThunkBackend:
 
 
 def _cuda_backend(client: "Client") -> Any:
-    raise UnimplementedError("backend 'cuda' is not built yet (it comes with the Triton/cuBLAS "
-                             "code generator); use backend='cpu'")
+    # Triton kernels + cuBLAS over one device arena, CUDA graphs (runtime/cuda/). Raises
+    # NoCudaDeviceError here, at client creation, without torch/triton or a GPU.
+    from .cuda.backend import CudaBackend
+    return CudaBackend(client)
 
 
 BACKENDS: dict[str, Callable[["Client"], Any]] = {
@@ -346,8 +351,8 @@ class Client:
             module = module.clone()
             records, _ = compile_module(module, spec, backend=self.platform, dump_dir=dump_dir,
                                         verify=verify)
-        body = (self._backend.prepare(module, poison=poison) if poison is not None
-                else self._backend.prepare(module))
+        options = {k: v for k, v in (("poison", poison), ("target", target)) if v is not None}
+        body = self._backend.prepare(module, **options)
         module = getattr(body, "module", module)   # the module the body runs (scheduled)
         exe = LoadedExecutable(self, module, body, self._device(device), pipeline)
         exe.pass_records = records

@@ -26,7 +26,8 @@ from passes.buffer_assignment import BufferAssignment, assign_buffers
 from passes.dataflow import array_leaves
 
 from .thunks import (CallThunk, ConditionalThunk, CopyThunk, FallbackThunk, KernelThunk,
-                     LibraryCallThunk, Memory, SequenceThunk, Slot, Slots, Thunk, WhileThunk)
+                     LibraryCallThunk, LibraryFusionThunk, Memory, SequenceThunk, Slot, Slots,
+                     Thunk, WhileThunk)
 
 _NO_THUNK = {"parameter", "constant", "tuple", "get-tuple-element", "optimization-barrier"}
 _LIBRARY_CALLS = {"dot"}
@@ -37,8 +38,10 @@ def poison_default() -> bool:
 
 
 class CpuExecutable:
-    def __init__(self, module: Module, assignment: BufferAssignment, poison: Optional[bool] = None):
+    def __init__(self, module: Module, assignment: BufferAssignment, poison: Optional[bool] = None,
+                 target: Optional[str] = None):
         self.module = module
+        self.target = target      # compile target: picks library calls (tpu: Pallas matmul)
         self.assignment = assignment
         self.poison = poison_default() if poison is None else poison
         a = assignment
@@ -61,8 +64,9 @@ class CpuExecutable:
         self._constants = self._constant_memory()
 
     @classmethod
-    def build(cls, module: Module, poison: Optional[bool] = None) -> "CpuExecutable":
-        return cls(module, assign_buffers(module), poison)
+    def build(cls, module: Module, poison: Optional[bool] = None,
+              target: Optional[str] = None) -> "CpuExecutable":
+        return cls(module, assign_buffers(module), poison, target)
 
     # --- building ------------------------------------------------------------------------
     def _sequence(self, comp: Computation) -> SequenceThunk:
@@ -93,12 +97,26 @@ class CpuExecutable:
         if op == "call":
             return CallThunk(inst, self._sequence(inst.attrs["to_apply"]))
         if op == "fusion":
-            return KernelThunk(inst)
+            return self._gemm_library_call(inst) or KernelThunk(inst)
         if op == "copy":
             return CopyThunk(inst)
         if op in _LIBRARY_CALLS:
-            return LibraryCallThunk(inst)
+            from codegen.library import lookup
+            return LibraryCallThunk(inst, lookup(self.target, inst))
         return FallbackThunk(inst)
+
+    def _gemm_library_call(self, inst: Instruction) -> Optional[Thunk]:
+        """A GEMM fusion whose dot the target has a library call for (tpu: the Pallas
+        matmul) runs that call, with the rest of the fusion around it."""
+        if self.target is None:
+            return None
+        from codegen.library import lookup
+        from passes.fusion.kinds import fusion_kind
+        if fusion_kind(inst) != "gemm":
+            return None
+        dots = [i for i in inst.attrs["calls"].instructions if i.opcode == "dot"]
+        call = lookup(self.target, dots[0]) if len(dots) == 1 else None
+        return LibraryFusionThunk(inst, dots[0], call) if call is not None else None
 
     def _same_bytes(self, a: Instruction, b: Instruction) -> bool:
         sa, sb = self.slots.leaves(a).get(()), self.slots.leaves(b).get(())

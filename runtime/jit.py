@@ -153,6 +153,9 @@ class Compiled:
             raise InvalidArgumentError(f"{lowered.name}: the arguments' pytree structure "
                                        f"{tree} differs from the compiled one {self.in_tree}")
         out = []
+        # A device backend (cuda) takes arrays as they are (JAX arrays through DLPack, no
+        # host round trip); only Python scalars and dtype canonicalization go through numpy.
+        device_native = getattr(self.executable._body, "run_device", None) is not None
         for (path, x), spec in zip(leaves_with_path, lowered.in_specs):
             where = _path_text(path, lowered.arg_names, lowered.static_argnums)
             got = _leaf_spec(x, where)
@@ -160,10 +163,16 @@ class Compiled:
                 raise InvalidArgumentError(f"{where}: expected {spec.describe()}, got "
                                            f"{got.describe()}")
             # An hlotk Buffer is passed as it is (so that donating it invalidates it).
+            if device_native and hasattr(x, "__dlpack__") and np.dtype(x.dtype) == spec.dtype:
+                out.append(x)
+                continue
             out.append(x if isinstance(x, Buffer) and x.dtype == spec.dtype else _to_numpy(x, spec))
         return out
 
     def call_flat(self, flat: list[np.ndarray]) -> list[np.ndarray]:
+        run_device = getattr(self.executable._body, "run_device", None)
+        if run_device is not None:      # cuda: device arrays in, JAX arrays out (DLPack)
+            return run_device(flat)
         client = self.executable.client
         buffers = [x if isinstance(x, Buffer) and x.device is self.executable.device
                    else client.buffer_from_pyval(x, self.executable.device) for x in flat]

@@ -8,9 +8,10 @@ values at the same bytes) gives a wrong answer.
 
 Kinds (as XLA's thunk sequence): ``KernelThunk`` (a fusion: the CPU code generator's kernel,
 or the fused computation interpreted when no code generator is present), ``LibraryCallThunk``
-(dot through numpy's matmul), ``CopyThunk``, ``WhileThunk`` / ``ConditionalThunk`` /
-``CallThunk`` holding their own sequences, and ``FallbackThunk`` (one instruction run with its
-interpreter rule).
+(dot through numpy's matmul, or the target's library kernel), ``LibraryFusionThunk`` (a GEMM
+fusion whose dot is the target's library call), ``CopyThunk``, ``WhileThunk`` /
+``ConditionalThunk`` / ``CallThunk`` holding their own sequences, and ``FallbackThunk`` (one
+instruction run with its interpreter rule).
 """
 from __future__ import annotations
 
@@ -136,8 +137,54 @@ class FallbackThunk(Thunk):
 
 
 class LibraryCallThunk(FallbackThunk):
-    """A library call: dot via numpy's matmul (the interpreter's dot rule is exactly that)."""
+    """A library call: the target's kernel for the instruction (``codegen.library``, e.g.
+    the Pallas blocked matmul for target ``tpu``) when one is given, else numpy's matmul
+    (the interpreter's dot rule is exactly that)."""
     kind = "library-call"
+
+    def __init__(self, inst: Instruction, call: Optional[Callable] = None):
+        super().__init__(inst)
+        self.call = call          # fn(inst, operands) -> value
+
+    def run(self, mem: Memory, slots: Slots, ctx: EvalContext) -> None:
+        if self.call is None:
+            return super().run(mem, slots, ctx)
+        inst = self.inst
+        operands = [slots.read(mem, o) for o in inst.operands]
+        slots.write(mem, inst, self.call(inst, operands))
+
+    def describe(self, depth: int = 0) -> str:
+        name = "numpy" if self.call is None else getattr(self.call, "__name__", "library")
+        return "  " * depth + f"{self.kind} %{self.inst.name} ({name})"
+
+
+class LibraryFusionThunk(Thunk):
+    """A GEMM fusion on a target with a dot library call (tpu): the fused computation runs
+    instruction by instruction, its one dot through the library kernel and the prologue /
+    epilogue around it through their interpreter rules (XLA:TPU's output fusion, with the
+    elementwise parts not compiled into the kernel)."""
+    kind = "library-call"
+
+    def __init__(self, inst: Instruction, dot: Instruction, call: Callable):
+        super().__init__(inst)
+        self.dot, self.call = dot, call
+
+    def run(self, mem: Memory, slots: Slots, ctx: EvalContext) -> None:
+        inst = self.inst
+        comp = inst.attrs["calls"]
+        env = {id(p): slots.read(mem, o) for p, o in zip(comp.parameters, inst.operands)}
+        for i in comp.instructions:
+            if i.opcode == "parameter":
+                continue
+            ops = [env[id(o)] for o in i.operands]
+            env[id(i)] = self.call(i, ops) if i is self.dot else i.op.evaluate(i, ops, ctx)
+        slots.write(mem, inst, env[id(comp.root)])
+
+    def describe(self, depth: int = 0) -> str:
+        rest = sorted({i.opcode for i in self.inst.attrs["calls"].instructions
+                       if i is not self.dot and i.opcode != "parameter"})
+        return ("  " * depth + f"{self.kind} %{self.inst.name} "
+                f"({getattr(self.call, '__name__', 'library')} + {', '.join(rest) or 'nothing'})")
 
 
 class CopyThunk(Thunk):

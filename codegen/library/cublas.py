@@ -1,0 +1,201 @@
+"""cuBLAS GEMMs through PyTorch: the ``dot`` library call of target ``cuda``.
+
+A dot the fusion pass left unfused runs as one ``torch.mm`` / ``torch.bmm`` (or
+``torch._int_mm`` for int8 x int8 -> s32) writing straight into its output's arena view
+(``out=``). Operands are the runtime's strided logical views, so a transposed operand (a
+layout, or contracting dims that are not the minor ones) reaches cuBLAS as a transposed
+stride pattern, not as a copy, whenever its dims group into [batch, rows, cols].
+
+The HLO dot is first put in the canonical [B, M, K] x [B, K, N] -> [B, M, N] form: lhs dims
+permuted to (batch, free, contracting), rhs to (batch, contracting, free), each group
+flattened (a view when the strides allow, else torch copies).
+
+Numerics follow XLA:GPU: f32 dots at DEFAULT precision use TF32 tensor cores (XLA's
+default on Ampere and later), ``operand_precision={highest,...}`` keeps full f32;
+bf16/f16 dots accumulate in f32; a bf16 x bf16 -> f32 dot (preferred_element_type) keeps the
+f32 result (``out_dtype``); int8 x int8 -> s32 is exact (wrapping, as XLA). Dots cuBLAS
+cannot take (other integer types, int8 shapes ``_int_mm`` refuses) are not supported here:
+the runtime generates a Triton GEMM for them instead.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import weakref
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Sequence
+
+from hlo.ir import Instruction
+
+from . import register
+
+_FLOATS = ("f16", "bf16", "f32", "f64", "c64", "c128")
+
+
+@dataclass
+class DotPlan:
+    lhs_perm: tuple[int, ...]
+    rhs_perm: tuple[int, ...]
+    B: int
+    M: int
+    K: int
+    N: int
+    mode: str          # mm | out_dtype | upcast | int_mm
+    tf32: bool         # f32 dot at DEFAULT precision: TF32 allowed, as XLA:GPU does
+
+    @property
+    def name(self) -> str:
+        fn = {"int_mm": "_int_mm", "out_dtype": "mm(out_dtype)", "upcast": "mm(upcast)"}.get(
+            self.mode, "bmm" if self.B > 1 else "mm")
+        return f"cublas.{fn} [{self.B}x]{self.M}x{self.K}x{self.N}" if self.B > 1 else \
+            f"cublas.{fn} {self.M}x{self.K}x{self.N}"
+
+
+_PLANS: "weakref.WeakKeyDictionary[Instruction, DotPlan]" = weakref.WeakKeyDictionary()
+
+
+def _dims(inst: Instruction) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int]]:
+    a = inst.attrs
+    lb, rb = list(a.get("lhs_batch_dims", ())), list(a.get("rhs_batch_dims", ()))
+    lc, rc = list(a.get("lhs_contracting_dims", ())), list(a.get("rhs_contracting_dims", ()))
+    lhs, rhs = inst.operands
+    lf = [d for d in range(lhs.shape.rank) if d not in lb and d not in lc]
+    rf = [d for d in range(rhs.shape.rank) if d not in rb and d not in rc]
+    return lb, rb, lc, rc, lf, rf
+
+
+def _highest(inst: Instruction) -> bool:
+    return any(str(p).lower() == "highest" for p in inst.attrs.get("operand_precision") or ())
+
+
+def plan(inst: Instruction) -> Optional[DotPlan]:
+    """How cuBLAS runs this dot, or None when it cannot."""
+    cached = _PLANS.get(inst)
+    if cached is not None:
+        return cached
+    if inst.opcode != "dot" or len(inst.operands) != 2:
+        return None
+    lhs, rhs = inst.operands
+    lt, rt, ot = lhs.shape.dtype.name, rhs.shape.dtype.name, inst.shape.dtype.name
+    lb, rb, lc, rc, lf, rf = _dims(inst)
+    ld, rd = lhs.shape.dims, rhs.shape.dims
+    B = math.prod(ld[d] for d in lb)
+    M = math.prod(ld[d] for d in lf)
+    K = math.prod(ld[d] for d in lc)
+    N = math.prod(rd[d] for d in rf)
+    if lt == rt == "s8" and ot == "s32":
+        # torch._int_mm: 2-D, more than 16 rows, K and N multiples of 8.
+        if B != 1 or M <= 16 or K % 8 or N % 8 or K == 0:
+            return None
+        mode = "int_mm"
+    elif lt in _FLOATS and rt in _FLOATS and ot in _FLOATS:
+        if lt == rt == ot:
+            mode = "mm"
+        elif lt == rt and lt in ("bf16", "f16") and ot == "f32":
+            mode = "out_dtype"
+        else:
+            mode = "upcast"
+    else:
+        return None
+    p = DotPlan(tuple(lb + lf + lc), tuple(rb + rc + rf), B, M, K, N, mode,
+                tf32=(ot == "f32" or "f32" in (lt, rt)) and not _highest(inst))
+    _PLANS[inst] = p
+    return p
+
+
+def supports(inst: Instruction) -> bool:
+    return plan(inst) is not None
+
+
+@contextlib.contextmanager
+def _fp32_precision(tf32: bool) -> Iterator[None]:
+    """TF32 on or off for the calls inside (read by cuBLAS at each call, so this is also
+    what a CUDA graph captures)."""
+    import torch
+    old = torch.get_float32_matmul_precision()
+    want = "high" if tf32 else "highest"
+    if old == want:
+        yield
+        return
+    torch.set_float32_matmul_precision(want)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
+def _as_bmk(t: Any, perm: Sequence[int], shape: tuple[int, int, int]) -> Any:
+    return t.permute(*perm).reshape(shape)
+
+
+def _out_view(out: Any, B: int, M: int, N: int) -> Optional[Any]:
+    try:
+        return out.view(B, M, N)
+    except RuntimeError:    # strides that do not group into [B, M, N]
+        return None
+
+
+@register("cuda", "dot")
+def cublas_dot(inst: Instruction, operands: Sequence[Any], out: Optional[Any] = None) -> Any:
+    """``inst``'s dot on torch tensors (logical dims, any strides) through cuBLAS; writes
+    ``out`` when given (a view of the arena) and returns the result."""
+    import torch
+    p = plan(inst)
+    if p is None:
+        raise ValueError(f"cublas: dot %{inst.name} is not a dot cuBLAS takes (see supports)")
+    lhs, rhs = operands
+    a = _as_bmk(lhs, p.lhs_perm, (p.B, p.M, p.K))
+    b = _as_bmk(rhs, p.rhs_perm, (p.B, p.K, p.N))
+    from runtime.cuda.arena import torch_dtype
+    odt = torch_dtype(inst.shape.dtype)
+    if out is None:
+        out = torch.empty(tuple(inst.shape.dims), dtype=odt, device=lhs.device)
+    o3 = _out_view(out, p.B, p.M, p.N)
+    direct = o3 is not None and (p.mode != "int_mm" or o3.is_contiguous())
+    target = o3 if direct else torch.empty((p.B, p.M, p.N), dtype=odt, device=lhs.device)
+    with _fp32_precision(p.tf32):
+        _run(p, a, b, target)
+    if not direct:
+        out.copy_(target.view(out.shape))
+    return out
+
+
+def _run(p: DotPlan, a: Any, b: Any, o: Any) -> None:
+    import torch
+    mode = p.mode
+    if mode == "int_mm":
+        try:
+            torch._int_mm(a[0], b[0], out=o[0])
+            return
+        except RuntimeError:
+            # A shape or layout this torch build's _int_mm refuses: exact in f64 (|sums| <
+            # 2**53 for any K < 2**38), wrapped to 32 bits as XLA's s32 result.
+            p.mode = "int_mm_f64"
+            mode = p.mode
+    if mode == "int_mm_f64":
+        o.copy_(torch.bmm(a.double(), b.double()).to(torch.int64).to(torch.int32))
+        return
+    if mode == "out_dtype":
+        try:
+            if p.B == 1:
+                torch.mm(a[0], b[0], out_dtype=o.dtype, out=o[0])
+            else:
+                torch.bmm(a, b, out_dtype=o.dtype, out=o)
+            return
+        except (RuntimeError, TypeError, NotImplementedError):
+            p.mode = mode = "upcast"     # this torch has no out_dtype matmul here
+    if mode == "upcast":
+        ct = torch.promote_types(torch.promote_types(a.dtype, b.dtype), o.dtype)
+        if ct in (torch.bfloat16, torch.float16):
+            ct = torch.float32
+        res = torch.bmm(a.to(ct), b.to(ct))
+        o.copy_(res)
+        return
+    if p.B == 1:
+        torch.mm(a[0], b[0], out=o[0])
+    else:
+        torch.bmm(a, b, out=o)
+
+
+cublas_dot.supports = supports  # type: ignore[attr-defined]
+cublas_dot.plan = plan          # type: ignore[attr-defined]

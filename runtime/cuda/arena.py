@@ -1,0 +1,226 @@
+"""Device memory of a CUDA executable: one arena, constants, parameters, outputs.
+
+Every allocation of the buffer assignment is one flat ``uint8`` torch tensor:
+
+- the temp arena: allocated ONCE per executable (``assignment.temp_size`` bytes); every
+  temporary is a typed, strided view into it at the offset buffer assignment chose;
+- constants: uploaded once, when the executable is built;
+- parameters: the caller's own memory (a JAX array through DLPack, zero-copy; a numpy array
+  is copied to the device once), read through a byte view;
+- outputs: a fresh allocation per call, handed to the caller (as a JAX array through DLPack).
+
+A leaf's logical view has the leaf's logical dims and the strides its PHYSICAL layout gives
+(``minor_to_major``), so kernels and library calls index it logically and read the bytes
+where the layout put them.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from hlo.dtypes import DType
+from hlo.layout_util import from_physical, is_default, major_to_minor, physical_dims, to_physical
+from hlo.shape import Shape
+from runtime.thunks import Slot
+
+from .errors import DeviceMemoryError
+
+# HLO element type -> name of the torch dtype holding it (types torch lacks, s4 say, have no
+# typed view: only host fallbacks, which work on raw bytes, may touch them).
+_TORCH_DTYPE_NAMES = {
+    "pred": "bool", "s8": "int8", "s16": "int16", "s32": "int32", "s64": "int64",
+    "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64",
+    "f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
+    "c64": "complex64", "c128": "complex128",
+    "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2",
+}
+
+
+def torch_dtype(dtype: DType) -> Optional[Any]:
+    """The torch dtype for an HLO element type, or None when torch has none."""
+    import torch
+    name = _TORCH_DTYPE_NAMES.get(dtype.name)
+    return getattr(torch, name, None) if name else None
+
+
+def logical_strides(shape: Shape) -> tuple[int, ...]:
+    """Strides (in elements) of the logical dims of a dense array stored with the shape's
+    layout: the minor-most dim has stride 1."""
+    strides = [0] * shape.rank
+    step = 1
+    for d in reversed(major_to_minor(shape.layout, shape.rank)):
+        strides[d] = step
+        step *= shape.dims[d]
+    return tuple(strides)
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def allocate(nbytes: int, device: Any, what: str) -> Any:
+    """``torch.empty(nbytes, uint8)`` on ``device``; out of memory is a DeviceMemoryError
+    saying how many bytes were needed and how many the device has free."""
+    import torch
+    try:
+        return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
+    except torch.OutOfMemoryError:
+        free, total = torch.cuda.mem_get_info(device)
+        raise DeviceMemoryError(
+            f"{what} needs {nbytes} bytes ({human_bytes(nbytes)}) of device memory; "
+            f"{device} has {free} bytes ({human_bytes(free)}) free of {human_bytes(total)}"
+        ) from None
+
+
+class Memory:
+    """The allocations of one run, by allocation number: flat uint8 tensors.
+
+    ``fixed`` allocations (arena, constants) are the same tensors in every run, so their
+    views are computed once and kept in ``view_cache`` (shared across runs).
+    """
+
+    def __init__(self, buffers: list[Any], fixed: frozenset[int], view_cache: dict):
+        self.buffers = buffers
+        self.fixed = fixed
+        self.view_cache = view_cache
+
+    def raw(self, slot: Slot) -> Any:
+        return self.buffers[slot.allocation][slot.offset:slot.offset + slot.nbytes]
+
+    def view(self, slot: Slot) -> Any:
+        """The leaf as a torch tensor of its logical dims with its layout's strides."""
+        if slot.allocation in self.fixed:
+            v = self.view_cache.get(slot)
+            if v is None:
+                v = self.view_cache[slot] = self._view(slot)
+            return v
+        return self._view(slot)
+
+    def _view(self, slot: Slot) -> Any:
+        s = slot.shape
+        td = torch_dtype(s.dtype)
+        if td is None:
+            raise DeviceMemoryError(f"element type {s.dtype.name} has no torch dtype: {s} "
+                                    "can only be read by a host fallback")
+        typed = self.raw(slot).view(td)
+        return typed.as_strided(tuple(s.dims), logical_strides(s))
+
+    def ptr(self, allocation: int) -> int:
+        return self.buffers[allocation].data_ptr()
+
+    # --- host access (fallback thunks, predicates) -----------------------------------------
+    def read_host(self, slot: Slot) -> np.ndarray:
+        """The leaf as a logical numpy array (copied to the host; synchronizes)."""
+        s = slot.shape
+        raw = self.raw(slot).cpu().numpy()
+        if self.raw(slot).device.type == "cpu":
+            raw = raw.copy()      # an owned copy, as from a GPU: later writes must not show
+        phys = raw.view(s.dtype.np_dtype).reshape(physical_dims(s))
+        if is_default(s.layout):
+            return phys.reshape(s.dims)
+        return from_physical(phys, s)
+
+    def write_host(self, slot: Slot, value: Any) -> None:
+        import torch
+        s = slot.shape
+        arr = np.asarray(value)
+        if arr.dtype != s.dtype.np_dtype:
+            arr = arr.astype(s.dtype.np_dtype)
+        phys = to_physical(arr.reshape(s.dims), s.layout)
+        src = torch.from_numpy(np.ascontiguousarray(phys).reshape(-1).view(np.uint8))
+        dst = self.raw(slot)
+        if src.numel():
+            dst.copy_(src)
+
+
+# --- inputs and outputs ----------------------------------------------------------------------
+def to_tensor(x: Any) -> Optional[Any]:
+    """A torch tensor sharing ``x``'s memory where one can (torch tensors, JAX arrays and
+    anything else with ``__dlpack__``, except numpy arrays), else None."""
+    import torch
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray) or np.isscalar(x) or not hasattr(x, "__dlpack__"):
+        return None
+    try:
+        return torch.from_dlpack(x)
+    except Exception:   # noqa: BLE001  (a dtype DLPack cannot carry: go through numpy)
+        return None
+
+
+def parameter_bytes(x: Any, shape: Shape, device: Any, writable: bool) -> Any:
+    """The flat uint8 tensor holding parameter value ``x`` in ``shape``'s physical layout on
+    ``device``: the caller's memory itself when it already is (a JAX array on this GPU),
+    else a copy. ``writable``: the executable writes this allocation (an aliased output), so
+    the caller's memory must not be used."""
+    import torch
+    t = to_tensor(x)
+    td = torch_dtype(shape.dtype)
+    if t is not None and td is not None and t.dtype == td and tuple(t.shape) == tuple(shape.dims):
+        if t.device != device:      # ``device`` is concrete (cuda:0), as tensors' are
+            t = t.to(device)
+            writable = False      # already a private copy
+        if is_default(shape.layout) and t.is_contiguous():
+            flat = t.reshape(-1)
+        else:
+            phys = torch.empty_strided(tuple(shape.dims), logical_strides(shape), dtype=td,
+                                       device=device)
+            phys.copy_(t)
+            # Memory order of the strided tensor: its dims by decreasing stride.
+            flat = phys.permute(*major_to_minor(shape.layout, shape.rank)).reshape(-1)
+            writable = False
+        if writable:
+            flat = flat.clone()
+        return flat.view(torch.uint8) if flat.numel() else torch.empty(1, dtype=torch.uint8,
+                                                                       device=device)
+    # numpy (or anything numpy can read): physical bytes on the host, copied once.
+    arr = np.asarray(x)
+    if arr.dtype != shape.dtype.np_dtype:
+        arr = arr.astype(shape.dtype.np_dtype)
+    phys = np.ascontiguousarray(to_physical(arr.reshape(shape.dims), shape.layout))
+    host = torch.from_numpy(phys.reshape(-1).view(np.uint8).copy())
+    if host.numel() == 0:
+        host = torch.zeros(1, dtype=torch.uint8)
+    return host.to(device)
+
+
+def constant_bytes(values: np.ndarray, shape: Shape, device: Any) -> Any:
+    import torch
+    v = np.asarray(values, dtype=shape.dtype.np_dtype).reshape(shape.dims)
+    phys = np.ascontiguousarray(to_physical(v, shape.layout)).reshape(-1).view(np.uint8)
+    host = torch.from_numpy(phys.copy()) if phys.size else torch.zeros(1, dtype=torch.uint8)
+    return host.to(device)
+
+
+def output_value(mem: Memory, slot: Slot, kind: str) -> Any:
+    """One output leaf as the caller asked: ``jax`` (DLPack, no copy), ``torch`` or
+    ``numpy`` (copied to the host)."""
+    if kind == "numpy" or torch_dtype(slot.shape.dtype) is None:
+        return mem.read_host(slot)
+    t = mem.view(slot)
+    if not t.is_contiguous():
+        t = t.contiguous()     # a non-default entry layout: hand out row-major memory
+    if kind == "torch":
+        return t
+    return to_jax(t, slot.shape)
+
+
+def to_jax(t: Any, shape: Shape) -> Any:
+    """A JAX array sharing the tensor's memory (DLPack); where JAX has no backend for the
+    tensor's device (JAX_PLATFORMS=cpu beside a GPU), a host copy as a numpy array."""
+    import jax
+    try:
+        return jax.dlpack.from_dlpack(t)
+    except Exception:   # noqa: BLE001
+        raw = t.reshape(-1).view(__import__("torch").uint8).cpu().numpy()
+        return raw.view(shape.dtype.np_dtype).reshape(shape.dims)
+
+
+def leaf_of(value: Any, index: Sequence[int]) -> Any:
+    for i in index:
+        value = value[i]
+    return value

@@ -1,0 +1,412 @@
+"""The CUDA executable and the ``cuda`` backend of ``runtime.Client``.
+
+    exe = CudaExecutable.build(module)              # module scheduled (``schedule`` pass)
+    outs = exe.run([x, y])                          # JAX arrays out (DLPack, no copy)
+    outs = exe.run([x, y], output="torch")          # or torch tensors / "numpy"
+    print(exe.describe()); exe.report()             # thunks, graphs, host fallbacks
+
+Building: buffer assignment places every value; the arena (``temp_size`` bytes) and the
+constants are allocated on the device once; each instruction of the scheduled entry (and of
+loop bodies and branches) becomes a thunk (thunks.py), and straight-line runs of capturable
+thunks become CUDA graph segments (graphs.py).
+
+``device="cpu"`` runs the same executable on CPU torch tensors with Triton's interpreter
+(``TRITON_INTERPRET=1``) and no graphs: the arena/thunk/launch logic is testable on a
+machine without a GPU. ``runtime.jit(f, backend="cuda")`` picks it by itself when there is
+no GPU but ``TRITON_INTERPRET=1`` is set.
+
+Options (keyword arguments, or environment for ``runtime.jit``): ``cuda_graphs``
+(``HLOTK_CUDA_GRAPHS``, default on), ``autotune`` (``HLOTK_AUTOTUNE``, default off: Triton
+configs from the heuristics; on: tuned on first launch, persisted), ``poison``
+(``HLOTK_POISON_ARENA``: 0xFF bytes in the arena and outputs before every run).
+"""
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from collections import OrderedDict
+from typing import Any, Optional
+
+from hlo.evaluator.core import EvalContext, Evaluator
+from hlo.errors import InvalidArgumentError
+from hlo.ir import Computation, Instruction, Module
+from passes.buffer_assignment import BufferAssignment, assign_buffers
+from passes.dataflow import array_leaves
+from runtime.thunks import Slot
+
+from . import arena as ar
+from .errors import NoCudaDeviceError
+from .graphs import GraphSegment, GraphSettings, segment
+from .thunks import (BytesCopyThunk, ConditionalThunk, CopyThunk, HostThunk, KernelThunk,
+                     LibraryThunk, RunContext, SequenceThunk, Thunk, WhileThunk,
+                     one_instruction_fusion)
+
+_NO_THUNK = {"parameter", "constant", "tuple", "get-tuple-element", "optimization-barrier"}
+# Never worth asking the Triton generator for (no template takes them).
+_HOST_ONLY = {"sort", "gather", "scatter", "rng", "rng-bit-generator", "rng-get-and-update-state",
+              "custom-call", "fft", "convolution", "reduce-window", "select-and-scatter",
+              "triangular-solve", "cholesky", "infeed", "outfeed", "send", "recv", "send-done",
+              "recv-done", "after-all", "all-reduce", "all-gather", "reduce-scatter",
+              "all-to-all", "collective-permute", "partition-id", "replica-id", "topk",
+              "domain", "add-dependency", "while", "conditional", "call", "map",
+              "batch-norm-training", "batch-norm-inference", "batch-norm-grad"}
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    return v not in ("0", "false", "False", "no", "off")
+
+
+def _interpret() -> bool:
+    return _env_flag("TRITON_INTERPRET", False)
+
+
+def resolve_device(device: Optional[str] = None) -> Any:
+    """The concrete torch device to run on: ``cuda:N`` (a GPU), or ``cpu`` (Triton's
+    interpreter). Raises NoCudaDeviceError when neither is possible."""
+    try:
+        import torch
+    except ImportError:
+        raise NoCudaDeviceError("backend 'cuda' needs PyTorch (the device layer) and Triton; "
+                                "torch is not installed (pip install torch triton), or use "
+                                "backend='cpu'") from None
+    if device is None:
+        if torch.cuda.is_available():
+            device = "cuda"
+        elif _interpret():
+            device = "cpu"
+        else:
+            raise NoCudaDeviceError(
+                "backend 'cuda': no CUDA device (torch.cuda.is_available() is False). Use "
+                "backend='cpu', or set TRITON_INTERPRET=1 to run the CUDA executable on the "
+                "CPU through Triton's interpreter (slow; for testing)")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise NoCudaDeviceError(f"device {device!r}: no CUDA device "
+                                    "(torch.cuda.is_available() is False)")
+        dev = torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
+    elif dev.type == "cpu":
+        if not _interpret():
+            raise NoCudaDeviceError("device 'cpu' runs Triton kernels in Triton's interpreter: "
+                                    "set TRITON_INTERPRET=1 before importing triton")
+    else:
+        raise NoCudaDeviceError(f"device {device!r}: expected 'cuda', 'cuda:N' or 'cpu'")
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise NoCudaDeviceError("backend 'cuda' needs Triton for its kernels; it is not "
+                                "installed (pip install triton)") from None
+    return dev
+
+
+def default_target(device: Any) -> str:
+    """The fusion/codegen target for a device: h200 / h100 (by name), else h100."""
+    if device.type == "cuda":
+        import torch
+        name = torch.cuda.get_device_name(device).lower()
+        for t in ("h200", "h100", "a100"):
+            if t in name:
+                return t
+    return "h100"
+
+
+class CudaExecutable:
+    def __init__(self, module: Module, assignment: BufferAssignment, *,
+                 device: Optional[str] = None, cuda_graphs: Optional[bool] = None,
+                 autotune: Optional[bool] = None, poison: Optional[bool] = None,
+                 target: Optional[str] = None):
+        self.device = resolve_device(device)
+        self.on_gpu = self.device.type == "cuda"
+        self.module = module
+        self.assignment = assignment
+        self.target = target or default_target(self.device)
+        self.autotune = _env_flag("HLOTK_AUTOTUNE", False) if autotune is None else autotune
+        self.poison = _env_flag("HLOTK_POISON_ARENA", False) if poison is None else poison
+        graphs = _env_flag("HLOTK_CUDA_GRAPHS", True) if cuda_graphs is None else cuda_graphs
+        self.graphs = GraphSettings(enabled=bool(graphs) and self.on_gpu)
+        self.stats: dict[str, Any] = {}
+        a = assignment
+        self._dynamic = {al.index for al in a.allocations if al.kind in ("parameter", "output")}
+        table: dict[int, dict[tuple[int, ...], Slot]] = {}
+        for comp in a.flow.computations:
+            for inst in comp.instructions:
+                table[inst.uid] = {ix: Slot(*_slice(a, inst, ix), shape)
+                                   for ix, shape in array_leaves(inst.shape)}
+        self.table = table
+        t0 = time.perf_counter()
+        self.sequence = self._sequence(module.entry)
+        self.build_seconds = time.perf_counter() - t0
+        self.parameter_slots = [[(ix, table[p.uid][ix]) for ix, _ in array_leaves(p.shape)]
+                                for p in module.entry.parameters]
+        self.output_slots = [table[module.entry.root.uid][ix]
+                             for ix, _ in array_leaves(module.entry.root.shape)]
+        self.aliased_parameters = set(a.aliased_outputs.values())
+        self.donated_parameters: list[int] = []     # donation is not zero-copy here (yet)
+        # Device memory that lives as long as the executable: the arena and the constants.
+        self.fixed: dict[int, Any] = {}
+        for alloc in a.allocations:
+            if alloc.kind == "temp":
+                self.fixed[alloc.index] = ar.allocate(alloc.size, self.device,
+                                                      f"the temp arena of {module.name}")
+        self._upload_constants()
+        self._view_cache: dict = {}
+        self._dlpack: "OrderedDict[int, tuple[Any, Any]]" = OrderedDict()
+        self._in_flight: list[tuple[Any, list]] = []
+
+    @classmethod
+    def build(cls, module: Module, **options: Any) -> "CudaExecutable":
+        return cls(module, assign_buffers(module), **options)
+
+    # --- building ------------------------------------------------------------------------
+    def _sequence(self, comp: Computation) -> SequenceThunk:
+        thunks: list[Thunk] = []
+        for inst in comp.instructions:
+            thunks.extend(self._thunks(inst))
+        if self.on_gpu:
+            thunks = segment(thunks, self._dynamic)
+        return SequenceThunk(None, thunks)
+
+    def leaves(self, inst: Instruction) -> dict[tuple[int, ...], Slot]:
+        return self.table[inst.uid]
+
+    def _array_slot(self, inst: Instruction) -> Optional[Slot]:
+        """The one slot of an array-shaped value with a torch dtype, else None."""
+        leaves = self.leaves(inst)
+        s = leaves.get(())
+        if s is None or len(leaves) != 1 or ar.torch_dtype(s.shape.dtype) is None:
+            return None
+        return s
+
+    def _thunks(self, inst: Instruction) -> list[Thunk]:
+        op = inst.opcode
+        if op in _NO_THUNK:
+            return []
+        if op == "bitcast":
+            src, dst = self.leaves(inst.operands[0]).get(()), self.leaves(inst).get(())
+            if src is None or dst is None or (src.allocation, src.offset) == (dst.allocation, dst.offset):
+                return []     # a view: the same bytes, read with another shape
+            return [BytesCopyThunk(inst, [src], [dst])]
+        if op == "while":
+            cond = inst.attrs["condition"]
+            return [WhileThunk(inst, self._sequence(cond), self._sequence(inst.attrs["body"]),
+                               self.leaves(cond.root)[()])]
+        if op == "conditional":
+            if "branch_computations" in inst.attrs:
+                branches, indexed = list(inst.attrs["branch_computations"]), True
+            else:
+                branches = [inst.attrs["true_computation"], inst.attrs["false_computation"]]
+                indexed = False
+            return [ConditionalThunk(inst, [self._sequence(b) for b in branches], indexed,
+                                     self.leaves(inst.operands[0])[()])]
+        if op == "call":    # inlined into this sequence, so its kernels join graphs here
+            callee = inst.attrs["to_apply"]
+            out: list[Thunk] = []
+            for i in callee.instructions:
+                out.extend(self._thunks(i))
+            return out
+        if op == "fusion":
+            return [self._kernel(inst, inst, wrapped=False)]
+        if op == "copy":
+            if all(ar.torch_dtype(s.shape.dtype) is not None for s in self.leaves(inst).values()):
+                ins = [self.leaves(inst.operands[0])[ix] for ix in self.leaves(inst)]
+                return [CopyThunk(inst, ins, list(self.leaves(inst).values()))]
+            return [self._host(inst, "no torch dtype")]
+        if op == "dot":
+            from codegen.library import lookup
+            call = lookup("cuda", inst)
+            slots = [self._array_slot(o) for o in inst.operands]
+            res = self._array_slot(inst)
+            if call is not None and res is not None and all(s is not None for s in slots):
+                return [LibraryThunk(inst, call, slots, [res])]   # type: ignore[arg-type]
+        if op in _HOST_ONLY or inst.is_side_effecting:
+            return [self._host(inst, "no kernel generator for this op")]
+        return [self._kernel(inst, one_instruction_fusion(inst), wrapped=True)]
+
+    def _kernel(self, inst: Instruction, fusion: Instruction, wrapped: bool) -> Thunk:
+        """A Triton kernel thunk for ``fusion`` (the instruction itself, or its one-op
+        wrapper), or a host fallback when the generator cannot make one."""
+        from codegen.triton import TritonCodegenError, compile_fusion
+        ins = [self._array_slot(o) for o in inst.operands]
+        if any(s is None for s in ins):
+            return self._host(inst, "a tuple or untyped operand")
+        root = fusion.attrs["calls"].root
+        if inst.shape.is_tuple:
+            if root.opcode != "tuple" or any(not e.is_array for e in inst.shape.elements):
+                return self._host(inst, "a nested tuple result")
+            outs = [self.leaves(inst).get((k,)) for k in range(len(inst.shape.elements))]
+        else:
+            outs = [self.leaves(inst).get(())]
+        if any(s is None or ar.torch_dtype(s.shape.dtype) is None for s in outs):
+            return self._host(inst, "a result type torch has no dtype for")
+        try:
+            kernel = compile_fusion(fusion, target=self.target, autotune=self.autotune)
+        except TritonCodegenError as e:
+            return self._host(inst, f"Triton codegen: {str(e).splitlines()[0][:120]}")
+        fallback = self._host(inst, "Triton could not compile it") if wrapped else None
+        return KernelThunk(inst, kernel, ins, outs, wrapped=wrapped,  # type: ignore[arg-type]
+                           fallback=fallback)
+
+    def _host(self, inst: Instruction, reason: str) -> HostThunk:
+        operand_leaves = [list(self.leaves(o).items()) for o in inst.operands]
+        return HostThunk(inst, operand_leaves, list(self.leaves(inst).items()), reason)
+
+    def _upload_constants(self) -> None:
+        for comp in self.assignment.flow.computations:
+            for inst in comp.instructions:
+                if inst.opcode != "constant" or inst.literal is None:
+                    continue
+                for ix, shape in array_leaves(inst.shape):
+                    slot = self.table[inst.uid][ix]
+                    v = ar.leaf_of(inst.literal, ix)
+                    self.fixed[slot.allocation] = ar.constant_bytes(v, shape, self.device)
+        for alloc in self.assignment.allocations:
+            if alloc.kind == "constant" and alloc.index not in self.fixed:
+                self.fixed[alloc.index] = ar.allocate(alloc.size, self.device, "a constant")
+
+    # --- running -------------------------------------------------------------------------
+    def _parameter(self, x: Any, shape: Any, writable: bool) -> Any:
+        """The parameter's bytes; a JAX array passed again reuses its DLPack tensor."""
+        key = id(x)
+        hit = self._dlpack.get(key)
+        if hit is not None and hit[0]() is x and not writable:
+            self._dlpack.move_to_end(key)
+            return hit[1]
+        raw = ar.parameter_bytes(x, shape, self.device, writable)
+        if not writable and not isinstance(x, ar.np.ndarray):
+            try:
+                ref = weakref.ref(x)
+            except TypeError:
+                return raw
+            self._dlpack[key] = (ref, raw)
+            if len(self._dlpack) > 64:
+                self._dlpack.popitem(last=False)
+        return raw
+
+    def memory(self, args: list[Any]) -> ar.Memory:
+        a = self.assignment
+        buffers: list[Any] = [None] * len(a.allocations)
+        for k, t in self.fixed.items():
+            buffers[k] = t
+        for pnum, (leaves, arg) in enumerate(zip(self.parameter_slots, args)):
+            for ix, slot in leaves:
+                buffers[slot.allocation] = self._parameter(
+                    ar.leaf_of(arg, ix), slot.shape, pnum in self.aliased_parameters)
+        for alloc in a.allocations:
+            if alloc.kind == "output":
+                buffers[alloc.index] = ar.allocate(alloc.size, self.device, "an output")
+        import torch
+        for k, b in enumerate(buffers):
+            if b is None:    # a parameter whose value has no bytes (zero-size)
+                buffers[k] = torch.zeros(max(a.allocations[k].size, 1), dtype=torch.uint8,
+                                         device=self.device)
+        if self.poison:
+            for alloc in a.allocations:
+                if alloc.kind in ("temp", "output"):
+                    buffers[alloc.index].fill_(0xFF)
+        return ar.Memory(buffers, frozenset(self.fixed), self._view_cache)
+
+    def run(self, args: list[Any], output: str = "jax") -> list[Any]:
+        """Run on the flat arguments (JAX arrays, torch tensors, numpy arrays; a tuple for a
+        tuple parameter). Returns one value per array leaf of the result, as ``output``
+        says: ``jax`` (DLPack, no copy), ``torch`` or ``numpy``."""
+        if len(args) != len(self.parameter_slots):
+            raise InvalidArgumentError(f"{self.module.name} takes {len(self.parameter_slots)} "
+                                       f"arguments, got {len(args)}")
+        if output not in ("jax", "torch", "numpy"):
+            raise InvalidArgumentError(f"output must be 'jax', 'torch' or 'numpy', got {output!r}")
+        mem = self.memory(list(args))
+        ctx = RunContext(EvalContext(Evaluator()), self.stats)
+        ctx.graphs = self.graphs          # type: ignore[attr-defined]
+        self.stats["runs"] = self.stats.get("runs", 0) + 1
+        self.sequence.run(mem, ctx)
+        results = [ar.output_value(mem, slot, output) for slot in self.output_slots]
+        self._keep_alive(mem)
+        return results
+
+    def _keep_alive(self, mem: ar.Memory) -> None:
+        """Keep this run's parameter tensors (other frameworks' memory, seen through DLPack)
+        referenced until the device is done with them: the caller may drop its arrays as
+        soon as we return, while our kernels are still queued."""
+        if not self.on_gpu:
+            return
+        import torch
+        event = torch.cuda.Event()
+        event.record()
+        self._in_flight.append((event, [mem.buffers[k] for k in self._dynamic]))
+        while len(self._in_flight) > 2 or (self._in_flight and self._in_flight[0][0].query()):
+            old, _ = self._in_flight.pop(0)
+            old.synchronize()
+
+    # --- reports -------------------------------------------------------------------------
+    def thunks(self) -> list[Thunk]:
+        return [t for t in self.sequence.walk() if not isinstance(t, (GraphSegment, SequenceThunk))]
+
+    def kernel_count(self) -> dict[str, int]:
+        """Thunks by kind (kernel, library-call, copy, host-fallback, while ...)."""
+        out: dict[str, int] = {}
+        for t in self.thunks():
+            out[t.kind] = out.get(t.kind, 0) + 1
+        return out
+
+    def host_fallbacks(self) -> list[HostThunk]:
+        return [t for t in self.thunks() if isinstance(t, HostThunk)]
+
+    def graph_segments(self) -> list[GraphSegment]:
+        return [t for t in self.sequence.walk() if isinstance(t, GraphSegment)]
+
+    def describe(self) -> str:
+        """The thunk sequence, one line per thunk (graphs and nested sequences indented)."""
+        return self.sequence.describe()
+
+    def report(self) -> str:
+        kinds = ", ".join(f"{v} {k}" for k, v in sorted(self.kernel_count().items()))
+        hf = self.host_fallbacks()
+        lines = [f"{self.module.name} on {self.device} (target {self.target}): {kinds}; "
+                 f"{len(self.graph_segments())} graph segments; arena "
+                 f"{ar.human_bytes(self.assignment.temp_size)}",
+                 f"stats: {dict((k, v) for k, v in self.stats.items() if not isinstance(v, list))}"]
+        if hf:
+            lines.append(f"{len(hf)} host fallbacks (break graphs): " + "; ".join(
+                t.label() for t in hf[:8]) + (" ..." if len(hf) > 8 else ""))
+        for f in self.graphs.failures:
+            lines.append(f"graph capture failed: {f}")
+        return "\n".join(lines)
+
+
+def _slice(a: BufferAssignment, inst: Instruction, ix: tuple[int, ...]) -> tuple[int, int]:
+    alloc, offset = a.slice(inst, ix)
+    return alloc.index, offset
+
+
+class CudaBackend:
+    """``BACKENDS["cuda"]``: builds a CudaExecutable for a compiled module."""
+
+    def __init__(self, client: Any, device: Optional[str] = None):
+        self.client = client
+        self.device = resolve_device(device)    # fails now, clearly, without a GPU
+        self.device_kind = (__import__("torch").cuda.get_device_name(self.device)
+                            if self.device.type == "cuda" else "cpu (Triton interpreter)")
+
+    def prepare(self, module: Module, poison: Optional[bool] = None,
+                target: Optional[str] = None) -> Any:
+        from passes.scheduling import Schedule
+        if not module.is_scheduled:
+            module = module.clone()
+            Schedule().run(module)
+        target = target if target in ("h100", "h200", "a100") else None
+        exe = CudaExecutable.build(module, device=str(self.device), poison=poison, target=target)
+
+        def run(args: list[Any], donated: frozenset[int] = frozenset()) -> list[Any]:
+            return exe.run(args, output="numpy")
+
+        def run_device(args: list[Any]) -> list[Any]:
+            return exe.run(args, output="jax")
+        run.module = module                  # type: ignore[attr-defined]
+        run.executable = exe                 # type: ignore[attr-defined]
+        run.run_device = run_device          # type: ignore[attr-defined]
+        run.donated_parameters = []          # type: ignore[attr-defined]
+        return run

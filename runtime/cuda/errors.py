@@ -1,0 +1,20 @@
+"""Errors of the CUDA backend: each says what failed and what to do about it."""
+from __future__ import annotations
+
+from hlo.errors import HlotkError
+
+
+class CudaBackendError(HlotkError):
+    """Base of the CUDA backend's errors."""
+
+
+class NoCudaDeviceError(CudaBackendError):
+    """``backend="cuda"`` was asked for where torch is missing or sees no GPU."""
+
+
+class DeviceMemoryError(CudaBackendError):
+    """The device has too little free memory for an executable's arena or outputs."""
+
+
+class KernelCompileError(CudaBackendError):
+    """Triton could not compile (or launch) the kernel generated for a fusion."""
