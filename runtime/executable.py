@@ -101,21 +101,28 @@ class CpuExecutable:
         if op == "copy":
             return CopyThunk(inst)
         if op in _LIBRARY_CALLS:
-            from codegen.library import lookup
-            return LibraryCallThunk(inst, lookup(self.target, inst))
+            return LibraryCallThunk(inst, self._library_call(inst))
         return FallbackThunk(inst)
+
+    def _library_call(self, inst: Instruction):
+        """The target's library call for ``inst`` if it runs on host arrays: only the
+        ``tpu`` calls do (Pallas, interpreted on the CPU); ``cuda`` calls need torch
+        tensors on a GPU and belong to the CUDA backend."""
+        from codegen.library import lookup, target_kind
+        if target_kind(self.target) != "tpu":
+            return None
+        return lookup(self.target, inst)
 
     def _gemm_library_call(self, inst: Instruction) -> Optional[Thunk]:
         """A GEMM fusion whose dot the target has a library call for (tpu: the Pallas
         matmul) runs that call, with the rest of the fusion around it."""
         if self.target is None:
             return None
-        from codegen.library import lookup
         from passes.fusion.kinds import fusion_kind
         if fusion_kind(inst) != "gemm":
             return None
         dots = [i for i in inst.attrs["calls"].instructions if i.opcode == "dot"]
-        call = lookup(self.target, dots[0]) if len(dots) == 1 else None
+        call = self._library_call(dots[0]) if len(dots) == 1 else None
         return LibraryFusionThunk(inst, dots[0], call) if call is not None else None
 
     def _same_bytes(self, a: Instruction, b: Instruction) -> bool:

@@ -13,7 +13,8 @@ flattened (a view when the strides allow, else torch copies).
 Numerics follow XLA:GPU: f32 dots at DEFAULT precision use TF32 tensor cores (XLA's
 default on Ampere and later), ``operand_precision={highest,...}`` keeps full f32;
 bf16/f16 dots accumulate in f32; a bf16 x bf16 -> f32 dot (preferred_element_type) keeps the
-f32 result (``out_dtype``); int8 x int8 -> s32 is exact (wrapping, as XLA). Dots cuBLAS
+f32 result (``out_dtype``); int8 x int8 -> s32 (``torch._int_mm``, opt-in: see ``plan``) is
+exact (wrapping, as XLA). Dots cuBLAS
 cannot take (other integer types, int8 shapes ``_int_mm`` refuses) are not supported here:
 the runtime generates a Triton GEMM for them instead.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
@@ -84,8 +86,12 @@ def plan(inst: Instruction) -> Optional[DotPlan]:
     K = math.prod(ld[d] for d in lc)
     N = math.prod(rd[d] for d in rf)
     if lt == rt == "s8" and ot == "s32":
-        # torch._int_mm: 2-D, more than 16 rows, K and N multiples of 8.
-        if B != 1 or M <= 16 or K % 8 or N % 8 or K == 0:
+        # torch._int_mm: 2-D, more than 16 rows, K and N multiples of 8. Off by default:
+        # measured 128 TOPS on the H200 for 8192^3 (XLA: ~790), so the runtime's Triton
+        # int8 GEMM (tl.dot on s8, s32 accumulator) takes int8 dots; HLOTK_INT8_CUBLAS=1
+        # turns this path back on.
+        if os.environ.get("HLOTK_INT8_CUBLAS", "0") in ("", "0") or \
+                B != 1 or M <= 16 or K % 8 or N % 8 or K == 0:
             return None
         mode = "int_mm"
     elif lt in _FLOATS and rt in _FLOATS and ot in _FLOATS:

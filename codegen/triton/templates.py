@@ -48,6 +48,10 @@ def numel(shape: Shape) -> int:
 def _store(em: Emitter, k: int, out: Instruction, value: str, idx: Index, mask: str) -> None:
     terms = [f"{i} * so{k}_{d}" for d, i in enumerate(idx)]
     addr = f"out{k}" + (" + " + " + ".join(terms) if terms else "")
+    if all(str(i).strip().isdigit() for i in idx):
+        # A rank-0 output (or one indexed by constants only) has a scalar address: offset it
+        # by a zero block shaped like the mask, so a block value and mask meet block pointers.
+        addr += f" + ({mask}).to(tl.int32) * 0"
     dt = tl_type(out.shape.dtype)
     em.line(f"tl.store({addr}, ({value}).to({dt}), mask={mask})", f"output {k}: %{out.name}")
 

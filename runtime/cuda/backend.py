@@ -137,6 +137,8 @@ class CudaExecutable:
                 table[inst.uid] = {ix: Slot(*_slice(a, inst, ix), shape)
                                    for ix, shape in array_leaves(inst.shape)}
         self.table = table
+        self._n_assigned = len(a.allocations)
+        self.scratch_sizes: list[int] = []     # buffers of split GEMM fusions (split.py)
         t0 = time.perf_counter()
         self.sequence = self._sequence(module.entry)
         self.build_seconds = time.perf_counter() - t0
@@ -153,6 +155,8 @@ class CudaExecutable:
                 self.fixed[alloc.index] = ar.allocate(alloc.size, self.device,
                                                       f"the temp arena of {module.name}")
         self._upload_constants()
+        for k, size in enumerate(self.scratch_sizes):
+            self.fixed[self._n_assigned + k] = ar.allocate(size, self.device, "a scratch buffer")
         self._view_cache: dict = {}
         self._dlpack: "OrderedDict[int, tuple[Any, Any]]" = OrderedDict()
         self._in_flight: list[tuple[Any, list]] = []
@@ -209,7 +213,8 @@ class CudaExecutable:
                 out.extend(self._thunks(i))
             return out
         if op == "fusion":
-            return [self._kernel(inst, inst, wrapped=False)]
+            t = self._kernel(inst, inst, wrapped=False)
+            return list(t.thunks) if isinstance(t, SplitThunk) else [t]
         if op == "copy":
             if all(ar.torch_dtype(s.shape.dtype) is not None for s in self.leaves(inst).values()):
                 ins = [self.leaves(inst.operands[0])[ix] for ix in self.leaves(inst)]
@@ -246,9 +251,46 @@ class CudaExecutable:
             kernel = compile_fusion(fusion, target=self.target, autotune=self.autotune)
         except TritonCodegenError as e:
             return self._host(inst, f"Triton codegen: {str(e).splitlines()[0][:120]}")
+        if not wrapped and (kernel.template == "generic" and any(
+                i.opcode == "dot" for i in fusion.attrs["calls"].instructions)
+                or kernel.template == "gemm" and (_expensive_prologue(fusion)
+                                                  or _f32_dot(fusion))):
+            split = self._split(inst, ins, outs)   # type: ignore[arg-type]
+            if split is not None:
+                return split
         fallback = self._host(inst, "Triton could not compile it") if wrapped else None
-        return KernelThunk(inst, kernel, ins, outs, wrapped=wrapped,  # type: ignore[arg-type]
-                           fallback=fallback)
+        return KernelThunk(inst, kernel, ins, outs, fusion,  # type: ignore[arg-type]
+                           wrapped=wrapped, fallback=fallback)
+
+    def _split(self, inst: Instruction, ins: list[Slot], outs: list[Slot]) -> Optional[Any]:
+        """The GEMM fusion as prologue kernels + cuBLAS + epilogue kernel (split.py), as one
+        SequenceThunk, or None."""
+        from codegen.library.cublas import cublas_dot
+        from codegen.triton import TritonCodegenError, compile_fusion
+        from .split import split_gemm_fusion
+        n_scratch = len(self.scratch_sizes)
+
+        def scratch(shape: Any) -> Slot:
+            self.scratch_sizes.append(max(shape.byte_size, 1))
+            return Slot(self._n_assigned + len(self.scratch_sizes) - 1, 0, shape)
+
+        def kernel(f: Instruction, fins: list[Slot], fouts: list[Slot]) -> Thunk:
+            k = compile_fusion(f, target=self.target, autotune=self.autotune)
+            if k.template == "generic":
+                raise TritonCodegenError(f"part %{f.name} would be a generic kernel")
+            return KernelThunk(f, k, fins, fouts, f)
+
+        def library(dot: Instruction, dins: list[Slot], douts: list[Slot]) -> Thunk:
+            return LibraryThunk(dot, cublas_dot, dins, douts)
+        try:
+            thunks = split_gemm_fusion(inst, ins, outs, scratch, kernel, library)
+        except (TritonCodegenError, KeyError):
+            thunks = None
+        if thunks is None:
+            del self.scratch_sizes[n_scratch:]
+            return None
+        self.stats["split_gemm_fusions"] = self.stats.get("split_gemm_fusions", 0) + 1
+        return SplitThunk(inst, thunks)
 
     def _host(self, inst: Instruction, reason: str) -> HostThunk:
         operand_leaves = [list(self.leaves(o).items()) for o in inst.operands]
@@ -277,8 +319,11 @@ class CudaExecutable:
             return hit[1]
         raw = ar.parameter_bytes(x, shape, self.device, writable)
         if not writable and not isinstance(x, ar.np.ndarray):
+            cache = self._dlpack
             try:
-                ref = weakref.ref(x)
+                # Dropped with the array: the tensor keeps the array's memory alive.
+                ref = weakref.ref(x, lambda _r, k=key: cache.pop(k, None)
+                                  if k in cache and cache[k][0] is _r else None)
             except TypeError:
                 return raw
             self._dlpack[key] = (ref, raw)
@@ -288,7 +333,7 @@ class CudaExecutable:
 
     def memory(self, args: list[Any]) -> ar.Memory:
         a = self.assignment
-        buffers: list[Any] = [None] * len(a.allocations)
+        buffers: list[Any] = [None] * (len(a.allocations) + len(self.scratch_sizes))
         for k, t in self.fixed.items():
             buffers[k] = t
         for pnum, (leaves, arg) in enumerate(zip(self.parameter_slots, args)):
@@ -300,7 +345,7 @@ class CudaExecutable:
                 buffers[alloc.index] = ar.allocate(alloc.size, self.device, "an output")
         import torch
         for k, b in enumerate(buffers):
-            if b is None:    # a parameter whose value has no bytes (zero-size)
+            if b is None and k < self._n_assigned:   # a parameter with no bytes (zero-size)
                 buffers[k] = torch.zeros(max(a.allocations[k].size, 1), dtype=torch.uint8,
                                          device=self.device)
         if self.poison:
@@ -341,6 +386,36 @@ class CudaExecutable:
             old, _ = self._in_flight.pop(0)
             old.synchronize()
 
+    def profile(self, args: list[Any], reps: int = 10) -> list[tuple[str, float]]:
+        """Device time of each top-level thunk (ms, CUDA events around ``reps`` eager runs
+        of it alone, after one warm-up run of the whole program): where the time goes.
+        Thunks are re-run on whatever their operands hold, so only the times mean anything."""
+        import torch
+        self.run(list(args), output="torch")
+        mem = self.memory(list(args))
+        ctx = RunContext(EvalContext(Evaluator()), {})
+        out: list[tuple[str, float]] = []
+        flat: list[Thunk] = []
+        for t in self.sequence.thunks:
+            flat.extend(t.thunks if isinstance(t, GraphSegment) else [t])
+        for t in flat:
+            t.run(mem, ctx)
+            if self.on_gpu:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(reps):
+                    t.run(mem, ctx)
+                end.record()
+                end.synchronize()
+                ms = start.elapsed_time(end) / reps
+            else:
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    t.run(mem, ctx)
+                ms = (time.perf_counter() - t0) * 1e3 / reps
+            out.append((t.describe().strip().splitlines()[0], ms))
+        return out
+
     # --- reports -------------------------------------------------------------------------
     def thunks(self) -> list[Thunk]:
         return [t for t in self.sequence.walk() if not isinstance(t, (GraphSegment, SequenceThunk))]
@@ -375,6 +450,39 @@ class CudaExecutable:
         for f in self.graphs.failures:
             lines.append(f"graph capture failed: {f}")
         return "\n".join(lines)
+
+
+def _f32_dot(fusion: Instruction) -> bool:
+    """A GEMM fusion on f32 operands: Triton's TF32 GEMM measured 28-112 TFLOP/s on the
+    H200 where cuBLAS reaches 390 (benchmarks/NOTES.md), so these run as cuBLAS + loops."""
+    dots = [i for i in fusion.attrs["calls"].instructions if i.opcode == "dot"]
+    return len(dots) == 1 and all(o.shape.dtype.name == "f32" for o in dots[0].operands)
+
+
+def _expensive_prologue(fusion: Instruction) -> bool:
+    """A GEMM fusion whose dot operands are computed with transcendental functions (gelu's
+    tanh before the second matmul of an MLP, say): the GEMM template recomputes an operand
+    tile for every output tile that reads it (N / BLOCK_N times), which costs more than
+    writing the operand out once and reading it back; such fusions are split."""
+    from passes.fusion.cost_model import TRANSCENDENTAL
+    comp = fusion.attrs["calls"]
+    dots = [i for i in comp.instructions if i.opcode == "dot"]
+    if len(dots) != 1:
+        return False
+    stack, seen = list(dots[0].operands), set()
+    while stack:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if v.opcode in TRANSCENDENTAL:
+            return True
+        stack.extend(v.operands)
+    return False
+
+
+class SplitThunk(SequenceThunk):
+    """The thunks one split GEMM fusion became (flattened into the enclosing sequence)."""
 
 
 def _slice(a: BufferAssignment, inst: Instruction, ix: tuple[int, ...]) -> tuple[int, int]:

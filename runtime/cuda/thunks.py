@@ -79,21 +79,51 @@ class KernelThunk(SlotThunk):
     kind = "kernel"
 
     def __init__(self, inst: Instruction, kernel: Any, inputs: list[Slot], outputs: list[Slot],
-                 wrapped: bool = False, fallback: Optional["HostThunk"] = None):
+                 fusion: Instruction, wrapped: bool = False,
+                 fallback: Optional["HostThunk"] = None):
         super().__init__(inst, inputs, outputs)
         self.kernel = kernel
         self.wrapped = wrapped          # a lone instruction made into a one-op fusion
         self.fallback = fallback        # where a wrapped op goes if Triton cannot compile it
         self.state = "new"              # new -> ok (compiled, launched once) | host
+        # Outputs that share bytes with an input the kernel does not read strictly at the
+        # output's own index (buffer assignment let the fusion write over a dying operand):
+        # a parallel kernel could overwrite an element another program has yet to read, so
+        # these go to a private scratch buffer and are copied over after the launch.
+        self.unsafe_outputs = [k for k, o in enumerate(outputs)
+                               if any(overlaps(o, i) and not reads_at_same_index(fusion, j, k)
+                                      for j, i in enumerate(inputs))]
+        self._scratch: dict[int, Any] = {}
+
+    def _outs(self, mem: Memory) -> tuple[list, list]:
+        outs = [mem.view(s) for s in self.outputs]
+        if not self.unsafe_outputs:
+            return outs, []
+        pending = []
+        for k in self.unsafe_outputs:
+            buf = self._scratch.get(k)
+            if buf is None:
+                buf = self._scratch[k] = outs[k].new_empty(outs[k].shape).as_strided(
+                    outs[k].shape, outs[k].stride())
+            pending.append((outs[k], buf))
+            outs[k] = buf
+        return outs, pending
 
     def run(self, mem: Memory, ctx: RunContext) -> None:
         if self.state == "host":
             return self.fallback.run(mem, ctx)      # type: ignore[union-attr]
-        outs = [mem.view(s) for s in self.outputs]
+        outs, pending = self._outs(mem)
         ins = [mem.view(s) for s in self.inputs]
         if self.state == "ok":
             self.kernel.launch(outs, ins)
+            for dst, src in pending:
+                dst.copy_(src)
             return
+        if getattr(self.kernel, "autotune", False):
+            # Autotuning launches the kernel many times: an input it writes over in place
+            # (buffer assignment's sharing) would be updated again on every launch.
+            ins = [v.clone() if any(overlaps(s, o) for o in self.outputs) else v
+                   for v, s in zip(ins, self.inputs)]
         try:
             self.kernel.launch(outs, ins)      # first launch: Triton compiles (and tunes)
         except Exception as e:  # noqa: BLE001
@@ -109,6 +139,8 @@ class KernelThunk(SlotThunk):
             ctx.stats.setdefault("compile_fallback_names", []).append(
                 f"%{self.inst.name}: {type(e).__name__}: {str(e)[:200]}")
             return self.fallback.run(mem, ctx)
+        for dst, src in pending:
+            dst.copy_(src)
         self.state = "ok"
 
     def label(self) -> str:
@@ -123,9 +155,17 @@ class LibraryThunk(SlotThunk):
     def __init__(self, inst: Instruction, call: Callable, inputs: list[Slot], outputs: list[Slot]):
         super().__init__(inst, inputs, outputs)
         self.call = call
+        # The output shares bytes with an operand (buffer assignment's in-place sharing of a
+        # dying operand): a GEMM cannot write over its own input, so it writes a fresh tensor.
+        self.aliased = any(overlaps(outputs[0], i) for i in inputs)
 
     def run(self, mem: Memory, ctx: RunContext) -> None:
-        self.call(self.inst, [mem.view(s) for s in self.inputs], out=mem.view(self.outputs[0]))
+        ins = [mem.view(s) for s in self.inputs]
+        out = mem.view(self.outputs[0])
+        if self.aliased:
+            out.copy_(self.call(self.inst, ins))
+        else:
+            self.call(self.inst, ins, out=out)
 
     def label(self) -> str:
         plan = getattr(self.call, "plan", None)
@@ -139,9 +179,13 @@ class CopyThunk(SlotThunk):
 
     def run(self, mem: Memory, ctx: RunContext) -> None:
         for src, dst in zip(self.inputs, self.outputs):
-            if (src.allocation, src.offset) != (dst.allocation, dst.offset) or \
-                    src.shape.layout != dst.shape.layout:
-                mem.view(dst).copy_(mem.view(src))
+            same = (src.allocation, src.offset) == (dst.allocation, dst.offset)
+            if same and src.shape.layout == dst.shape.layout:
+                continue
+            v = mem.view(src)
+            if overlaps(src, dst):      # a transpose in place: read everything first
+                v = v.clone()
+            mem.view(dst).copy_(v)
 
 
 class BytesCopyThunk(SlotThunk):
@@ -283,6 +327,48 @@ class ConditionalThunk(Thunk):
         yield self
         for b in self.branches:
             yield from b.walk()
+
+
+def overlaps(a: Slot, b: Slot) -> bool:
+    """Whether two leaves share any byte."""
+    return a.allocation == b.allocation and a.offset < b.offset + b.nbytes and \
+        b.offset < a.offset + a.nbytes and a.nbytes > 0 and b.nbytes > 0
+
+
+def reads_at_same_index(fusion: Instruction, param: int, output: int) -> bool:
+    """Whether fused parameter ``param`` reaches fused output ``output``, and nothing else,
+    only through elementwise ops (and as operand 0 of a dynamic-update-slice), with equal
+    layouts: then each output element is written by the program that read the same element
+    of the parameter, after reading it, and writing in place is safe."""
+    from hlo.ops import ELEMENTWISE
+    comp = fusion.attrs["calls"]
+    root = comp.root
+    outs = list(root.operands) if root.opcode == "tuple" else [root]
+    p = next((q for q in comp.parameters if q.parameter_number == param), None)
+    if p is None or output >= len(outs):
+        return False
+    if not p.shape.is_array or p.shape.layout != outs[output].shape.layout or \
+            p.shape.dims != outs[output].shape.dims:
+        return False
+    reached: set[int] = set()
+    stack, seen = [p], {id(p)}
+    while stack:
+        v = stack.pop()
+        for k, o in enumerate(outs):
+            if o is v:
+                reached.add(k)
+        for u in v.users:
+            if u.opcode == "tuple" and u is root:
+                continue
+            same = (u.op.category == ELEMENTWISE and u.shape.dims == p.shape.dims) or (
+                u.opcode == "dynamic-update-slice" and u.operands[0] is v and
+                all(o is not v for o in u.operands[1:]))
+            if not same:
+                return False
+            if id(u) not in seen:
+                seen.add(id(u))
+                stack.append(u)
+    return reached == {output}
 
 
 def one_instruction_fusion(inst: Instruction) -> Instruction:
