@@ -18,7 +18,7 @@ from . import dtypes as dt
 from .errors import ShapeError
 from .ir import Computation, Instruction, Module
 from .ops import get_op
-from .shape import AnyShape, Shape, TupleShape
+from .shape import AnyShape, Shape
 
 
 def infer_shape(opcode: str, operands: list[Instruction] | list[AnyShape],

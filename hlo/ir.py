@@ -17,7 +17,7 @@ import numpy as np
 from .attrs import COMPUTATION_ATTRS, FrontendAttributes, Metadata
 from .errors import HlotkError
 from .ops import OpDef, get_op
-from .shape import AnyShape, Shape, TupleShape
+from .shape import AnyShape
 
 
 class IRError(HlotkError):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from hlo.ir import Instruction, Module
-from hlo.shape import Shape, subshape
+from hlo.shape import subshape
 
 from .base import PassError
 from .dataflow import BufferSet, Dataflow, Index, defines_value, in_place_operand_candidates, \

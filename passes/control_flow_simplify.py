@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 
 from hlo.ir import Computation, Instruction, Module
 from hlo.shape import TupleShape

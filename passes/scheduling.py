@@ -12,7 +12,6 @@ reads it. Parameters, constants and the root's buffers are live throughout.
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from typing import Callable
 

@@ -8,7 +8,7 @@ is applied to integers only (NaN/inf make it wrong for floats).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 

@@ -20,7 +20,6 @@ from typing import Any, Optional
 import hlo
 from hlo.diff import ModuleDiff, diff_modules, unified_text_diff
 from hlo.render import DOT_MISSING_HINT, RenderError, dot_available, dot_to_svg, to_dot
-from passes.base import pass_name
 from passes.pipeline import PassRecord
 
 

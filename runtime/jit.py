@@ -25,7 +25,7 @@ import hlo
 from hlo.errors import HlotkError, InvalidArgumentError
 
 from . import analysis
-from .client import PIPELINES, Buffer, Client, LoadedExecutable, resolve_pipeline
+from .client import Buffer, Client, LoadedExecutable, resolve_pipeline
 from .client import client as make_client
 
 _CLIENTS: dict[str, Client] = {}

@@ -25,7 +25,7 @@ import numpy as np
 from hlo.ir import Computation, Instruction
 from codegen.cache import KernelCache, cache_root, content_key
 
-from .elemental import (HELPERS_GPU, HELPERS_INTERPRET, Emitter, TritonCodegenError, tl_type)
+from .elemental import (HELPERS_GPU, HELPERS_INTERPRET, Emitter, TritonCodegenError)
 from .templates import NotTileable, Plan, gemm_template, loop_template, outputs_of, rows_template
 
 GENERATOR_VERSION = "triton-1"

@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable
 
 from hlo.ir import Computation, Instruction
 from hlo.shape import Shape
 
-from .elemental import Emitter, Index, TritonCodegenError, is_narrow_float, tl_type
+from .elemental import Emitter, Index, is_narrow_float, tl_type
 
 
 class NotTileable(Exception):

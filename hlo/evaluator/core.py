@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import EvaluationError, HlotkError
 from ..ir import Computation, Instruction, Module
-from ..shape import AnyShape, Shape
+from ..shape import AnyShape
 
 
 NUMERICS_MODES = ("xla_cpu", "spec")

@@ -295,7 +295,6 @@ def _scan(imp, scope, op):
                              op=op.operation.name, location=where(op))
     length = (inputs[0].shape if inputs else out_shapes[0]).dims[dim]
     body_fn = imp.region_computation(op.regions[0], "scan_body")
-    i32 = Shape(dt.S32, (), Layout.row_major(0))
     g = _G(imp, scope, op)
     zeros = []
     for s in out_shapes:

@@ -420,7 +420,6 @@ def from_stablehlo(text_or_bytes: str | bytes, **options: Any) -> Module:
     public one); ``allow_unregistered=True`` lets the MLIR parser accept unknown dialects.
     """
     _ensure_rules()
-    from jaxlib.mlir import ir
     data = text_or_bytes
     if isinstance(data, (bytes, bytearray, memoryview)):
         data = bytes(data)

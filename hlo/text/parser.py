@@ -21,7 +21,7 @@ from .. import dtypes as dt
 from ..attrs import (ATTR_KINDS, ConvDimLabels, FrontendAttributes, IotaReplicaGroups,
                      Metadata, PadDim, PaddingConfig, Raw, ReplicaGroups, SliceDim,
                      SliceSpec, Window, WindowDim)
-from ..errors import HlotkError, ParseError
+from ..errors import HlotkError
 from ..ir import Computation, Instruction, Module
 from ..ops import OPS
 from ..shape import AnyShape, Layout, Shape, TupleShape

@@ -26,14 +26,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Sequence, Union
 
 from hlo.errors import HlotkError
 from hlo.ir import Computation, Instruction, Module
 from hlo.ops import ELEMENTWISE
-from hlo.shape import AnyShape, Shape, leaf_paths
+from hlo.shape import AnyShape, leaf_paths
 
 
 class DeviceSpecError(HlotkError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hlo.ir import Computation, Instruction, Module
+from hlo.ir import Computation, Module
 
 from ..base import register_pass
 from . import greedy, priority  # noqa: F401  (register the built-in policies)
@@ -20,7 +20,7 @@ from .explain import FusionDecision, FusionReport, attach
 from .legality import Decision, can_duplicate, can_fuse_siblings, can_merge, fusible
 from .normalization import form_groups
 from .policy import Candidate, FusionPolicy, estimates, resolve_policy
-from .rewrite import FusionState, Group, materialize
+from .rewrite import FusionState, materialize
 
 # Called computations that are scalar functions (reducers, comparators), not programs.
 _SCALAR_BODIES = ("to_apply", "select", "scatter")

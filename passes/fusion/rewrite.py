@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Optional, Union
 
 from hlo.attrs import Raw
-from hlo.ir import Computation, Instruction, Module
-from hlo.shape import Shape, TupleShape
+from hlo.ir import Computation, Instruction
+from hlo.shape import TupleShape
 
 from .cost_model import DeviceSpec, Estimate, elements, estimate_kernel, is_free
 from .kinds import TRITON_GEMM, TRITON_NORMALIZATION
