@@ -93,22 +93,6 @@ def _int_remainder(a: np.ndarray, b: np.ndarray, dtype: DType) -> np.ndarray:
     return wrap_int(np.where(zero, a, r), dtype)
 
 
-@rule("evaluate", "divide")
-def _divide(inst, ops, ctx):
-    dtype = hlo_dtype(ops[0])
-    if dtype.is_integer:
-        return _int_divide(ops[0], ops[1], dtype)
-    return _arith(inst, ops, ctx, np.divide)
-
-
-@rule("evaluate", "remainder")
-def _remainder(inst, ops, ctx):
-    dtype = hlo_dtype(ops[0])
-    if dtype.is_integer:
-        return _int_remainder(ops[0], ops[1], dtype)
-    return _arith(inst, ops, ctx, np.fmod)
-
-
 def _int_power(base: np.ndarray, exponent: np.ndarray, dtype: DType) -> np.ndarray:
     """XLA's integer pow: square-and-multiply over the exponent's low 6 bits only (so
     2**65 == 2 in XLA, checked on XLA:CPU); a negative exponent gives 0 unless |base| == 1."""
@@ -129,12 +113,19 @@ def _int_power(base: np.ndarray, exponent: np.ndarray, dtype: DType) -> np.ndarr
     return wrap_int(np.where(negative, inverse, acc), dtype)
 
 
-@rule("evaluate", "power")
-def _power(inst, ops, ctx):
+# Ops whose integer semantics (XLA's, see the helpers above) differ from numpy's, and the
+# numpy function for their float/complex case.
+_INT_OR_FLOAT = {"divide": (_int_divide, np.divide), "remainder": (_int_remainder, np.fmod),
+                 "power": (_int_power, np.power)}
+
+
+@rule("evaluate", *_INT_OR_FLOAT)
+def _int_or_float(inst, ops, ctx):
+    int_fn, float_fn = _INT_OR_FLOAT[inst.opcode]
     dtype = hlo_dtype(ops[0])
     if dtype.is_integer:
-        return _int_power(ops[0], ops[1], dtype)
-    return _arith(inst, ops, ctx, np.power)
+        return int_fn(ops[0], ops[1], dtype)
+    return _arith(inst, ops, ctx, float_fn)
 
 
 @rule("evaluate", "atan2")
