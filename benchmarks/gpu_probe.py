@@ -46,10 +46,18 @@ def host_overhead(out: list[str]) -> None:
         xla = bench(lambda: jax.block_until_ready(xc(*dev_args)))
         ours = bench(lambda: jax.block_until_ready(hc(*dev_args)))
         stats = dict(exe.stats)
+        from benchmarks.gpu_suite import wall_ms
+        xla_cold = wall_ms(lambda: jax.block_until_ready(xc(*dev_args)))
+        ours_cold = wall_ms(lambda: jax.block_until_ready(hc(*dev_args)))
+        flat = list(jax.tree_util.tree_leaves(dev_args))
+        import torch
+        ours_torch = wall_ms(lambda: (exe.run(flat, output="torch"), torch.cuda.synchronize()))
+        out.append(_phases(exe, flat))
         from runtime.cuda.arena import DLPACK_FALLBACK
         out.append(f"jax devices {jax.devices()}; DLPack fallbacks {DLPACK_FALLBACK}\n")
-        out.append(f"## {name}: hlotk {ours:.4f} ms, XLA {xla:.4f} ms per call; counters over "
-                   f"the timed calls: {stats}\n")
+        out.append(f"## {name}: do_bench hlotk {ours:.4f} ms, XLA {xla:.4f} ms per call; cold "
+                   f"wall hlotk {ours_cold:.4f}, XLA {xla_cold:.4f}, hlotk run(torch) + "
+                   f"synchronize {ours_torch:.4f}; counters over the timed calls: {stats}\n")
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(2000):
@@ -59,6 +67,40 @@ def host_overhead(out: list[str]) -> None:
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
         out += ["```", s.getvalue()[-6000:], "```", ""]
         print(out[-4][:200], flush=True)
+
+
+def _phases(exe, flat: list, calls: int = 300) -> str:
+    """Median host time of each step of ``CudaExecutable.run`` (the same steps, timed one
+    by one) and of the wait, from an idle GPU."""
+    import statistics
+    import time
+    import jax
+    import torch
+    from runtime.cuda import arena as ar
+    from runtime.cuda.thunks import RunContext
+    names = ("memory (args, pooled outputs)", "thunks (graph replay)", "outputs to JAX (DLPack)",
+             "keep-alive event", "block_until_ready")
+    steps: list[list[float]] = [[] for _ in names]
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t = [time.perf_counter()]
+        mem = exe.memory(list(flat))
+        t.append(time.perf_counter())
+        ctx = RunContext(exe._eval_context(), exe.stats)
+        ctx.graphs = exe.graphs
+        exe.sequence.run(mem, ctx)
+        t.append(time.perf_counter())
+        res, event = ar.output_values(mem, exe.output_slots, "jax", exe.device)
+        t.append(time.perf_counter())
+        exe._keep_alive(mem, event)
+        t.append(time.perf_counter())
+        jax.block_until_ready(res)
+        t.append(time.perf_counter())
+        for k in range(len(names)):
+            steps[k].append((t[k + 1] - t[k]) * 1e6)
+        del res, mem
+    return "host steps of one call (median us): " + ", ".join(
+        f"{n} {statistics.median(v):.1f}" for n, v in zip(names, steps)) + "\n"
 
 
 def output_release(out: list[str]) -> None:
@@ -126,6 +168,96 @@ def waiting(out: list[str]) -> None:
         print(out[-1], flush=True)
 
 
+def _gpu_timeline(trace_path: str, marks: list[str]) -> list[dict]:
+    """Per marked call in a torch.profiler chrome trace: host span, the GPU's first and last
+    activity inside it (relative to the call's start), busy time and the largest idle gap."""
+    import json
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    gpu = sorted((e["ts"], e["ts"] + e.get("dur", 0), e.get("name", "")) for e in events
+                 if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "ts" in e)
+    rows = []
+    for m in marks:
+        host = [e for e in events if e.get("name") == m and e.get("cat") == "user_annotation"]
+        if not host:
+            continue
+        h0, h1 = host[0]["ts"], host[0]["ts"] + host[0]["dur"]
+        inside = [g for g in gpu if h0 <= g[0] < h1]
+        if not inside:
+            rows.append({"call": m, "host_us": h1 - h0})
+            continue
+        busy, gap, end = 0.0, 0.0, inside[0][0]
+        for s, e, _ in inside:
+            gap = max(gap, s - end)
+            busy += max(0.0, e - max(s, end))
+            end = max(end, e)
+        rows.append({"call": m, "host_us": h1 - h0, "first_gpu_us": inside[0][0] - h0,
+                     "gpu_span_us": end - inside[0][0], "busy_us": busy,
+                     "max_gap_us": gap, "after_last_us": h1 - end, "n_gpu": len(inside),
+                     "kernels": [(n, e - s) for s, e, n in inside]})
+    return rows
+
+
+def timeline(out: list[str], trace_dir: str = ".",
+             names: tuple[str, ...] = ("mlp_train", "gelu_mlp", "int8_matmul")) -> None:
+    """Where a call's wall time goes, from a torch.profiler (CUPTI) trace of XLA's and
+    hlotk's calls of the same programs, and their walls timed with perf_counter (no L2
+    flush between calls, unlike do_bench, whose flush runs on torch's stream and can
+    overlap XLA's work on JAX's stream)."""
+    import statistics
+    import time
+    import jax
+    import torch
+    import runtime
+    from benchmarks.gpu_suite import programs
+    progs = {p[0]: p for p in programs()}
+    out.append("## call timelines (us; medians over 5 profiled calls)\n")
+    out.append("| program | who | perf_counter ms | do_bench ms | host span | first GPU op | "
+               "GPU span | GPU busy | largest gap | after last GPU op |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    kernel_lists: list[str] = []
+    for name in names:
+        fn, args = progs[name][2], progs[name][3]
+        dev_args = jax.device_put(args)
+        jax.block_until_ready(dev_args)
+        xc = jax.jit(fn).lower(*dev_args).compile()
+        hc = runtime.jit(fn, backend="cuda").lower(*dev_args).compile()
+        for who, f in (("XLA", xc), ("hlotk", hc)):
+            for _ in range(5):
+                jax.block_until_ready(f(*dev_args))
+            walls = []
+            for _ in range(50):
+                t0 = time.perf_counter()
+                jax.block_until_ready(f(*dev_args))
+                walls.append((time.perf_counter() - t0) * 1e3)
+            db = bench(lambda: jax.block_until_ready(f(*dev_args)))
+            marks = [f"{name}.{who}.{i}" for i in range(5)]
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                    torch.profiler.ProfilerActivity.CUDA]) as p:
+                for m in marks:
+                    with torch.profiler.record_function(m):
+                        jax.block_until_ready(f(*dev_args))
+            path = os.path.join(trace_dir, f"trace_{name}_{who}.json")
+            p.export_chrome_trace(path)
+            rows = _gpu_timeline(path, marks)
+
+            def med(k):
+                vals = [r[k] for r in rows if k in r]
+                return f"{statistics.median(vals):.0f}" if vals else "-"
+            out.append(f"| {name} | {who} | {statistics.median(walls):.3f} | {db:.3f} | "
+                       f"{med('host_us')} | {med('first_gpu_us')} | {med('gpu_span_us')} | "
+                       f"{med('busy_us')} | {med('max_gap_us')} | {med('after_last_us')} |")
+            print(out[-1], flush=True)
+            last = rows[-1].get("kernels", []) if rows else []
+            kernel_lists.append(f"### {name}, {who}: {len(last)} GPU ops, "
+                                f"{sum(d for _, d in last):.1f} us\n\n```\n" + "\n".join(
+                                    f"{d:8.1f} us  {n[:110]}" for n, d in last) + "\n```\n")
+        del xc, hc
+        torch.cuda.empty_cache()
+    out.append("\n## GPU ops of the last profiled call (CUPTI durations)\n")
+    out += kernel_lists
+
+
 INT8 = """HloModule int8
 ENTRY %e (a: s8[8192,8192], b: s8[8192,8192]) -> s32[8192,8192] {
   %a = s8[8192,8192]{1,0} parameter(0)
@@ -169,23 +301,83 @@ def int8_configs(out: list[str]) -> None:
                 out.append(f"| {layout} | {cfg} | failed: {type(e).__name__}: "
                            f"{str(e).splitlines()[0][:100]} |")
             print(out[-1], flush=True)
+    # cuBLAS's int8 GEMM wants B K-major ("TN"): torch._int_mm on the column-major view.
+    for label, b in (("row-major b", b_rows), ("K-major b (b.t() contiguous)", b_cols)):
+        try:
+            torch._int_mm(a, b, out=c)
+            torch.cuda.synchronize()
+            exact = bool(torch.equal(c, want)) if want is not None else "?"
+            ms = bench(lambda: torch._int_mm(a, b, out=c), rep=100)
+            out.append(f"| torch._int_mm, {label} | | | | | | {ms:.3f} | "
+                       f"{2 * n ** 3 / (ms * 1e-3) / 1e12:.0f} | {exact} |")
+        except Exception as e:  # noqa: BLE001
+            out.append(f"| torch._int_mm, {label} | failed: {type(e).__name__}: "
+                       f"{str(e).splitlines()[0][:100]} |")
+        print(out[-1], flush=True)
+
+
+TRANSPOSES = (("s8", (8192, 8192)), ("f32", (8192, 4096)), ("bf16", (16, 1024, 1024)))
+
+
+def transposes(out: list[str]) -> None:
+    """Layout-changing copies (the minor dim moves): the Triton transpose template's
+    configs against torch's strided copy_, in GB/s (bytes read + written)."""
+    import torch
+    import hlo
+    from codegen.triton import compile_fusion
+    from runtime.cuda.arena import torch_dtype
+    from runtime.cuda.thunks import one_instruction_fusion
+    out.append("## layout-changing copies (GB/s, read + written)\n")
+    out.append("| copy | config | ms | GB/s | exact |")
+    out.append("|---|---|---|---|---|")
+    for dt, dims in TRANSPOSES:
+        rank = len(dims)
+        src_layout = ",".join(str(d) for d in reversed(range(rank)))
+        dst_order = [rank - 2, rank - 1] + list(reversed(range(rank - 2)))
+        shape = ",".join(map(str, dims))
+        m = hlo.parse_hlo(f"HloModule m\nENTRY e {{\n  p = {dt}[{shape}]{{{src_layout}}} "
+                          f"parameter(0)\n  ROOT c = {dt}[{shape}]{{{','.join(map(str, dst_order))}}}"
+                          " copy(p)\n}")
+        k = compile_fusion(one_instruction_fusion(m.entry.root), target="h200")
+        tdt = torch_dtype(m.entry.root.shape.dtype)
+        x = (torch.randn(dims, device="cuda") * 50).to(tdt)
+        want = x.transpose(-1, -2).contiguous().transpose(-1, -2)
+        dst = torch.empty_like(want)
+        nbytes = 2 * x.numel() * x.element_size()
+        ms = bench(lambda: dst.copy_(x), rep=100)
+        label = f"{dt}{list(dims)}"
+        out.append(f"| {label} | torch copy_ | {ms:.4f} | {nbytes / ms / 1e6:.0f} | "
+                   f"{bool(torch.equal(dst, want))} |")
+        print(out[-1], flush=True)
+        for cfg in [k.config] + [c for c in k.plan.candidates if c != k.config]:
+            dst.zero_()
+            k.launch([dst], [x], config=cfg)
+            torch.cuda.synchronize()
+            exact = bool(torch.equal(dst, want))
+            ms = bench(lambda: k.launch([dst], [x], config=cfg), rep=100)
+            tag = f"{cfg['BLOCK_A']}x{cfg['BLOCK_B']} w{cfg['num_warps']}"
+            out.append(f"| {label} | {tag}{' (default)' if cfg == k.config else ''} | {ms:.4f} | "
+                       f"{nbytes / ms / 1e6:.0f} | {exact} |")
+            print(out[-1], flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
-    ap.add_argument("--parts", default="int8,host", help="comma-separated: int8, host, pool, wait")
+    ap.add_argument("--parts", default="int8,host", help="comma-separated: int8, host, pool, wait, transpose, timeline")
+    ap.add_argument("--programs", default="mlp_train,gelu_mlp,int8_matmul",
+                    help="gpu_suite programs the timeline part profiles")
     opts = ap.parse_args()
     out: list[str] = ["# GPU probe\n"]
     chosen = set(opts.parts.split(","))
     parts = (("int8", int8_configs), ("host", host_overhead), ("pool", output_release),
-             ("wait", waiting))
-    for part in [p for k, p in parts if k in chosen]:
+             ("wait", waiting), ("transpose", transposes), ("timeline", lambda o: timeline(o, "/tmp", tuple(opts.programs.split(",")))))
+    for key, part in [(k, p) for k, p in parts if k in chosen]:
         try:
             part(out)
         except Exception:  # noqa: BLE001
             import traceback
-            out.append(f"{part.__name__} failed:\n```\n{traceback.format_exc()}\n```")
+            out.append(f"{key} failed:\n```\n{traceback.format_exc()}\n```")
             print(out[-1], flush=True)
     with open(os.path.join(opts.out, "gpu_probe.md"), "w") as f:
         f.write("\n".join(out) + "\n")

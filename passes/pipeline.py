@@ -192,12 +192,27 @@ class _SpecParser:
         while True:
             key = self.take()
             self.take("=")
-            opts[key] = self.take()
+            opts[key] = self.option_value()
             if self.peek() == ",":
                 self.take(",")
                 continue
             self.take("}")
             return opts
+
+
+    def option_value(self) -> str:
+        """One option's text: touching tokens join (``f32+f64`` lexes as a name and a value)."""
+        if self.i >= len(self.tokens) or self.tokens[self.i][0] == "punct":
+            raise self.error("expected an option value")
+        _, text, pos = self.tokens[self.i]
+        self.i += 1
+        end = pos + len(text)
+        while self.i < len(self.tokens) and self.tokens[self.i][0] != "punct" \
+                and self.tokens[self.i][2] == end:
+            text += self.tokens[self.i][1]
+            end += len(self.tokens[self.i][1])
+            self.i += 1
+        return text
 
 
 def parse_pipeline(spec: str) -> Pipeline:

@@ -5,6 +5,8 @@ from .base import PassError
 
 SIMPLIFY = "fixpoint(simplify,tuple-simplify,control-flow-simplify,constant-folding,cse,dce)"
 
+CUDA_LIBRARY_DOTS = "f32+f64+c64+c128"
+
 PIPELINES: dict[str, dict[str, str]] = {
     # backend -> spec of its full pipeline
     # The CPU backend fuses with the GPU cost model too (its kernels are numpy functions, so
@@ -12,7 +14,11 @@ PIPELINES: dict[str, dict[str, str]] = {
     # target spec is chosen with runtime.jit(target=...) / hlotk compile --target.
     "default": {
         "cpu": f"inline,{SIMPLIFY},layout-assignment{{target=cpu}},fusion,schedule",
-        "cuda": f"inline,{SIMPLIFY},layout-assignment{{target=gpu}},fusion,schedule",
+        # f32/f64/complex dots are cuBLAS calls on the GPU (Triton's TF32 GEMM measured at a
+        # fraction of cuBLAS's rate on the H200, benchmarks/NOTES.md), so they fuse with
+        # nothing and their neighbours fuse with each other, as after XLA's gemm rewriter.
+        "cuda": f"inline,{SIMPLIFY},layout-assignment{{target=gpu}},"
+                f"fusion{{library_dots={CUDA_LIBRARY_DOTS}}},schedule",
     },
     "simplify": {"cpu": SIMPLIFY, "cuda": SIMPLIFY},
     "none": {"cpu": "", "cuda": ""},

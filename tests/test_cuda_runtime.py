@@ -110,8 +110,12 @@ def test_thunk_kinds_and_report():
     assert "while %" in text and "(host-driven)" in text and "cublas.mm" in text
     exe.run(list(jax.tree_util.tree_leaves(prog.args())), output="numpy")
     assert exe.stats["loop_iterations"] == 6
-    sort = executable_of(compiled_cuda(by_name("sort_argsort").fn, *by_name("sort_argsort").args()))
-    assert len(sort.host_fallbacks()) == 5 and "5 host fallbacks" in sort.report()
+    # select-and-scatter (max pooling's gradient) has no device thunk: one host fallback,
+    # named in the report.
+    prog = by_name("conv_grad_maxpool_grad")
+    pool = executable_of(compiled_cuda(prog.fn, *prog.args()))
+    assert [t.inst.opcode for t in pool.host_fallbacks()] == ["select-and-scatter"]
+    assert "1 host fallbacks" in pool.report()
 
 
 @interpret
@@ -350,11 +354,12 @@ def test_gemm_fusion_the_template_cannot_tile_is_split_into_cublas_and_loops():
     # A rank-3 lhs (two free dims) with a prologue and an epilogue: the GEMM template
     # declines it; the runtime runs prologue kernel + cuBLAS + epilogue kernel instead of
     # the generic (serial-dot) kernel.
+    # bf16: f32 dots are never fused on this backend (pipelines.CUDA_LIBRARY_DOTS).
     f = lambda x, w, r: jnp.tanh(x) @ w + r  # noqa: E731
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((2, 8, 16), np.float32)
-    w = rng.standard_normal((16, 12), np.float32)
-    r = rng.standard_normal((2, 8, 12), np.float32)
+    x = rng.standard_normal((2, 8, 16)).astype(ml_dtypes.bfloat16)
+    w = rng.standard_normal((16, 12)).astype(ml_dtypes.bfloat16)
+    r = rng.standard_normal((2, 8, 12)).astype(ml_dtypes.bfloat16)
     c = compiled_cuda(f, x, w, r)
     exe = executable_of(c)
     if not exe.stats.get("split_gemm_fusions"):
@@ -363,5 +368,5 @@ def test_gemm_fusion_the_template_cannot_tile_is_split_into_cublas_and_loops():
     assert "library-call" in kinds and not any(
         getattr(t, "kernel", None) is not None and t.kernel.template == "generic"
         for t in exe.thunks())
-    np.testing.assert_allclose(np.asarray(c(x, w, r)), np.asarray(jax.jit(f)(x, w, r)),
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(c(x, w, r), np.float32),
+                               np.asarray(jax.jit(f)(x, w, r), np.float32), rtol=2e-2, atol=2e-2)

@@ -353,3 +353,20 @@ def test_reduce_s4_sum_wraps_in_four_bits():
     got = run_reduce(x, 0, "add", (1,), "s4")
     assert got.dtype == ml_dtypes.int4
     assert got.astype(np.int8).tolist() == [-2, 7]      # 14 -> -2, -9 -> 7 modulo 16
+
+
+def test_reduce_window_skips_padding_as_xla_does():
+    # An init value that is not the reducer's identity shows whether padding is reduced in:
+    # XLA visits only window elements on the operand (jax.jit gives 4 = 1 + 1 + 2 for the
+    # first window [pad, 1, 2]); the StableHLO spec pads with the init value (5).
+    x = np.arange(1, 7, dtype=np.float32)
+    f = lambda v: lax.reduce_window(v, 1.0, lax.add, (3,), (1,), ((1, 1),))  # noqa: E731
+    m = hlo.from_jax(f, x)
+    np.testing.assert_array_equal(hlo.evaluate(m, [x]), [4, 7, 10, 13, 16, 12])
+    np.testing.assert_array_equal(np.asarray(jax.jit(f)(x)), [4, 7, 10, 13, 16, 12])
+    np.testing.assert_array_equal(hlo.evaluate(m, [x], numerics="spec"), [5, 7, 10, 13, 16, 13])
+    # Base-dilation holes are skipped too.
+    g = lambda v: lax.reduce_window(v, 1.0, lax.add, (3,), (1,), ((0, 0),),  # noqa: E731
+                                    base_dilation=(2,))
+    mg = hlo.from_jax(g, x)
+    np.testing.assert_array_equal(hlo.evaluate(mg, [x]), np.asarray(jax.jit(g)(x)))

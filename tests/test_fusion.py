@@ -71,6 +71,34 @@ def test_plain_dot_stays_a_library_call():
     assert [i.opcode for i in m.entry.instructions if i.opcode not in ("parameter",)] == ["dot"]
 
 
+def _mlp_layer(dtype):
+    f = lambda x, w, b, w2: jax.nn.relu(x @ w + b) @ w2  # noqa: E731
+    return hlo.from_jax(f, jax.ShapeDtypeStruct((256, 128), dtype),
+                        jax.ShapeDtypeStruct((128, 512), dtype), jax.ShapeDtypeStruct((512,), dtype),
+                        jax.ShapeDtypeStruct((512, 64), dtype))
+
+
+def test_library_dots_fuse_with_nothing_and_their_neighbours_fuse_together():
+    m = _mlp_layer(jnp.float32)
+    run_pipeline(m, f"{PREP},fusion{{library_dots=f32+f64}}", verify=True)
+    # As after XLA:GPU's gemm rewriter: dot, one loop fusion (bias add + ReLU), dot.
+    ops = [i.opcode for i in m.entry.instructions if i.opcode != "parameter"]
+    assert ops == ["dot", "fusion", "dot"], ops
+    inner = {i.opcode for i in fusions(m)[0].attrs["calls"].instructions}
+    assert {"add", "maximum"} <= inner and "dot" not in inner
+    reasons = [d.reason for d in report_for(m).decisions if not d.fused]
+    assert any("f32 dot is a library call" in r for r in reasons), reasons
+    # Other operand types still make GEMM fusions (bf16: the Triton GEMM takes them).
+    b = _mlp_layer(jnp.bfloat16)
+    run_pipeline(b, f"{PREP},fusion{{library_dots=f32+f64}}", verify=True)
+    assert any(fusion_kind(f) == "gemm" for f in fusions(b))
+
+
+def test_library_dots_names_an_unknown_type():
+    with pytest.raises(HlotkError, match="unknown element type 'f33'"):
+        run_pipeline(_mlp_layer(jnp.float32), "fusion{library_dots=f32+f33}")
+
+
 def test_giou_is_one_loop_kernel():
     m = compile_deviceless("giou")
     assert count_kernels(m) == 1

@@ -26,7 +26,8 @@ from hlo.ir import Computation, Instruction
 from codegen.cache import KernelCache, cache_root, content_key
 
 from .elemental import (HELPERS_GPU, HELPERS_INTERPRET, Emitter, TritonCodegenError)
-from .templates import NotTileable, Plan, gemm_template, loop_template, outputs_of, rows_template
+from .templates import (NotTileable, Plan, gemm_template, loop_template, outputs_of, rows_template,
+                        transpose_tile_dims, transpose_template)
 
 GENERATOR_VERSION = "triton-1"
 _CACHE = KernelCache("triton")
@@ -50,7 +51,7 @@ def kernel_name(comp: Computation) -> str:
 
 
 def classify(fusion: Instruction) -> str:
-    """Which template to try first: gemm | rows | loop."""
+    """Which template to try first: gemm | rows | transpose | loop."""
     try:
         from passes.fusion.kinds import fusion_kind
         kind = fusion_kind(fusion)
@@ -62,7 +63,7 @@ def classify(fusion: Instruction) -> str:
         return "gemm"
     if kind in ("normalization", "input") or "reduce" in opcodes:
         return "rows"
-    return "loop"
+    return "transpose" if transpose_tile_dims(comp) is not None else "loop"
 
 
 @dataclass
@@ -200,6 +201,8 @@ def _generate(fusion: Instruction, template: str, round_narrow: bool) -> tuple[s
             plan = gemm_template(em, comp, big)
         elif template == "rows":
             plan = rows_template(em, comp, big)
+        elif template == "transpose":
+            plan = transpose_template(em, comp, big)
         else:
             plan = loop_template(em, comp, big, generic=(template == "generic"))
     except TritonCodegenError as e:
@@ -246,7 +249,8 @@ def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: 
         raise TritonCodegenError(f"%{fusion_inst.name} is a {fusion_inst.opcode}, not a fusion")
     comp: Computation = fusion_inst.attrs["calls"]
     first = template or classify(fusion_inst)
-    order = [first] + (["generic"] if first != "generic" else [])
+    order = [first] + (["loop"] if first == "transpose" else []) + \
+        (["generic"] if first != "generic" else [])
     last_err: Optional[Exception] = None
     for t in order:
         try:

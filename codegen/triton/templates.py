@@ -216,6 +216,90 @@ def loop_template(em: Emitter, comp: Computation, big: bool, generic: bool = Fal
                 lambda c: (max(1, -(-n_max // c["BLOCK"])),), cands)
 
 
+# --- transpose template -----------------------------------------------------------------------
+def _physical_minor(shape: Shape) -> int:
+    from hlo.layout_util import major_to_minor
+    return major_to_minor(shape.layout, shape.rank)[-1]
+
+
+def _source_minor(v: Instruction) -> int | None:
+    """The logical dim of ``v`` that is minor in memory where ``v`` is read from a fusion
+    parameter (through converts), else None."""
+    while v.opcode in ("convert", "bitcast-convert", "negate", "abs") and v.operands:
+        if v.operands[0].shape.dims != v.shape.dims:
+            return None
+        v = v.operands[0]
+    return _physical_minor(v.shape) if v.opcode == "parameter" and v.shape.rank else None
+
+
+def transpose_tile_dims(comp: Computation) -> tuple[int, int] | None:
+    """(output's minor dim, the dim a transposed input is minor in), in the outputs' logical
+    dims, when the fusion moves the minor dimension of a parameter (a layout-changing copy
+    or a transpose): XLA's transpose hero. Such a fusion reads along one dim and writes
+    along another, so a tile of both dims is read and written in 16-byte rows, the swap
+    going through shared memory; the loop template would read or write one byte per
+    transaction."""
+    outs = outputs_of(comp)
+    shape = outs[0].shape
+    if shape.rank < 2 or any(o.shape.dims != shape.dims or not o.shape.is_array
+                             or _physical_minor(o.shape) != _physical_minor(shape) for o in outs):
+        return None
+    a = _physical_minor(shape)
+    for inst in comp.instructions:
+        if inst.opcode not in ("copy", "transpose") or inst.shape.dims != shape.dims:
+            continue
+        m_in = _source_minor(inst.operands[0])
+        if m_in is None:
+            continue
+        b = m_in if inst.opcode == "copy" else list(inst.attrs.get("dimensions", ())).index(m_in)
+        if b != a and shape.dims[a] >= 16 and shape.dims[b] >= 16:
+            return a, b
+    return None
+
+
+def transpose_template(em: Emitter, comp: Computation, big: bool) -> Plan:
+    """Tiles of [BLOCK_B, BLOCK_A] over the two dims ``transpose_tile_dims`` names, one
+    program per tile and per index of the other dims."""
+    dims_ab = transpose_tile_dims(comp)
+    if dims_ab is None:
+        raise NotTileable("no transposed parameter to tile")
+    a, b = dims_ab
+    outs = outputs_of(comp)
+    dims = outs[0].shape.dims
+    others = [d for d in range(len(dims)) if d not in (a, b)]
+    batch = math.prod(dims[d] for d in others)
+    if batch > 65535:
+        raise NotTileable(f"{batch} tiles of the other dims exceed the grid's second axis")
+    na, nb = dims[a], dims[b]
+    em.line("pid = tl.program_id(0)")
+    em.line("pid_o = tl.program_id(1)", f"index over the other dims ({batch})")
+    em.line(f"tiles_b = tl.cdiv({nb}, BLOCK_B)")
+    cast = ".to(tl.int64)" if big else ""
+    em.line(f"ia = (pid // tiles_b){cast} * BLOCK_A + tl.arange(0, BLOCK_A)[None, :]",
+            f"dim {a}: minor in the output")
+    em.line(f"ib = (pid % tiles_b){cast} * BLOCK_B + tl.arange(0, BLOCK_B)[:, None]",
+            f"dim {b}: minor in the transposed input")
+    clamp_if(em, "ia_c", "ia", na, "BLOCK_A")
+    clamp_if(em, "ib_c", "ib", nb, "BLOCK_B")
+    rest = em.delinearize("o", f"pid_o{cast}", [dims[d] for d in others]) if others else []
+    idx = [""] * len(dims)
+    idx[a], idx[b] = "ia_c", "ib_c"
+    for d, e in zip(others, rest):
+        idx[d] = e
+    mask = em.assign("mask", f"(ia < {na}) & (ib < {nb})")
+    for k, out in enumerate(outs):
+        _store(em, k, out, em.value(out, tuple(idx)), tuple(idx), mask)
+    width = max(o.shape.dtype.bits for o in outs)
+    tile = 128 if width <= 8 else 64
+    cfg = {"BLOCK_A": tile, "BLOCK_B": tile, "num_warps": 8 if tile == 128 else 4,
+           "num_stages": 1}
+    cands = [cfg] + [dict(cfg, BLOCK_A=t, BLOCK_B=t, num_warps=w)
+                     for t, w in ((32, 2), (64, 4), (64, 8), (128, 8), (128, 4))
+                     if (t, w) != (tile, cfg["num_warps"])]
+    grid = lambda c: (-(-na // c["BLOCK_A"]) * -(-nb // c["BLOCK_B"]), batch)  # noqa: E731
+    return Plan("transpose", ["BLOCK_A", "BLOCK_B"], cfg, grid, cands)
+
+
 # --- row/column reduction and normalization template -------------------------------------------
 def rows_template(em: Emitter, comp: Computation, big: bool, max_row_block: int = 16384) -> Plan:
     outs = outputs_of(comp)

@@ -262,21 +262,29 @@ def _reduce_window(inst: Instruction, operands: list, ctx: EvalContext) -> Any:
     out_shapes = list(inst.shape.elements) if inst.shape.is_tuple else [inst.shape]
     dtypes = [s.dtype.np_dtype for s in out_shapes]
     opcode = simple_binary_reducer(comp) if n == 1 else None
+    # The spec pads with the init value, so each padding element is reduced in once more;
+    # XLA only visits window elements that land on the operand (padding and base-dilation
+    # holes are skipped), which differs where the init value is not the reducer's identity.
+    skip = ctx.numerics == "xla_cpu"
+    valid = _pad_dilate(np.ones(inputs[0].shape, bool), dims, np.asarray(False)) if skip else None
+    valid_views = [v for _, v in _window_views(valid, dims, _window_out_dims(valid.shape, dims))] \
+        if skip else None
     if opcode is not None:
         cdt = _compute_dtype(inputs[0].dtype)
         padded = _pad_dilate(inputs[0].astype(cdt), dims, inits[0].astype(cdt))
         out_dims = _window_out_dims(padded.shape, dims)
         uf = _ufunc_for(opcode, cdt)
         acc = np.broadcast_to(inits[0].astype(cdt), out_dims).copy()
-        for _, view in _window_views(padded, dims, out_dims):
-            acc = uf(acc, view)
+        for w, (_, view) in enumerate(_window_views(padded, dims, out_dims)):
+            acc = uf(acc, view) if not skip else np.where(valid_views[w], uf(acc, view), acc)
         return cast_wrapping(acc, dtypes[0]).reshape(out_shapes[0].dims)
     padded = [_pad_dilate(x, dims, i.astype(x.dtype)) for x, i in zip(inputs, inits)]
     out_dims = _window_out_dims(padded[0].shape, dims)
     accs = [np.broadcast_to(i, out_dims).astype(d) for i, d in zip(inits, dtypes)]
     views = [list(_window_views(p, dims, out_dims)) for p in padded]
     for w in range(len(views[0])):
-        accs = apply_elementwise(comp, accs + [v[w][1] for v in views], ctx, dtypes)
+        new = apply_elementwise(comp, accs + [v[w][1] for v in views], ctx, dtypes)
+        accs = new if not skip else [np.where(valid_views[w], a, b) for a, b in zip(new, accs)]
     out = [np.ascontiguousarray(a).reshape(s.dims) for a, s in zip(accs, out_shapes)]
     return tuple(out) if inst.shape.is_tuple else out[0]
 

@@ -1,6 +1,8 @@
 """The ``fusion`` pass: normalization groups, then a policy's fusions, then the rewrite.
 
-``fusion{policy=priority,target=h100,max_operands=96}`` in a pipeline spec. ``policy`` is a
+``fusion{policy=priority,target=h100,max_operands=96}`` in a pipeline spec.
+``library_dots=f32+f64`` keeps dots on those operand types out of every fusion: the CUDA
+pipeline sets it for the types cuBLAS runs faster than a generated GEMM. ``policy`` is a
 registered name (priority, greedy, none) or ``module:Class``; a policy object can be given
 in Python (``Fusion(policy=MyPolicy())``). ``target`` names a device spec of the cost model
 (h100, h200, a100, or one a user registered). After the pass, ``report_for(module)`` holds
@@ -9,11 +11,12 @@ the decision log.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from hlo.ir import Computation, Module
+from hlo.dtypes import BY_NAME
+from hlo.ir import Computation, Instruction, Module
 
-from ..base import register_pass
+from ..base import PassError, register_pass
 from . import greedy, priority  # noqa: F401  (register the built-in policies)
 from .cost_model import count_kernels, get_device, predict
 from .explain import FusionDecision, FusionReport, attach
@@ -113,17 +116,34 @@ def _log(report: FusionReport, said: dict, c: Candidate, state: FusionState, d: 
                                      apart.time_us, together.time_us, state.comp.name))
 
 
+def library_dot_rule(library_dots: frozenset[str]) -> Callable[[Instruction], Decision]:
+    """``fusible`` with dots on ``library_dots`` operand types kept whole: they run as library
+    calls (cuBLAS), which read plain buffers, so nothing fuses into or after them. Their
+    neighbours then fuse with each other instead (a bias add and the ReLU after it become one
+    loop kernel), as in XLA:GPU, whose gemm rewriter takes such dots before fusion."""
+    def rule(inst: Instruction) -> Decision:
+        if inst.opcode == "dot" and library_dots and any(
+                o.shape.dtype.name in library_dots for o in inst.operands):
+            types = "/".join(sorted({o.shape.dtype.name for o in inst.operands}))
+            return Decision(False, f"a {types} dot is a library call on this target "
+                                   "(library_dots): it fuses with nothing")
+        return fusible(inst)
+    return rule
+
+
 def fuse_computation(comp: Computation, policy: FusionPolicy, target: str, report: FusionReport,
                      max_operands: int = 96, max_size: int = 256,
-                     normalization: bool = True) -> int:
+                     normalization: bool = True,
+                     library_dots: frozenset[str] = frozenset()) -> int:
     spec = get_device(target)
-    state = FusionState(comp, spec, fusible=lambda i: bool(fusible(i)))
+    may_fuse = library_dot_rule(library_dots)
+    state = FusionState(comp, spec, fusible=lambda i: bool(may_fuse(i)))
     for inst in comp.instructions:
         for o in inst.operands:
             report.edges[(o.name, inst.name)] = False
-            d, who = fusible(o), o
+            d, who = may_fuse(o), o
             if d:
-                d, who = fusible(inst), inst
+                d, who = may_fuse(inst), inst
             if not d:
                 report.record(FusionDecision(o.name, inst.name, False, "none",
                                              f"%{who.name} is not fusible: {d.reason}",
@@ -154,18 +174,25 @@ class Fusion:
     max_operands: int = 96
     max_size: int = 256
     normalization: bool = True
+    # Operand types ('+'-separated, e.g. f32+f64) whose dots stay unfused library calls.
+    library_dots: str = ""
 
     def run(self, module: Module) -> bool:
         policy = resolve_policy(self.policy)
         spec = get_device(self.target)
         report = FusionReport(target=spec.key, policy=getattr(policy, "name", str(policy)))
+        library = frozenset(t for t in self.library_dots.split("+") if t)
+        unknown = sorted(library - set(BY_NAME))
+        if unknown:
+            raise PassError(f"fusion{{library_dots={self.library_dots}}}: unknown element "
+                            f"type {unknown[0]!r}; known: {', '.join(BY_NAME)}")
         report.kernels_before = count_kernels(module)
         before = predict(module, spec)
         report.time_before_us, report.bytes_before = before.time_us, before.bytes_moved
         made = 0
         for comp in fusion_roots(module):
             made += fuse_computation(comp, policy, spec.key, report, self.max_operands,
-                                     self.max_size, self.normalization)
+                                     self.max_size, self.normalization, library)
             # Small constants are copied into every fusion that reads them (XLA does the
             # same); the originals left without readers go.
             comp.remove_dead()

@@ -239,48 +239,27 @@ def constant_bytes(values: np.ndarray, shape: Shape, device: Any) -> Any:
     return host.to(device)
 
 
-def output_value(mem: Memory, slot: Slot, kind: str) -> Any:
-    """One output leaf as the caller asked: ``jax`` (DLPack, no copy), ``torch`` or
-    ``numpy`` (copied to the host)."""
-    if kind == "numpy" or torch_dtype(slot.shape.dtype) is None:
-        return mem.read_host(slot)
-    t = mem.view(slot)
-    if not t.is_contiguous():
-        t = t.contiguous()     # a non-default entry layout: hand out row-major memory
+def output_values(mem: Memory, slots: Sequence[Slot], kind: str, device: Any) -> tuple[list, Any]:
+    """The output leaves as the caller asked: ``jax`` (DLPack, no copy), ``torch`` or
+    ``numpy`` (copied to the host); and, for ``jax`` on a GPU, the event the handoff
+    recorded after the last of this call's work (None otherwise)."""
+    if kind == "numpy":
+        return [mem.read_host(s) for s in slots], None
+    out: list[Any] = []
+    for slot in slots:
+        if torch_dtype(slot.shape.dtype) is None:
+            out.append(mem.read_host(slot))
+            continue
+        t = mem.view(slot)
+        # A non-default entry layout: hand out row-major memory (a copy, queued before the
+        # handoff's event below).
+        out.append(t if t.is_contiguous() else t.contiguous())
     if kind == "torch":
-        return t
-    return to_jax(t, slot.shape)
-
-
-_DLPACK_TARGETS: dict = {}
-
-
-def _fast_from_dlpack(t: Any) -> Any:
-    """``jax.dlpack.from_dlpack`` without its per-call device lookup and ``jnp.asarray``
-    (together ~100 µs a call, more than a small kernel): the JAX device and its stream are
-    looked up once per torch device. Uses JAX internals; any failure falls back to the
-    public function."""
-    key = t.device
-    target = _DLPACK_TARGETS.get(key)
-    if target is None:
-        from jax._src import xla_bridge
-        from jax._src.dlpack import _DL_DEVICE_TO_PLATFORM
-        from jax._src.lib import _jax
-        dl_type, dev_id = t.__dlpack_device__()
-        backend = xla_bridge.get_backend(_DL_DEVICE_TO_PLATFORM[dl_type])
-        jdev = backend.device_from_local_hardware_id(dev_id)
-        try:
-            stream = jdev.get_stream_for_external_ready_events()
-        except Exception:  # noqa: BLE001  (CPU: no streams)
-            stream = None
-        target = _DLPACK_TARGETS[key] = (_jax.dlpack_managed_tensor_to_buffer, jdev, stream,
-                                         int(dl_type))
-    convert, jdev, stream, dl_type = target
-    capsule = t.__dlpack__(stream=stream)
-    try:
-        return convert(capsule, jdev, stream, None, dl_type)
-    except TypeError:       # older jaxlib: four arguments
-        return convert(capsule, jdev, stream, None)
+        return out, None
+    handoff = jax_handoff(device)
+    event = handoff.begin() if handoff is not None else None
+    return [to_jax(t, s.shape, handoff) if not isinstance(t, np.ndarray) else t
+            for t, s in zip(out, slots)], event
 
 
 # Why results last left the device through a host copy instead of DLPack (the fast path's
@@ -289,17 +268,91 @@ def _fast_from_dlpack(t: Any) -> Any:
 DLPACK_FALLBACK: dict[str, Any] = {"count": 0, "fast": None, "public": None}
 
 
-def to_jax(t: Any, shape: Shape) -> Any:
-    """A JAX array sharing the tensor's memory (DLPack); where JAX has no backend for the
-    tensor's device (JAX_PLATFORMS=cpu beside a GPU), a host copy as a numpy array."""
-    import jax
+class JaxHandoff:
+    """Hands one call's results to JAX through DLPack with one stream handshake for all of
+    them. ``torch.Tensor.__dlpack__(stream=...)`` records an event and makes JAX's stream
+    wait on it for every tensor, through Python-level stream lookups: ~60 µs a result on the
+    H200 host (benchmarks/NOTES.md run 11), more than the kernels of a small program. Here
+    the handshake is made once a call (``begin``: an event on torch's current stream, JAX's
+    external-ready-events stream waits on it), each result is exported without one, and
+    PJRT records the result's definition event on that JAX stream, so JAX's readers and
+    ``block_until_ready`` still wait for our kernels. JAX internals; any failure sends the
+    caller to ``jax.dlpack.from_dlpack``."""
+
+    _BY_DEVICE: dict = {}
+
+    def __init__(self, device: Any):
+        import torch
+        from jax._src import xla_bridge
+        from jax._src.dlpack import _DL_DEVICE_TO_PLATFORM
+        from jax._src.lib import _jax
+        probe = torch.empty(1, device=device)
+        dl_type, dev_id = probe.__dlpack_device__()
+        backend = xla_bridge.get_backend(_DL_DEVICE_TO_PLATFORM[dl_type])
+        self.jax_device = backend.device_from_local_hardware_id(dev_id)
+        self.convert = _jax.dlpack_managed_tensor_to_buffer
+        self.dl_type = int(dl_type)
+        self.device = device
+        try:
+            self.stream: Optional[int] = self.jax_device.get_stream_for_external_ready_events()
+        except Exception:  # noqa: BLE001  (CPU: no streams)
+            self.stream = None
+        self.external = (torch.cuda.ExternalStream(self.stream, device=device)
+                         if self.stream and device.type == "cuda" else None)
+        self.event: Any = None
+
+    @classmethod
+    def for_device(cls, device: Any) -> "JaxHandoff":
+        h = cls._BY_DEVICE.get(device)
+        if h is None:
+            h = cls._BY_DEVICE[device] = cls(device)
+        return h
+
+    def begin(self) -> Any:
+        """The handshake for this call's results; returns the event (recorded after the
+        call's work on torch's current stream), or None without a CUDA stream."""
+        if self.external is None:
+            self.event = None
+            return None
+        import torch
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        self.external.wait_event(event)
+        self.event = event
+        return event
+
+    def export(self, t: Any) -> Any:
+        from torch.utils.dlpack import to_dlpack
+        capsule = to_dlpack(t)
+        try:
+            return self.convert(capsule, self.jax_device, self.stream, None, self.dl_type)
+        except TypeError:       # older jaxlib: four arguments
+            return self.convert(capsule, self.jax_device, self.stream, None)
+
+
+def jax_handoff(device: Any) -> Optional[JaxHandoff]:
+    """The device's ``JaxHandoff``, or None where JAX has no backend for it (the public
+    DLPack path then decides)."""
     try:
-        out = _fast_from_dlpack(t)
-        if isinstance(out, jax.Array) and out.dtype == shape.dtype.np_dtype:
-            return out
-        DLPACK_FALLBACK["fast"] = f"returned {type(out).__name__} of {getattr(out, 'dtype', '?')}"
-    except Exception as e:   # noqa: BLE001
+        return JaxHandoff.for_device(device)
+    except Exception as e:  # noqa: BLE001
         DLPACK_FALLBACK["fast"] = f"{type(e).__name__}: {e}"
+        return None
+
+
+def to_jax(t: Any, shape: Shape, handoff: Optional[JaxHandoff] = None) -> Any:
+    """A JAX array sharing the tensor's memory (DLPack); where JAX has no backend for the
+    tensor's device (JAX_PLATFORMS=cpu beside a GPU), a host copy as a numpy array.
+    ``handoff`` with a ``begin`` made after the tensor's last writer: no per-tensor handshake."""
+    import jax
+    if handoff is not None:
+        try:
+            out = handoff.export(t)
+            if isinstance(out, jax.Array) and out.dtype == shape.dtype.np_dtype:
+                return out
+            DLPACK_FALLBACK["fast"] = f"returned {type(out).__name__} of {getattr(out, 'dtype', '?')}"
+        except Exception as e:   # noqa: BLE001
+            DLPACK_FALLBACK["fast"] = f"{type(e).__name__}: {e}"
     try:
         return jax.dlpack.from_dlpack(t)
     except Exception as e:   # noqa: BLE001

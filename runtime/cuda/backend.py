@@ -39,6 +39,7 @@ from . import arena as ar
 from .collectives import ASYNC_COLLECTIVES, COLLECTIVE_OPS
 from .errors import NoCudaDeviceError
 from .graphs import GraphSegment, GraphSettings, segment
+from .torch_ops import DEVICE_OPS, device_op_thunk
 from .thunks import (BytesCopyThunk, ConditionalThunk, CopyThunk, HostThunk, KernelThunk,
                      LibraryThunk, RunContext, SequenceThunk, Thunk, WhileThunk,
                      one_instruction_fusion)
@@ -221,13 +222,20 @@ class CudaExecutable:
             for i in callee.instructions:
                 out.extend(self._thunks(i))
             return out
+        # gather / scatter / sort / reduce-window (alone or fused): no Triton template
+        # takes them; torch ops on arena views where torch_ops.py can, else a HostThunk.
+        t = device_op_thunk(inst, self.leaves) if op in DEVICE_OPS else None
+        if t is not None:
+            return [t]
         if op == "fusion":
             t = self._kernel(inst, inst, wrapped=False)
             return list(t.thunks) if isinstance(t, SplitThunk) else [t]
         if op == "copy":
             if all(ar.torch_dtype(s.shape.dtype) is not None for s in self.leaves(inst).values()):
                 ins = [self.leaves(inst.operands[0])[ix] for ix in self.leaves(inst)]
-                return [CopyThunk(inst, ins, list(self.leaves(inst).values()))]
+                copy = CopyThunk(inst, ins, list(self.leaves(inst).values()))
+                tiled = self._tiled_copy(inst, copy)
+                return [tiled if tiled is not None else copy]
             return [self._host(inst, "no torch dtype")]
         if self.comm is not None and op in COLLECTIVE_OPS | ASYNC_COLLECTIVES:
             from .collectives import collective_thunk
@@ -273,6 +281,27 @@ class CudaExecutable:
         fallback = self._host(inst, "Triton could not compile it") if wrapped else None
         return KernelThunk(inst, kernel, ins, outs, fusion,  # type: ignore[arg-type]
                            wrapped=wrapped, fallback=fallback)
+
+    def _tiled_copy(self, inst: Instruction, copy: CopyThunk) -> Optional[Thunk]:
+        """A copy that moves the minor dimension (a layout change such as the K-major copy
+        of an 8-bit GEMM operand) as a tiled Triton transpose: torch's strided copy reads or
+        writes one element per memory transaction there (370 µs for 64 MB of s8 on the H200,
+        benchmarks/NOTES.md run 10). Any other copy stays a torch copy."""
+        from codegen.triton import TritonCodegenError, compile_fusion
+        from codegen.triton.templates import transpose_tile_dims
+        if not inst.shape.is_array or inst.shape.dtype.name == "pred":
+            return None
+        fusion = one_instruction_fusion(inst)
+        if transpose_tile_dims(fusion.attrs["calls"]) is None:
+            return None
+        try:
+            kernel = compile_fusion(fusion, target=self.target, autotune=self.autotune)
+        except TritonCodegenError:
+            return None
+        if kernel.template != "transpose":
+            return None
+        return KernelThunk(inst, kernel, copy.inputs, copy.outputs, fusion, wrapped=True,
+                           fallback=copy)
 
     def _split(self, inst: Instruction, ins: list[Slot], outs: list[Slot]) -> Optional[Any]:
         """The GEMM fusion as prologue kernels + cuBLAS + epilogue kernel (split.py), as one
@@ -385,8 +414,8 @@ class CudaExecutable:
         ctx.graphs = self.graphs          # type: ignore[attr-defined]
         self.stats["runs"] = self.stats.get("runs", 0) + 1
         self.sequence.run(mem, ctx)
-        results = [ar.output_value(mem, slot, output) for slot in self.output_slots]
-        self._keep_alive(mem)
+        results, event = ar.output_values(mem, self.output_slots, output, self.device)
+        self._keep_alive(mem, event)
         return results
 
     def _eval_context(self) -> EvalContext:
@@ -396,15 +425,17 @@ class CudaExecutable:
         return EvalContext(Evaluator(), partition_id=self.comm.rank,
                            num_partitions=self.comm.world)
 
-    def _keep_alive(self, mem: ar.Memory) -> None:
+    def _keep_alive(self, mem: ar.Memory, event: Any = None) -> None:
         """Keep this run's parameter tensors (other frameworks' memory, seen through DLPack)
         referenced until the device is done with them: the caller may drop its arrays as
-        soon as we return, while our kernels are still queued."""
+        soon as we return, while our kernels are still queued. ``event``: one already
+        recorded after the call's work (the JAX handoff's), else one is recorded here."""
         if not self.on_gpu:
             return
         import torch
-        event = torch.cuda.Event()
-        event.record()
+        if event is None:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
         self._in_flight.append((event, [mem.buffers[k] for k in self._dynamic]))
         while len(self._in_flight) > 2 or (self._in_flight and self._in_flight[0][0].query()):
             old, _ = self._in_flight.pop(0)
