@@ -32,7 +32,7 @@ def host_overhead(out: list[str]) -> None:
     from benchmarks.gpu_suite import programs
     progs = {p[0]: p for p in programs()}
     cases = [("tiny_add", lambda x: x + 1.0, (np.ones(16, np.float32),))]
-    for name in ("softmax", "giou", "s8_gemm"):
+    for name in ("softmax", "giou", "s8_gemm", "mlp_train"):
         if name in progs:
             cases.append((name, progs[name][2], progs[name][3]))
     for name, fn, args in cases:
@@ -78,8 +78,8 @@ def _phases(exe, flat: list, calls: int = 300) -> str:
     import torch
     from runtime.cuda import arena as ar
     from runtime.cuda.thunks import RunContext
-    names = ("memory (args, pooled outputs)", "thunks (graph replay)", "outputs to JAX (DLPack)",
-             "keep-alive event", "block_until_ready")
+    names = ("memory (args, pooled outputs)", "thunks (graph replay)", "output views",
+             "handoff event", "DLPack exports", "keep-alive", "block_until_ready")
     steps: list[list[float]] = [[] for _ in names]
     for _ in range(calls):
         torch.cuda.synchronize()
@@ -90,7 +90,12 @@ def _phases(exe, flat: list, calls: int = 300) -> str:
         ctx.graphs = exe.graphs
         exe.sequence.run(mem, ctx)
         t.append(time.perf_counter())
-        res, event = ar.output_values(mem, exe.output_slots, "jax", exe.device)
+        views = [mem.view(slot) for slot in exe.output_slots]
+        t.append(time.perf_counter())
+        handoff = ar.jax_handoff(exe.device)
+        event = handoff.begin()
+        t.append(time.perf_counter())
+        res = [ar.to_jax(v, slot.shape, handoff) for v, slot in zip(views, exe.output_slots)]
         t.append(time.perf_counter())
         exe._keep_alive(mem, event)
         t.append(time.perf_counter())
@@ -101,6 +106,52 @@ def _phases(exe, flat: list, calls: int = 300) -> str:
         del res, mem
     return "host steps of one call (median us): " + ", ".join(
         f"{n} {statistics.median(v):.1f}" for n, v in zip(names, steps)) + "\n"
+
+
+def dlpack_steps(out: list[str], calls: int = 2000) -> None:
+    """The pieces of handing a torch result to JAX, each timed alone (us per call)."""
+    import time
+    import jax
+    import torch
+    from torch.utils.dlpack import to_dlpack
+    from runtime.cuda.arena import JaxHandoff
+    h = JaxHandoff.for_device(torch.device("cuda", 0))
+    t = torch.ones(16, device="cuda")
+    keep = []
+
+    def per_call(fn) -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            keep.append(fn())
+        torch.cuda.synchronize()
+        dt = (time.perf_counter() - t0) / calls * 1e6
+        keep.clear()
+        return dt
+    ev = torch.cuda.Event()
+    ev.record()
+    rows = {
+        "torch.cuda.current_stream(dev)": lambda: torch.cuda.current_stream(h.device),
+        "Event() + record(stream)": lambda: torch.cuda.Event().record(
+            torch.cuda.current_stream(h.device)),
+        "external.wait_event": lambda: h.external.wait_event(ev),
+        "to_dlpack": lambda: to_dlpack(t),
+        "convert, stream given": lambda: h.convert(to_dlpack(t), h.jax_device, h.stream, None,
+                                                   h.dl_type),
+        "convert, no stream": lambda: h.convert(to_dlpack(t), h.jax_device, None, None,
+                                                h.dl_type),
+        "t.__dlpack__(stream) + convert": lambda: h.convert(t.__dlpack__(stream=h.stream),
+                                                            h.jax_device, h.stream, None,
+                                                            h.dl_type),
+        "jax.dlpack.from_dlpack(t)": lambda: jax.dlpack.from_dlpack(t),
+        "jnp.zeros(16) (a JAX dispatch)": lambda: jax.numpy.zeros(16),
+    }
+    out.append("## DLPack handoff pieces (us per call, host clock)\n")
+    for name, fn in rows.items():
+        try:
+            out.append(f"- {name}: {per_call(fn):.1f}")
+        except Exception as e:  # noqa: BLE001
+            out.append(f"- {name}: failed {type(e).__name__}: {e}")
+        print(out[-1], flush=True)
 
 
 def output_release(out: list[str]) -> None:
@@ -371,7 +422,7 @@ def main() -> None:
     out: list[str] = ["# GPU probe\n"]
     chosen = set(opts.parts.split(","))
     parts = (("int8", int8_configs), ("host", host_overhead), ("pool", output_release),
-             ("wait", waiting), ("transpose", transposes), ("timeline", lambda o: timeline(o, "/tmp", tuple(opts.programs.split(",")))))
+             ("wait", waiting), ("dlpack", dlpack_steps), ("transpose", transposes), ("timeline", lambda o: timeline(o, "/tmp", tuple(opts.programs.split(",")))))
     for key, part in [(k, p) for k, p in parts if k in chosen]:
         try:
             part(out)

@@ -228,6 +228,25 @@ def test_column_reduction():
     assert k.template == "column_reduction"
 
 
+def test_multi_output_column_reduction_stores_its_elementwise_root_in_the_same_pass():
+    # A ReLU gradient and its bias gradient (the MLP backward's select + column sum): the
+    # select is stored from the reduction's pass over the rows, so the inputs are read once.
+    f = make("""  %g = f32[70,48] parameter(0)
+  %h = f32[70,48] parameter(1)
+  %z = f32[] constant(0)
+  %zb = f32[70,48] broadcast(%z), dimensions={}
+  %pos = pred[70,48] compare(%h, %zb), direction=GT
+  %sel = f32[70,48] select(%pos, %g, %zb)
+  %r = f32[48] reduce(%sel, %z), dimensions={0}, to_apply=%add
+  ROOT %t = (f32[70,48], f32[48]) tuple(%sel, %r)""", ["g: f32[70,48]", "h: f32[70,48]"],
+             "(f32[70,48], f32[48])", kind="kInput", extra=ADD)
+    k = check_fusion(f)
+    assert k.template == "column_reduction"
+    assert k.source.count("for c0 in range(") == 1, k.source
+    # 48 f32 columns: 8 per program (one 32-byte sector per row), so 6 programs, not 2.
+    assert k.config["BLOCK_M"] == 8
+
+
 def test_multi_output_reduction_sum_and_sum_of_squares():
     f = make("""  %p0 = bf16[5,40] parameter(0)
   %x = f32[5,40] convert(%p0)

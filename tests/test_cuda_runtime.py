@@ -333,14 +333,18 @@ def test_arena_too_big_says_how_many_bytes():
 
 @gpu
 def test_host_fallback_between_graphs():
-    prog = by_name("sort_argsort")
-    args = prog.args()
-    c = compiled_cuda(prog.fn, *args)
+    # Max pooling's gradient: select-and-scatter runs on the host between the graphs of
+    # the convolutions around it, three calls in a row (graphs captured, then replayed).
+    prog = by_name("conv_grad_maxpool_grad")
+    with jax.default_matmul_precision("highest"):
+        args = prog.args()
+        c = compiled_cuda(prog.fn, *args)
+        want = jax.jit(prog.fn)(*args)
     exe = executable_of(c)
-    want = jax.jit(prog.fn)(*args)
     for _ in range(3):
-        check_close(c(*args), want, 0, 0)
-    assert exe.stats.get("host_fallback_runs", 0) >= 15
+        check_close(c(*args), want, *_zoo_tolerance(prog))
+    assert exe.stats.get("host_fallback_runs", 0) == 3
+    assert len(exe.graph_segments()) >= 2
 
 
 def test_cuda_backend_is_registered():

@@ -328,7 +328,11 @@ def rows_template(em: Emitter, comp: Computation, big: bool, max_row_block: int 
         # the reduced dim BN rows at a time. Few kept elements per program so that the grid
         # fills the GPU (~2 programs per SM of a 132-SM Hopper), at least 128 bytes wide;
         # tiles of ~8K elements keep enough loads in flight per SM.
-        width = max(1, 128 // max(1, first.operands[0].shape.dtype.bits // 8))
+        # At least one 32-byte sector per row of the tile: DRAM is read in sectors, so a
+        # narrower tile wastes bandwidth, and a wider one leaves too few programs for
+        # [2048, 1000]-sized reductions (32 programs of 128 bytes measured 33 µs on the
+        # H200 where 125 of 32 bytes fill the GPU; benchmarks/NOTES.md run 12).
+        width = max(1, 32 // max(1, first.operands[0].shape.dtype.bits // 8))
         BM = min(next_pow2(M), 128, max(width, prev_pow2(max(1, M // COLUMN_PROGRAMS))))
         BN = max(16, min(next_pow2(R), 8192 // BM))
     elif single:
@@ -398,6 +402,14 @@ def rows_template(em: Emitter, comp: Computation, big: bool, max_row_block: int 
             else:
                 _store(em, k, o, em.value(o, kept_idx), kept_idx, "row_mask")
     else:
+        full_outs = [(k, o) for k, o in enumerate(outs)
+                     if o.shape.dims == full_dims and len(full_dims) != len(kept_shape)]
+        # Full-shape outputs that need no reduction's result (a multi-output fusion's
+        # elementwise roots beside its reduce) are stored from the first reduction's pass
+        # over the input, so the input is read once, not twice.
+        early = [(k, o) for k, o in full_outs if not _reads_a_reduce(o)]
+        stored_early: list[bool] = []
+
         def handler(inst: Instruction, idx: Index) -> object:
             if tuple(idx) != kept_idx or len(em.scopes) != 1:
                 raise NotTileable("reduce read at a non-row index or inside a loop")
@@ -422,6 +434,10 @@ def rows_template(em: Emitter, comp: Computation, big: bool, max_row_block: int 
                 new = em.assign("c", f"{fn}({', '.join(accs + tiles)})")
                 for j, a in enumerate(accs):
                     em.line(f"{a} = {new}" if len(accs) == 1 else f"{a} = {new}[{j}]")
+            if early and not stored_early:
+                for k, o in early:
+                    _store(em, k, o, em.value(o, full), full, "row_mask & col_mask")
+                stored_early.append(True)
             em.pop_scope()
             dt = inst.shape.dtype if len(accs) == 1 else None
             if sum_:
@@ -436,11 +452,10 @@ def rows_template(em: Emitter, comp: Computation, big: bool, max_row_block: int 
         # Every reduction first (each its own pass over the row), then the outputs.
         for r in reduces:
             em.value(r, kept_idx)
-        full_outs = [(k, o) for k, o in enumerate(outs)
-                     if o.shape.dims == full_dims and len(full_dims) != len(kept_shape)]
         for k, o in enumerate(outs):
             if (k, o) not in full_outs:
                 _store(em, k, o, em.value(o, kept_idx), kept_idx, "row_mask")
+        full_outs = [ko for ko in full_outs if not (stored_early and ko in early)]
         if full_outs:
             em.line(f"for c0 in range(0, {R}, BLOCK_N):", "output pass over the row")
             em.push_scope()
@@ -463,6 +478,20 @@ def rows_template(em: Emitter, comp: Computation, big: bool, max_row_block: int 
                   and (bm, bn, w) != (BM, BN, warps)]
     name = "column_reduction" if column else ("normalization" if single else "looped_rows")
     return Plan(name, ["BLOCK_M", "BLOCK_N"], cfg, lambda c: (max(1, -(-M // c["BLOCK_M"])),), cands)
+
+
+def _reads_a_reduce(out: Instruction) -> bool:
+    """Whether ``out`` depends on a reduce inside its fusion."""
+    stack, seen = [out], set()
+    while stack:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if v.opcode == "reduce":
+            return True
+        stack.extend(v.operands)
+    return False
 
 
 # --- GEMM template ----------------------------------------------------------------------------
