@@ -186,7 +186,9 @@ def ceilings() -> dict:
     out["tf32"] = 2 * n ** 3 / (bench(lambda: xf @ yf) * 1e-3)
     torch.set_float32_matmul_precision("highest")
     xi = torch.randint(-128, 128, (n, n), device="cuda", dtype=torch.int8)
-    yi = torch.randint(-128, 128, (n, n), device="cuda", dtype=torch.int8)
+    # cuBLAS's int8 GEMM reads B K-major ("TN"); on a row-major B torch._int_mm measured
+    # 128 TOPS on the H200, on the K-major one 894 (benchmarks/NOTES.md run 10).
+    yi = torch.randint(-128, 128, (n, n), device="cuda", dtype=torch.int8).t().contiguous().t()
     out["int8"] = 2 * n ** 3 / (bench(lambda: torch._int_mm(xi, yi)) * 1e-3)
     return out
 

@@ -16,8 +16,8 @@ each op is a handful of torch calls on arena views, with XLA's semantics as the 
   integer keys, the other operands gathered with the permutation;
 - reduce-window (one operand; add / multiply / maximum / minimum): pad with the reducer's
   identity, ``unfold`` every dimension (views, nothing copied), reduce, fold the init value
-  in once (XLA's answer; the interpreter pads with the init value, which differs from
-  jax.jit when the init value is not the identity).
+  in once (XLA's answer: padding is never reduced in, as in the interpreter's default
+  numerics).
 
 A fusion holding one of these ops is evaluated instruction by instruction with torch when
 every other instruction of it is in ``_FUSED`` (data movement and the plain elementwise ops
