@@ -279,13 +279,15 @@ class JaxHandoff:
     """Hands one call's results to JAX through DLPack with one stream handshake for all of
     them. ``torch.Tensor.__dlpack__(stream=...)`` records an event and makes JAX's stream
     wait on it for every tensor, through Python-level stream lookups: ~60 µs a result on the
-    H200 host (benchmarks/NOTES.md run 11), more than the kernels of a small program. Here
+    H200 host (benchmarks/NOTES.md run 13), more than the kernels of a small program. Here
     the handshake is made once a call (``begin``: an event on torch's current stream, JAX's
     external-ready-events stream waits on it), each result is exported without one, and
     PJRT records the result's definition event on that JAX stream, so JAX's readers and
     ``block_until_ready`` still wait for our kernels. JAX internals; any failure sends the
     caller to ``jax.dlpack.from_dlpack``."""
 
+    # Per torch device: its handoff, or None where JAX has no backend for the device
+    # (looked up once: a failed lookup costs more than the call it would serve).
     _BY_DEVICE: dict = {}
 
     def __init__(self, device: Any):
@@ -306,27 +308,27 @@ class JaxHandoff:
             self.stream = None
         self.external = (torch.cuda.ExternalStream(self.stream, device=device)
                          if self.stream and device.type == "cuda" else None)
-        self.event: Any = None
         self._stream: Any = None
 
     @classmethod
-    def for_device(cls, device: Any) -> "JaxHandoff":
-        h = cls._BY_DEVICE.get(device)
-        if h is None:
-            h = cls._BY_DEVICE[device] = cls(device)
-        return h
+    def for_device(cls, device: Any) -> Optional["JaxHandoff"]:
+        if device not in cls._BY_DEVICE:
+            try:
+                cls._BY_DEVICE[device] = cls(device)
+            except Exception as e:  # noqa: BLE001
+                DLPACK_FALLBACK["fast"] = f"{type(e).__name__}: {e}"
+                cls._BY_DEVICE[device] = None
+        return cls._BY_DEVICE[device]
 
     def begin(self) -> Any:
         """The handshake for this call's results; returns the event (recorded after the
         call's work on torch's current stream), or None without a CUDA stream."""
         if self.external is None:
-            self.event = None
             return None
         import torch
         event = torch.cuda.Event()
         event.record(self._current_stream())
         self.external.wait_event(event)
-        self.event = event
         return event
 
     def _current_stream(self) -> Any:
@@ -352,11 +354,7 @@ class JaxHandoff:
 def jax_handoff(device: Any) -> Optional[JaxHandoff]:
     """The device's ``JaxHandoff``, or None where JAX has no backend for it (the public
     DLPack path then decides)."""
-    try:
-        return JaxHandoff.for_device(device)
-    except Exception as e:  # noqa: BLE001
-        DLPACK_FALLBACK["fast"] = f"{type(e).__name__}: {e}"
-        return None
+    return JaxHandoff.for_device(device)
 
 
 def to_jax(t: Any, shape: Shape, handoff: Optional[JaxHandoff] = None) -> Any:
