@@ -10,7 +10,7 @@ Invariants kept by every mutation method here (and checked by ``hlo.verify``):
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Collection, Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -126,6 +126,20 @@ class Instruction:
         if self.opcode == "custom-call":
             return bool(self.attrs.get("custom_call_has_side_effect"))
         return self.op.side_effecting
+
+    def reads_any(self, opcodes: Collection[str]) -> bool:
+        """Whether this instruction or anything it reads, transitively through operands,
+        has an opcode in ``opcodes``."""
+        stack, seen = [self], set()
+        while stack:
+            v = stack.pop()
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+            if v.opcode in opcodes:
+                return True
+            stack.extend(v.operands)
+        return False
 
     def to_text(self, **options: Any) -> str:
         from .text.printer import print_instruction

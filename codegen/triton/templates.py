@@ -407,7 +407,7 @@ def rows_template(em: Emitter, comp: Computation, big: bool, max_row_block: int 
         # Full-shape outputs that need no reduction's result (a multi-output fusion's
         # elementwise roots beside its reduce) are stored from the first reduction's pass
         # over the input, so the input is read once, not twice.
-        early = [(k, o) for k, o in full_outs if not _reads_a_reduce(o)]
+        early = [(k, o) for k, o in full_outs if not o.reads_any(("reduce",))]
         stored_early: list[bool] = []
 
         def handler(inst: Instruction, idx: Index) -> object:
@@ -478,20 +478,6 @@ def rows_template(em: Emitter, comp: Computation, big: bool, max_row_block: int 
                   and (bm, bn, w) != (BM, BN, warps)]
     name = "column_reduction" if column else ("normalization" if single else "looped_rows")
     return Plan(name, ["BLOCK_M", "BLOCK_N"], cfg, lambda c: (max(1, -(-M // c["BLOCK_M"])),), cands)
-
-
-def _reads_a_reduce(out: Instruction) -> bool:
-    """Whether ``out`` depends on a reduce inside its fusion."""
-    stack, seen = [out], set()
-    while stack:
-        v = stack.pop()
-        if id(v) in seen:
-            continue
-        seen.add(id(v))
-        if v.opcode == "reduce":
-            return True
-        stack.extend(v.operands)
-    return False
 
 
 # --- GEMM template ----------------------------------------------------------------------------

@@ -528,16 +528,7 @@ def _expensive_prologue(fusion: Instruction) -> bool:
     dots = [i for i in comp.instructions if i.opcode == "dot"]
     if len(dots) != 1:
         return False
-    stack, seen = list(dots[0].operands), set()
-    while stack:
-        v = stack.pop()
-        if id(v) in seen:
-            continue
-        seen.add(id(v))
-        if v.opcode in TRANSCENDENTAL:
-            return True
-        stack.extend(v.operands)
-    return False
+    return any(o.reads_any(TRANSCENDENTAL) for o in dots[0].operands)
 
 
 class SplitThunk(SequenceThunk):
