@@ -316,6 +316,11 @@ class Computation:
         from .render import repr_html
         return repr_html(self)
 
+    def to_networkx(self) -> Any:
+        """This computation as a ``networkx.MultiDiGraph`` (see ``hlo.graph``)."""
+        from .graph import computation_to_networkx
+        return computation_to_networkx(self)
+
 
 class Module:
     """An HLO module: computations (called ones first, as XLA prints them) and an entry."""
@@ -455,6 +460,12 @@ class Module:
 
     def __repr__(self) -> str:
         return f"<Module {self.name}: {len(self.computations)} computations>"
+
+    def to_networkx(self) -> Any:
+        """Every computation's instructions as one ``networkx.MultiDiGraph``, with call
+        edges from callee roots to callers (see ``hlo.graph``)."""
+        from .graph import module_to_networkx
+        return module_to_networkx(self)
 
     # Jupyter shows a module as its graph (or its text when graphviz is missing).
     def _repr_html_(self) -> str:

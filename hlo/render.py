@@ -1,4 +1,5 @@
-"""Drawing HLO with graphviz: DOT text always, SVG when the ``dot`` binary is installed.
+"""Drawing HLO with graphviz: DOT text always, SVG (through the ``graphviz`` package) when
+the ``dot`` binary is installed.
 
 Nodes are coloured by op category, edges carry the operand's shape (plus layout and
 sharding when set), fusions are clusters labelled with their kind, called computations
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import html
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Union
 
@@ -277,18 +277,21 @@ DOT_MISSING_HINT = ("graphviz's `dot` binary is not installed, so only .dot file
                     "graphviz) and render with: dot -Tsvg FILE.dot -o FILE.svg")
 
 
-def dot_to_svg(dot_text: str, timeout: float = 60.0) -> str:
+def dot_to_svg(dot_text: str) -> str:
+    """SVG through the ``graphviz`` package (which runs graphviz's ``dot``). ``dot`` is
+    superlinear: keep drawings within a node budget (``to_dot(max_nodes=...)``); the
+    interactive viewer (``runtime.viewer``) lays out large graphs itself."""
+    import graphviz
     if not dot_available():
         raise RenderError(DOT_MISSING_HINT)
     try:
-        proc = subprocess.run(["dot", "-Tsvg"], input=dot_text.encode(), capture_output=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise RenderError(f"graphviz took longer than {timeout:.0f}s; draw fewer nodes "
-                          "(max_nodes=...) or collapse fusions") from None
-    if proc.returncode != 0:
-        raise RenderError(f"graphviz failed: {proc.stderr.decode(errors='replace')[:500]}")
-    return proc.stdout.decode()
+        svg = graphviz.Source(dot_text).pipe(format="svg", encoding="utf-8")
+    except graphviz.ExecutableNotFound:
+        raise RenderError(DOT_MISSING_HINT) from None
+    except graphviz.CalledProcessError as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else str(e.stderr)
+        raise RenderError(f"graphviz failed: {err[:500]}") from None
+    return svg
 
 
 def render(obj: Union[Module, Computation], format: str = "svg", **options) -> str:
