@@ -280,6 +280,15 @@ class LoadedExecutable:
         results = self._body(values, frozenset(donated))
         return [Buffer._adopt(np.asarray(r), self.device) for r in results]
 
+    def profile(self, arguments: Sequence[Any], reps: int = 3) -> list[tuple[str, float]]:
+        """Time of each top-level thunk, ``[(description naming %instruction, ms), ...]``
+        (``hlotk view --profile`` and ``runtime.viewer.profile_by_name`` read it)."""
+        exe = getattr(self._body, "executable", None)
+        if exe is None or not hasattr(exe, "profile"):
+            raise ClientError(f"{self.name}: this backend's executable cannot be profiled")
+        args = [a.to_numpy() if isinstance(a, Buffer) else np.asarray(a) for a in arguments]
+        return exe.profile(args, reps)
+
     def __repr__(self) -> str:
         return f"LoadedExecutable({self.name}, device={self.device}, pipeline={self.pipeline!r})"
 

@@ -5,7 +5,8 @@ Used as a pass hook (see ``passes.pipeline``). For pass number N it writes
 installed and the pass changed something, ``.svg`` files with added/removed/changed
 instructions highlighted. ``finish`` writes ``index.html``: self-contained (SVGs inline, no
 network fetches), with the pass list (time, instruction counts, changed) and, per pass, the
-before/after graphs side by side with the name-aligned diff and the text diff.
+before/after graphs side by side with the name-aligned diff and the text diff, and links
+``viewer.html``, the interactive viewer of every pass (``runtime.viewer``).
 """
 from __future__ import annotations
 
@@ -79,15 +80,22 @@ class PassDumper:
     directory: Path
     render_svg: bool = True
     max_nodes: int = 400
+    # graphviz's dot takes ~20 s for a 400-node drawing with clusters (and minutes past
+    # that): bigger modules get no static SVG, only the interactive viewer.html.
+    max_static_svg_instructions: int = 150
     title: str = "hlotk pass dump"
     entries: list[_PassEntry] = field(default_factory=list)
     _before_text: str = ""
     _first_text: Optional[str] = None
+    viewer: Any = None            # runtime.viewer.ViewerData, filled as passes run
+    _viewer_current: int = 0      # the snapshot the next pass's "before" is
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._svg = self.render_svg and dot_available()
+        from .viewer import ViewerData
+        self.viewer = ViewerData(self.title)
 
     def __call__(self, event: str, p: Any, module: hlo.Module, record: Optional[PassRecord]) -> None:
         if event == "before":
@@ -95,6 +103,7 @@ class PassDumper:
             if self._first_text is None:
                 self._first_text = self._before_text
                 atomic_write(self.directory / "00.input.hlo.txt", self._before_text)
+                self._viewer_current = self.viewer.add_module(module, "00 input")
             return
         assert record is not None
         after_text = module.to_text()
@@ -109,6 +118,7 @@ class PassDumper:
             entry.text_diff = unified_text_diff(self._before_text, after_text,
                                                 f"{stem}.before", f"{stem}.after")
             atomic_write(self.directory / f"{stem}.diff.txt", entry.diff.to_text())
+            self._add_viewer_step(n, record, module, entry.diff)
             dot_b = to_dot(before_module, diff=entry.diff.marks_before(), max_nodes=self.max_nodes,
                            title=f"{record.name}: before",
                            edge_styles=_fusion_edge_styles(module, record.name))
@@ -116,7 +126,10 @@ class PassDumper:
                            title=f"{record.name}: after")
             atomic_write(self.directory / f"{stem}.before.dot", dot_b)
             atomic_write(self.directory / f"{stem}.after.dot", dot_a)
-            if self._svg:
+            too_big = self._too_big_for_svg(before_module, module)
+            if too_big:
+                entry.render_note = too_big
+            elif self._svg:
                 try:
                     entry.svg_before = dot_to_svg(dot_b)
                     entry.svg_after = dot_to_svg(dot_a)
@@ -126,6 +139,38 @@ class PassDumper:
                     entry.render_note = str(e)
         self.entries.append(entry)
 
+    def _too_big_for_svg(self, *modules: hlo.Module) -> str:
+        n = max(sum(len(c.instructions) for c in m.computations) for m in modules)
+        if n <= self.max_static_svg_instructions:
+            return ""
+        return (f"{n} instructions: more than max_static_svg_instructions="
+                f"{self.max_static_svg_instructions} for a static graphviz drawing (dot takes "
+                "minutes at that size); open viewer.html, the interactive viewer")
+
+    def _add_viewer_step(self, n: int, record: PassRecord, module: hlo.Module,
+                         diff: ModuleDiff) -> None:
+        """A snapshot after a pass that changed something, and its before/after pair."""
+        from .viewer import diff_pair
+        from passes.fusion.explain import report_for
+        report = report_for(module)
+        if record.name.startswith("fusion") and report is not None:
+            import json
+            atomic_write(self.directory / "fusion_report.json", json.dumps(report.to_json()))
+        k = self.viewer.add_module(module, f"{n:02d} after {record.name}")
+        self.viewer.add_pair(diff_pair(f"{n:02d}. {record.name}: before | after",
+                                       self._viewer_current, k, diff, record.seconds))
+        self._viewer_current = k
+
+    def _write_viewer(self, final: Optional[hlo.Module]) -> Path:
+        from .viewer import add_memory, write_viewer
+        if not self.viewer.snapshots and final is not None:
+            self._viewer_current = self.viewer.add_module(final, "final")
+        if final is not None:
+            note = add_memory(self.viewer, self._viewer_current, final)
+            if note:
+                self.viewer.notes.append(note)
+        return write_viewer(self.viewer, self.directory / "viewer.html")
+
     def finish(self, final: Optional[hlo.Module] = None, extra_sections: str = "") -> Path:
         """Write ``index.html`` (and the final module's text); returns the index path."""
         if final is not None:
@@ -134,7 +179,7 @@ class PassDumper:
             dot_final = to_dot(final, max_nodes=self.max_nodes, title="final")
             atomic_write(self.directory / "99.final.dot", dot_final)
             final_svg = None
-            if self._svg:
+            if self._svg and not self._too_big_for_svg(final):
                 try:
                     final_svg = dot_to_svg(dot_final)
                     atomic_write(self.directory / "99.final.svg", final_svg)
@@ -144,6 +189,7 @@ class PassDumper:
             final_svg = None
         if final is not None and final.is_scheduled:
             extra_sections += buffer_assignment_section(final, self.directory)
+        self._write_viewer(final)
         index = self.directory / "index.html"
         atomic_write(index, self._html(final, final_svg, extra_sections))
         return index
@@ -183,7 +229,8 @@ class PassDumper:
                 f'</section>')
         final_html = ""
         if final is not None:
-            pic = _strip_xml(final_svg) if final_svg else f'<p class="note">{html.escape(DOT_MISSING_HINT)}</p>'
+            why = self._too_big_for_svg(final) or DOT_MISSING_HINT
+            pic = _strip_xml(final_svg) if final_svg else f'<p class="note">{html.escape(why)}</p>'
             final_html = (f'<section id="final"><h2>Final module</h2>{pic}<details><summary>HLO text'
                           f'</summary><pre>{html.escape(final.to_text())}</pre></details></section>')
         legend = ("<p class=legend>Graph colours: <span style='background:#dbeafe'>elementwise</span> "
@@ -206,6 +253,9 @@ section {{ margin-top: 2em; border-top: 2px solid #e5e7eb; }}
 </style></head><body>
 <h1>{html.escape(self.title)}</h1>
 <p>{len(self.entries)} passes, {total * 1e3:.1f} ms in total. Input: <code>00.input.hlo.txt</code>.</p>
+<p class="viewer"><a href="viewer.html"><b>Open the interactive viewer</b></a> (<code>viewer.html</code>):
+pan, zoom, search, expand fusions, click an instruction for its details, every pass before and
+after side by side, the memory timeline.</p>
 {legend}
 <table><tr><th>#</th><th>pass</th><th>ms</th><th>instructions before</th><th>after</th>
 <th>changed</th><th>diff</th></tr>{''.join(rows)}</table>

@@ -204,6 +204,22 @@ class CpuExecutable:
         # the result are not returned (PJRT has no token buffers).
         return [mem.read(slot) for slot in self.output_slots]
 
+    def profile(self, args: list[Any], reps: int = 3) -> list[tuple[str, float]]:
+        """Wall time of each top-level thunk (ms, mean of ``reps`` runs of it alone after
+        one run of the whole program), in ``CudaExecutable.profile``'s format. Thunks are
+        re-run on whatever their operands hold, so only the times mean anything."""
+        import time
+        mem = self._memory(list(args), frozenset())
+        ctx = EvalContext(Evaluator())
+        self.sequence.run(mem, self.slots, ctx)
+        out: list[tuple[str, float]] = []
+        for t in self.sequence.thunks:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                t.run(mem, self.slots, ctx)
+            out.append((t.describe().strip().splitlines()[0], (time.perf_counter() - t0) * 1e3 / reps))
+        return out
+
     def describe(self) -> str:
         """The thunk sequence, one line per thunk (nested sequences indented)."""
         return self.sequence.describe()

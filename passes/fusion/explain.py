@@ -111,6 +111,23 @@ class FusionReport:
             styles[(d.producer, d.consumer)] = EdgeStyle(color, tip, 2.5 if d.fused else 1.5)
         return styles
 
+    def to_json(self) -> dict:
+        """Plain data (the dump's ``fusion_report.json``); ``from_json`` reads it back."""
+        from dataclasses import asdict
+        out = {k: getattr(self, k) for k in ("target", "policy", "kernels_before",
+                                              "kernels_after", "time_before_us", "time_after_us",
+                                              "bytes_before", "bytes_after")}
+        out["decisions"] = [asdict(d) for d in self.decisions]
+        out["edges"] = [[p, c, fused] for (p, c), fused in self.edges.items()]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "FusionReport":
+        r = cls(**{k: v for k, v in data.items() if k not in ("decisions", "edges")})
+        r.decisions = [FusionDecision(**d) for d in data.get("decisions", ())]
+        r.edges = {(p, c): bool(f) for p, c, f in data.get("edges", ())}
+        return r
+
     def html(self) -> str:
         """A section for the dump report."""
         import html as _h
