@@ -4,6 +4,8 @@
     hlotk compile prog.hlo --passes default --dump out/dump   # passes, per-pass dump
     hlotk run prog.hlo --inputs x.npy       # run on the CPU, summarize the outputs
     hlotk diff a.hlo b.hlo --html d.html    # what changed, aligned by instruction name
+    hlotk view dump/                        # the interactive viewer (module file or dump)
+    hlotk compare-xla f.py:fn --args f32[8,16]   # XLA's kernels beside hlotk's
     hlotk check suite/*.mlir                # the StableHLO interpreter conformance files
 
 Errors the user can cause print ``hlotk: error: ...`` on stderr and exit with 2 (1 when
@@ -147,6 +149,60 @@ def cmd_explain_fusion(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _open_in_browser(path: Path, args: argparse.Namespace, out: TextIO) -> None:
+    """Print where the page is; open it when a person is at a terminal (not --no-open)."""
+    out.write(f"viewer: {path}\n")
+    if not getattr(args, "no_open", False) and sys.stdout.isatty():
+        import webbrowser
+        webbrowser.open(path.resolve().as_uri())
+
+
+def cmd_view(args: argparse.Namespace, out: TextIO) -> int:
+    """The interactive viewer of a module file or a ``--dump`` directory."""
+    from .viewer import load_profile, viewer_for_module, viewer_from_dump, write_viewer
+    profile = load_profile(args.profile) if args.profile else None
+    src = Path(args.file)
+    if src.is_dir():
+        if args.passes:
+            raise inputs_mod.InputFileError(f"{src}: --passes goes with a module file, not a dump")
+        data = viewer_from_dump(src, profile=profile)
+        target = Path(args.output) if args.output else src / "viewer.html"
+    else:
+        module = inputs_mod.load_module(args.file)
+        target = Path(args.output) if args.output else src.with_name(src.name + ".view.html")
+        if args.passes:
+            import tempfile
+            from .tools import compile_module
+            with tempfile.TemporaryDirectory(prefix="hlotk-view-") as tmp:
+                compile_module(module, args.passes, dump_dir=tmp, render_svg=False)
+                data = viewer_from_dump(tmp, profile=profile)
+            data.title = f"hlotk: {module.name} through {args.passes}"
+        else:
+            data = viewer_for_module(module, profile=profile, label=src.name)
+    _open_in_browser(write_viewer(data, target), args, out)
+    return EXIT_OK
+
+
+def cmd_compare_xla(args: argparse.Namespace, out: TextIO) -> int:
+    """XLA's kernels beside hlotk's for one program."""
+    from . import compare_xla as cx
+    xla_module = cx.read_xla_dump(args.xla_dump) if args.xla_dump else None
+    target = args.target or ("h100" if xla_module is not None and cx.looks_like_gpu(xla_module)
+                             else "cpu")
+    module, fn, arg_specs = cx.hlotk_module_for(args.program, args.args or [], target)
+    if xla_module is None:
+        if fn is None:
+            raise cx.CompareError("without --xla-dump the program must be FILE.py:FUNCTION "
+                                  "(XLA compiles it here, on JAX's local backend)")
+        xla_module = cx.xla_module_for(fn, arg_specs)
+    comparison = cx.compare(xla_module, module, target)
+    out.write(comparison.report())
+    if args.html:
+        from .viewer import write_viewer
+        _open_in_browser(write_viewer(comparison.viewer(), args.html), args, out)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hlotk", description="Import, run and check HLO programs.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -192,6 +248,30 @@ def build_parser() -> argparse.ArgumentParser:
     dif.add_argument("b")
     dif.add_argument("--html", metavar="FILE", help="also write a side-by-side HTML view")
     dif.set_defaults(func=cmd_diff)
+
+    view = sub.add_parser("view", help="the interactive HTML viewer of a module or a dump")
+    view.add_argument("file", help="a module (.hlo/.txt, .mlir, Exported bytes) or a "
+                                   "directory written by `compile --dump`")
+    view.add_argument("--passes", help="run this pipeline first and view every pass "
+                                       "(module files only)")
+    view.add_argument("--profile", metavar="JSON",
+                      help="measured times: {instruction: µs} or [[thunk, ms], ...]")
+    view.add_argument("-o", "--output", help="where to write the page (default: "
+                                             "DIR/viewer.html or FILE.view.html)")
+    view.add_argument("--no-open", action="store_true", help="do not open a browser")
+    view.set_defaults(func=cmd_view)
+
+    cmp = sub.add_parser("compare-xla", help="XLA's fusion decisions beside hlotk's")
+    cmp.add_argument("program", help="FILE.py:FUNCTION (with --args), or a module file")
+    cmp.add_argument("--args", nargs="+", metavar="SHAPE", help="argument shapes, e.g. f32[8,16]")
+    cmp.add_argument("--xla-dump", metavar="DIR_OR_FILE",
+                     help="XLA's optimized HLO: a --xla_dump_to directory or the text of "
+                          "jax.jit(f).lower(...).compile().as_text() (default: compile here)")
+    cmp.add_argument("--target", help="cpu, h100, h200 or a100 (default: h100 for an XLA:GPU "
+                                      "dump, else cpu)")
+    cmp.add_argument("--html", metavar="FILE", help="write both graphs side by side (viewer)")
+    cmp.add_argument("--no-open", action="store_true", help="do not open a browser")
+    cmp.set_defaults(func=cmd_compare_xla)
 
     chk = sub.add_parser("check", help="run StableHLO conformance files (check.* ops)")
     chk.add_argument("files", nargs="+", metavar="FILE")
