@@ -125,6 +125,17 @@ class Comparison:
         data = ViewerData(title or f"XLA vs hlotk: {self.hlotk_module.name}")
         left = data.add_module(self.xla_module, "XLA", target=self.target)
         right = data.add_module(self.hlotk_module, "hlotk", target=self.target)
+        for k, side in ((left, "xla"), (right, "hlotk")):   # the comparison's costs
+            costs = {kern.name: kern for kern in self.kernels(side)}
+            for comp in data.snapshots[k]["comps"]:
+                for node in comp["nodes"]:
+                    kern = costs.get(node["n"])
+                    if kern is not None:
+                        node["mb"] = kern.bytes_moved
+                        if kern.predicted_us is None:
+                            node.pop("pred", None)
+                        else:
+                            node["pred"] = round(kern.predicted_us, 3)
         pair = Pair("XLA | hlotk (kernels aligned by the operations they compute)", left, right)
         marks = {"same": "", "only XLA": "removed", "only hlotk": "added"}
         for gid, g in enumerate(self.groups):
