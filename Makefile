@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test clean
+.PHONY: venv demo test clean browser
 
 venv: $(STAMP)
 
@@ -24,8 +24,19 @@ demo: venv
 	fi
 	$(PY) examples/transformer_block.py
 
+# The viewer's browser test drives Debian's headless Chromium (tests/test_viewer_browser.py);
+# installed here when running as root, else that test is skipped and says why.
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver; \
+	  else \
+	    echo "chromium/chromedriver not found and not root: the viewer's browser test will be skipped"; \
+	  fi; \
+	fi
+
 # pytest-xdist with at most 2 workers: `-n auto` capped at 2.
-test: venv
+test: venv browser
 	@N=$$($(PY) -c "import os; print(min(2, os.cpu_count() or 1))"); \
 	$(PY) -m pytest -q -n $$N tests/
 

@@ -74,6 +74,13 @@ def load_profile(path: str | Path) -> dict[str, float]:
             f"{path}: expected {{name: microseconds}} or [[thunk, ms], ...]: {e}") from None
 
 
+def _progress(items: list, desc: str) -> Any:
+    """One tqdm bar on a terminal; nothing when stderr is not one (CI, pipes, tests)."""
+    import sys
+    from tqdm import tqdm
+    return tqdm(items, desc=desc, unit="pass", leave=False, disable=not sys.stderr.isatty())
+
+
 _PASS_FILE = re.compile(r"^(\d+)\.(.+)\.(before|after)\.hlo\.txt$")
 
 
@@ -100,7 +107,7 @@ def viewer_from_dump(directory: str | Path, profile: Any = None) -> ViewerData:
     passes = sorted({(int(m.group(1)), m.group(2)) for f in d.iterdir()
                      if (m := _PASS_FILE.match(f.name))})
     fused = False
-    for n, name in passes:
+    for n, name in _progress(passes, "viewer"):
         after_path = d / f"{n:02d}.{name}.after.hlo.txt"
         before_text = (d / f"{n:02d}.{name}.before.hlo.txt").read_text()
         after_text = after_path.read_text()
