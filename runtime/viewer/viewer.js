@@ -441,7 +441,10 @@ class App {
     } else {
       $("membtn").disabled = true; $("membtn").title = "no buffer assignment (module not scheduled)";
     }
-    $("notes").innerHTML = (data.notes || []).map(n => `<div>${esc(n)}</div>`).join("");
+    $("notes").innerHTML = `<div class="legend">` + data.categories.map(([name, color]) =>
+      `<span style="background:${color}">${esc(name)}</span>`).join("") +
+      ` borders: <b style="color:#16a34a">added</b> <b style="color:#ea580c">changed</b> <b style="color:#dc2626">removed</b></div>` +
+      (data.notes || []).map(n => `<div>${esc(n)}</div>`).join("");
   }
   show(value) {
     const main = $("main");
