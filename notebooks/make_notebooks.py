@@ -83,6 +83,17 @@ dump_dir = tempfile.mkdtemp(prefix="hlotk-dump-")
 _, index = run_with_dump(original.clone(), pipeline_spec("default", "cpu"), dump_dir)
 print(index)
 print(sorted(os.listdir(dump_dir))[:8], "...")"""),
+    new_markdown_cell("""The dump also holds `viewer.html`, the interactive viewer (`hlotk view DIR` rebuilds
+it): pan and zoom, search by name, opcode or op_name, expand fusions and called
+computations, click an instruction for its HLO line, source line and fusion decisions,
+every pass's before/after side by side, and the memory timeline. One module at a time:
+`runtime.viewer.viewer_for_module`. For graph algorithms, a module is also a networkx graph:"""),
+    new_code_cell("""import networkx as nx
+from runtime.viewer import viewer_for_module, write_viewer
+print(write_viewer(viewer_for_module(module), os.path.join(dump_dir, "final.view.html")))
+g = module.entry.to_networkx()
+print(g.number_of_nodes(), "instructions; longest chain:", nx.dag_longest_path_length(g) + 1)
+print(max(g.nodes(data=True), key=lambda n: n[1]["bytes"]))"""),
 ]
 
 
