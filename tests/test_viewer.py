@@ -210,3 +210,12 @@ def test_page_is_self_contained(tmp_path):
     page = write_viewer(viewer_for_module(hlo.parse_hlo(TWICE)), tmp_path / "v.html").read_text()
     assert "<script src" not in page and "<link" not in page and "@import" not in page
     assert page.count("<script") == 2        # the data and our code
+
+
+def test_unwritable_output_is_a_clear_error(tmp_path, capsys):
+    src = tmp_path / "prog.hlo"
+    src.write_text(PROGRAM)
+    target = tmp_path / "missing" / "file.html"
+    (tmp_path / "missing").write_text("a file, not a directory")
+    assert main(["view", str(src), "-o", str(target), "--no-open"]) == 2
+    assert f"{target}: cannot write the viewer" in capsys.readouterr().err

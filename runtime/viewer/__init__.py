@@ -26,9 +26,14 @@ __all__ = ["Pair", "ViewerData", "diff_pair", "profile_by_name", "to_html", "wri
 
 
 def write_viewer(data: ViewerData, path: str | Path) -> Path:
+    """Write the page (atomically: never a partial file); returns its path."""
     from runtime.dump import atomic_write
+    from ..inputs import InputFileError
     path = Path(path)
-    atomic_write(path, to_html(data))
+    try:
+        atomic_write(path, to_html(data))
+    except OSError as e:
+        raise InputFileError(f"{path}: cannot write the viewer: {e.strerror}") from None
     return path
 
 

@@ -563,7 +563,8 @@ class App {
         if (nd.n.toLowerCase().includes(q) || nd.op.toLowerCase() === q || nd.op.toLowerCase().includes(q) || (nd.on && nd.on.toLowerCase().includes(q))) {
           v.hits.add(nd.n);
           count++;
-          if (out.length < 200) out.push(`<div class="hit" data-name="${esc(nd.n)}" data-side="${side}"><b>%${esc(nd.n)}</b> ${esc(nd.op)} <span class="dim">${esc(c.name)}${nd.on ? " · " + esc(nd.on) : ""}</span></div>`);
+          const where = this.pair ? `<span class="dim">${side === "L" ? "left" : "right"}:</span> ` : "";
+          if (out.length < 200) out.push(`<div class="hit" data-name="${esc(nd.n)}" data-side="${side}">${where}<b>%${esc(nd.n)}</b> ${esc(nd.op)} <span class="dim">${esc(c.name)}${nd.on ? " · " + esc(nd.on) : ""}</span></div>`);
         }
       }));
       v.refreshClasses();
