@@ -137,11 +137,25 @@ def test_before_after_keeps_the_selection_and_marks_changes(dump, browser):
     _click(browser, f'#pane-L .node[data-name="{kept}"] > .nb')
     assert browser.execute_script(
         "return [...document.querySelectorAll('#pane-R .node.sel')].map(e => e.dataset.name)") == [kept]
-    # one the fusion removed: marked, and the panel says the other side has none
-    gone = next(i.name for i in before.entry.instructions if i.name in d.removed)
-    _find(browser, gone)
+    # a fusion on the right: the left selects the instruction it was made around (its
+    # root's namesake)
+    fusion = next(i for i in after.entry.instructions if i.opcode == "fusion"
+                  and i.attrs["calls"].root.name in entry_b)
+    _find(browser, fusion.name, side="R")
+    assert browser.execute_script(
+        "return [...document.querySelectorAll('#pane-L .node.sel')].map(e => e.dataset.name)") == \
+        [fusion.attrs["calls"].root.name]
+    # one the fusion took out of the entry: marked removed on the left; on the right it is
+    # inside the fusion that computes it now, which opens to show it selected
+    everywhere_after = {i.name for i in after.all_instructions()}
+    moved = next(i.name for i in before.entry.instructions
+                 if i.name in d.removed and i.name in everywhere_after)
+    _find(browser, moved)
     assert re.search(r"diff\s+removed\n", _panel(browser))
-    assert _by(browser, "#p-other").text == "not present"
+    assert browser.execute_script(
+        "return [...document.querySelectorAll('#pane-R .node.sel')].map(e => e.dataset.name)") == [moved]
+    assert _by(browser, "#p-other").text == next(
+        i for i in after.all_instructions() if i.name == moved).to_text().strip()
 
 
 def test_memory_timeline_click_shows_the_producer(dump, browser):

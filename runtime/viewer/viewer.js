@@ -485,7 +485,18 @@ class App {
     const p = this.pair;
     if (!p) return name;
     const gFrom = from === "L" ? p.groupsL : p.groupsR, gTo = to === "L" ? p.groupsL : p.groupsR;
-    if (!gFrom) return this.views[to].snap.where.has(name) ? name : null;
+    if (!gFrom) {
+      const other = this.views[to].snap;
+      if (other.where.has(name)) return name;
+      // A fusion the pass made (or unmade): the other side's instruction is its root's
+      // namesake (fusion bodies keep the names of the instructions they fused).
+      const mine = this.views[from].snap, nd = mine.node(name);
+      if (nd && nd.op === "fusion" && nd.c) {
+        const root = mine.comps[nd.c[0]].nodes.find(n => n.root);
+        if (root && other.where.has(root.n)) return root.n;
+      }
+      return null;
+    }
     const g = gFrom[name];
     if (g === undefined) return null;
     const names = Object.keys(gTo).filter(n => gTo[n] === g);
