@@ -41,20 +41,31 @@ def _tiling(sharding: Any, rank: int, n: int):
 
 
 def split_array(x: np.ndarray, sharding: Any, n: int) -> list[np.ndarray]:
-    """The piece of ``x`` each of ``n`` devices holds under ``sharding``."""
+    """The piece of ``x`` each of ``n`` devices holds under ``sharding``; a dimension that
+    does not divide evenly is padded with zeros at the end (every piece has the same
+    shape, as the partitioned program expects)."""
     t = _tiling(sharding, x.ndim, n)
-    loc = t.local_dims(x.shape, "argument")
-    return [x[tuple(slice(i * l, (i + 1) * l) for i, l in zip(ix, loc))] for ix in t.index]
+    loc = t.local_dims(x.shape)
+    pieces = []
+    for ix in t.index:
+        piece = x[tuple(slice(i * l, (i + 1) * l) for i, l in zip(ix, loc))]
+        if piece.shape != loc:
+            piece = np.pad(piece, [(0, l - s) for l, s in zip(loc, piece.shape)])
+        pieces.append(piece)
+    return pieces
 
 
 def join_array(pieces: Sequence[np.ndarray], sharding: Any, global_dims: Sequence[int],
                n: int) -> np.ndarray:
-    """The whole array from each device's piece (the inverse of ``split_array``)."""
+    """The whole array from each device's piece (the inverse of ``split_array``: padding
+    dropped)."""
     t = _tiling(sharding, len(global_dims), n)
     out = np.empty(tuple(global_dims), dtype=pieces[0].dtype)
-    loc = t.local_dims(global_dims, "result")
+    loc = t.local_dims(global_dims)
     for ix, p in zip(t.index, pieces):
-        out[tuple(slice(i * l, (i + 1) * l) for i, l in zip(ix, loc))] = p
+        region = tuple(slice(i * l, (i + 1) * l) for i, l in zip(ix, loc))
+        target = out[region]
+        out[region] = p[tuple(slice(0, s) for s in target.shape)]
     return out
 
 
