@@ -10,7 +10,9 @@ Some instructions define new values at their positions (an ``add``, a ``fusion``
   one loop-carried buffer per leaf (the body updates the state in place);
 - ``conditional``: every branch root and the conditional's result share a buffer; branch
   parameters are the conditional's operands;
-- ``call``: callee parameters are the arguments, the callee root is the call's result.
+- ``call``: callee parameters are the arguments, the callee root is the call's result;
+- asynchronous collectives: a ``*-done`` is its start's result buffer, and a start's
+  element 0 is its operands (alive until the done, as the collective reads them).
 
 ``Dataflow(module)`` groups positions into ``BufferSet``s with a union-find (XLA's HloBuffer:
 values that must live in one place). Fusion bodies and reducer computations (``to_apply``)
@@ -75,7 +77,13 @@ class BufferSet:
 
 
 _VIEW_OPS = {"tuple", "get-tuple-element", "bitcast", "while", "conditional", "call",
-             "optimization-barrier"}
+             "optimization-barrier", "all-reduce-done", "all-gather-done",
+             "collective-permute-done", "async-done"}
+# Asynchronous pairs: a done is its start's result buffer (XLA's aliasing); a start's
+# element 0 is its operands, so they stay alive while the collective reads them.
+_DONE_OF_RESULT = {"all-reduce-done": (), "all-gather-done": (1,),
+                   "collective-permute-done": (1,), "async-done": (1,)}
+_START_HOLDS_OPERANDS = ("all-gather-start", "collective-permute-start", "async-start")
 
 
 def defines_value(inst: Instruction) -> bool:
@@ -160,6 +168,15 @@ class Dataflow:
             self._union_leaves(inst, (), inst.operands[0], (), inst.shape)
         elif op == "bitcast" and _bitcast_is_view(inst):
             self._union((inst, ()), (inst.operands[0], ()))
+        elif op in _DONE_OF_RESULT:
+            self._union_leaves(inst, (), inst.operands[0], _DONE_OF_RESULT[op], inst.shape)
+        elif op in _START_HOLDS_OPERANDS and inst.shape.is_tuple:
+            held = inst.shape.elements[0]
+            if held.is_tuple:
+                for k, o in enumerate(inst.operands):
+                    self._union_leaves(inst, (0, k), o, (), o.shape)
+            else:
+                self._union_leaves(inst, (0,), inst.operands[0], (), held)
         elif op == "while":
             body, cond = inst.attrs["body"], inst.attrs["condition"]
             self._visit(body)
@@ -419,6 +436,8 @@ def _leaf_value(inst: Instruction, index: Index) -> tuple[Instruction, Index]:
             inst, index = inst.operands[index[0]], index[1:]
         elif inst.opcode == "get-tuple-element":
             inst, index = inst.operands[0], (inst.attrs["index"],) + index
+        elif inst.opcode in _DONE_OF_RESULT:
+            inst, index = inst.operands[0], _DONE_OF_RESULT[inst.opcode] + index
         else:
             return inst, index
 

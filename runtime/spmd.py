@@ -3,8 +3,9 @@
     exe = runtime.spmd.compile_spmd(module, num_devices=8)   # partitions the module
     outs = exe.execute_arrays([x, w1, w2])                   # whole arrays in and out
 
-``compile_spmd`` runs ``sharding-propagation``, ``spmd-partitioner``, the simplifier and
-``all-reduce-combiner`` on a copy of the module. Executing splits every whole argument into
+``compile_spmd`` runs ``sharding-propagation``, ``spmd-partitioner``, the simplifier,
+``all-reduce-combiner``, ``async-collective-creator`` and ``latency-hiding-scheduler`` on a
+copy of the module (collectives as start/done pairs with independent work between them). Executing splits every whole argument into
 the piece each device holds (by the partitioned parameter's sharding), runs the per-device
 program on every device, and puts the results back together from the root's sharding:
 
@@ -30,9 +31,12 @@ from .client import Buffer, Client, Device, flatten_value
 def spmd_pipeline() -> str:
     import passes.collective_combiner  # noqa: F401  (registers all-reduce-combiner)
     from passes.pipelines import SIMPLIFY
-    # The combiner goes last: folding and CSE before it can only cut dependencies between
-    # all-reduces, so more of them are independent and merge.
-    return f"sharding-propagation,spmd-partitioner,{SIMPLIFY},all-reduce-combiner"
+    # The combiner comes after folding and CSE: they can only cut dependencies between
+    # all-reduces, so more of them are independent and merge. Then every collective becomes
+    # a start/done pair and the latency-hiding scheduler moves independent work between
+    # them (the backend pipeline's ``schedule`` keeps that order for these computations).
+    return (f"sharding-propagation,spmd-partitioner,{SIMPLIFY},all-reduce-combiner,"
+            "async-collective-creator,latency-hiding-scheduler")
 
 
 def _tiling(sharding: Any, rank: int, n: int):

@@ -47,7 +47,7 @@ def while_loop(p: Partitioner, inst: Instruction) -> Value:
     body = _computation(p, inst.attrs["body"], state, local, root_state=True)
     cond = _computation(p, inst.attrs["condition"], state, local, root_state=False)
     new = p.add("while", [p.add("tuple", parts, local)], local,
-                {"condition": cond, "body": body})
+                {"condition": cond, "body": body}, name=inst.name)
     return p.tuple_value(new, state, inst.shape)
 
 
@@ -91,7 +91,7 @@ def manual(p: Partitioner, inst: Instruction) -> Value:
     ops = [p.vals[id(o)].inst if p.vals[id(o)].tiling == MANUAL else p.whole(o)
            for o in inst.operands]
     attrs = {k: v for k, v in inst.attrs.items() if k != "sharding"}
-    new = p.add(inst.opcode, ops, inst.shape, attrs, literal=inst.literal)
+    new = p.add(inst.opcode, ops, inst.shape, attrs, literal=inst.literal, name=inst.name)
     return Value(new, MANUAL, inst.shape)
 
 

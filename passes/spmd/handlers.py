@@ -219,7 +219,7 @@ def sort(p: Partitioner, inst: Instruction) -> Value:
         from hlo.shape import TupleShape
         from .partitioner import local_shape
         shape = TupleShape(tuple(local_shape(e, loc) for e in inst.shape.elements))
-        new = p.add("sort", ops, shape, _attrs(inst))
+        new = p.add("sort", ops, shape, _attrs(inst), name=inst.name)
         return p.tuple_value(new, [want] * len(ops), inst.shape)
     return p.local_op(inst, ops, want)
 
@@ -235,7 +235,7 @@ def topk(p: Partitioner, inst: Instruction) -> Value:
     from hlo.shape import TupleShape
     from .partitioner import local_shape
     shape = TupleShape(tuple(local_shape(e, loc) for e in inst.shape.elements))
-    new = p.add("topk", [p.get(x, want)], shape, _attrs(inst))
+    new = p.add("topk", [p.get(x, want)], shape, _attrs(inst), name=inst.name)
     out = Tiling(want.tiles, want.index)
     return p.tuple_value(new, [out, out], inst.shape)
 

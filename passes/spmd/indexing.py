@@ -142,7 +142,7 @@ def gather(p: Partitioner, inst: Instruction) -> Value:
     if split:
         idx, mask = _localize_indices(p, inst, idx, ci, co, split, clamp=True)
     out = p.add("gather", [x, idx], local_shape(inst.shape, p.local(res, inst.shape)),
-                {**_attrs(inst), "slice_sizes": sizes})
+                {**_attrs(inst), "slice_sizes": sizes}, name=inst.name)
     if mask is not None:
         batch_out = [dims.batch[d] for d in sorted(dims.batch)]
         mb = p.add("broadcast", [mask], local_shape(out.shape, out.shape.dims, dt.PRED),
@@ -300,7 +300,7 @@ def scatter(p: Partitioner, inst: Instruction) -> Value:
     upd = p.mask_padding(upd, cu, updates.shape, list(dims.scatter.values()),
                          p.scalar(0, updates.shape.dtype))
     zeros = p.broadcast(p.scalar(0, operand.shape.dtype), x.shape.dims)
-    summed = p.add("scatter", [zeros, idx, upd], x.shape, _attrs(inst))
+    summed = p.add("scatter", [zeros, idx, upd], x.shape, _attrs(inst), name=inst.name)
     split_i = [d for d in dims.scatter if ci.tiles[d] > 1]
     partial = Tiling(co.tiles, co.index, tuple(mixed_index(ix, split_i, ci.tiles)
                                               for ix in ci.index), inst.attrs["to_apply"])

@@ -96,17 +96,18 @@ class Partitioner:
         # The computation being written, the values of the one being read, partition-id.
         self.comp = Computation(module.unique_computation_name(old.name + "_spmd"))
         self.vals: dict[int, Value] = {}
+        self.reshards: dict[tuple, Instruction] = {}
         self._pid: Optional[Instruction] = None
 
     @contextlib.contextmanager
     def scope(self, comp: Computation) -> Iterator[None]:
         """Emit into ``comp`` (a loop body or condition), with values of its own."""
-        saved = (self.comp, self.vals, self._pid)
-        self.comp, self.vals, self._pid = comp, {}, None
+        saved = (self.comp, self.vals, self.reshards, self._pid)
+        self.comp, self.vals, self.reshards, self._pid = comp, {}, {}, None
         try:
             yield
         finally:
-            self.comp, self.vals, self._pid = saved
+            self.comp, self.vals, self.reshards, self._pid = saved
 
     # --- emitting ---------------------------------------------------------------------
     def add(self, opcode: str, operands: Sequence[Instruction], shape: Any,
@@ -383,11 +384,17 @@ class Partitioner:
         return t.without_partial() if t.partial is not None else t
 
     def get(self, old: Instruction, want: Tiling) -> Instruction:
+        """``old``'s partitioned value split as ``want`` (one reshard per value and split,
+        reused by every user that wants it so)."""
         v = self.vals[id(old)]
         if v.tiling == MANUAL:
             raise SpmdError(f"%{old.name} is a value of a manual computation (shard_map) used "
                             "outside it; only SPMDShardToFullShape may read it")
-        return self.reshard(v.inst, v.tiling, want, old.shape)
+        key = (id(v.inst), want.tiles, want.index)
+        hit = self.reshards.get(key)
+        if hit is None:
+            hit = self.reshards[key] = self.reshard(v.inst, v.tiling, want, old.shape)
+        return hit
 
     def get_tuple(self, old: Instruction) -> Instruction:
         """A tuple-shaped operand with every array leaf whole (for fallback ops)."""
@@ -505,7 +512,8 @@ class Partitioner:
         """Run the op on whole operands; the result is replicated."""
         ops = [self.whole(o) for o in inst.operands]
         attrs = {k: v for k, v in inst.attrs.items() if k != "sharding"}
-        new = self.add(inst.opcode, ops, inst.shape, attrs, literal=inst.literal)
+        new = self.add(inst.opcode, ops, inst.shape, attrs, literal=inst.literal,
+                       name=inst.name)
         return self.replicated_value(new, inst.shape)
 
     def replicated_value(self, new: Instruction, g: Any) -> Value:
@@ -523,7 +531,8 @@ class Partitioner:
         """``inst`` on local operands, its result split as ``t``."""
         a = {k: v for k, v in inst.attrs.items() if k != "sharding"}
         a.update(attrs or {})
-        new = self.add(inst.opcode, ops, local_shape(inst.shape, self.local(t, inst.shape)), a)
+        new = self.add(inst.opcode, ops, local_shape(inst.shape, self.local(t, inst.shape)), a,
+                       name=inst.name)
         return Value(new, t, inst.shape)
 
 
