@@ -95,6 +95,9 @@ class SpmdExecutable:
         # pipeline fuses the root away).
         self.parameter_shardings = [p.sharding for p in module.entry.parameters]
         self.result_sharding = module.entry.root.sharding
+        # backend "cpu" with a pipeline: the compiled CPU executable (thunks over an arena)
+        # runs on every simulated device; without one, the interpreter does.
+        self.cpu_executable: Any = None
 
     def devices(self) -> list[Device]:
         return self.client.devices()[:self.num_devices]
@@ -122,6 +125,11 @@ class SpmdExecutable:
                 per_device[d].append(piece)
         if self.backend == "cuda":
             flat = self._run_on_gpus(per_device)
+        elif self.cpu_executable is not None:
+            from hlo.evaluator.collectives import lockstep
+            exe = self.cpu_executable
+            flat = lockstep(lambda d, ctx: exe.run(per_device[d], ctx=ctx), 1, n,
+                            timeout=self.timeout)
         else:
             from hlo.evaluator.collectives import simulate
             results = simulate(self.module, per_device, 1, n, timeout=self.timeout)
@@ -154,10 +162,15 @@ class SpmdExecutable:
 
 def compile_spmd(module: hlo.Module, num_devices: Optional[int] = None,
                  client: Optional[Client] = None, verify: bool = True,
-                 timeout: float = 30.0, backend: str = "cpu") -> SpmdExecutable:
+                 timeout: float = 30.0, backend: str = "cpu",
+                 pipeline: Optional[str] = None) -> SpmdExecutable:
     """Partition ``module`` (not modified) for ``num_devices`` devices: simulated CPU
     devices (``backend="cpu"``), or GPUs (``"cuda"``: the partitioned module goes through
-    the CUDA pipeline and runs in one worker process per GPU, NCCL between them)."""
+    the CUDA pipeline and runs in one worker process per GPU, NCCL between them).
+
+    On the CPU the interpreter runs the partitioned module; with ``pipeline`` (a name such
+    as ``"default"`` or a spec) the module goes through that CPU pipeline and the compiled
+    CPU executable runs on every device (asynchronous collectives in background threads)."""
     from passes import run_pipeline
     from passes.spmd.propagation import num_devices as module_devices
     n = module_devices(module)
@@ -177,7 +190,17 @@ def compile_spmd(module: hlo.Module, num_devices: Optional[int] = None,
     run_pipeline(part, spmd_pipeline(), verify=verify)
     part.config["num_partitions"] = n
     if backend != "cuda":
-        return SpmdExecutable(client, part, module, timeout)
+        exe = SpmdExecutable(client, part, module, timeout)
+        if pipeline is not None:
+            from passes.pipelines import pipeline_spec
+            from .executable import CpuExecutable
+            spec = pipeline_spec(pipeline, "cpu")
+            run_pipeline(part, spec, verify=verify)       # after the shardings were read
+            if not part.is_scheduled:
+                run_pipeline(part, "schedule")
+            exe.cpu_executable = CpuExecutable.build(part)
+            exe.pipeline += "," + spec
+        return exe
     _check_gpu_count(n)
     from passes.pipelines import pipeline_spec
     gpu_pipeline = pipeline_spec("default", "cuda")

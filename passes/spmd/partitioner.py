@@ -603,7 +603,11 @@ def collective_stats(module: Module) -> dict[str, tuple[int, int]]:
     (what one device sends or receives at most), the same measure for hlotk and XLA. An
     asynchronous pair counts once, at its start (``async-start`` by the op it wraps)."""
     out: dict[str, list[int]] = {}
+    wrappers = {id(i.attrs["calls"]) for i in module.all_instructions()
+                if i.opcode == "async-start"}
     for c in module.computations:
+        if id(c) in wrappers:            # counted at its async-start
+            continue
         for i in c.instructions:
             base, res_shape = i.opcode, i.shape
             if i.opcode.endswith("-start"):

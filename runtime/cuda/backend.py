@@ -53,6 +53,9 @@ _HOST_ONLY = {"sort", "gather", "scatter", "rng", "rng-bit-generator", "rng-get-
               "recv-done", "after-all", "all-reduce", "all-gather", "reduce-scatter",
               "all-to-all", "collective-permute", "partition-id", "replica-id", "topk",
               "domain", "add-dependency", "while", "conditional", "call", "map",
+              "all-reduce-start", "all-reduce-done", "all-gather-start", "all-gather-done",
+              "collective-permute-start", "collective-permute-done", "async-start",
+              "async-done",
               "batch-norm-training", "batch-norm-inference", "batch-norm-grad"}
 
 
@@ -145,6 +148,7 @@ class CudaExecutable:
         self.table = table
         self._n_assigned = len(a.allocations)
         self.scratch_sizes: list[int] = []     # buffers of split GEMM fusions (split.py)
+        self._async_starts: dict[int, Any] = {}  # start uid -> its thunk (for the done)
         t0 = time.perf_counter()
         self.sequence = self._sequence(module.entry)
         self.build_seconds = time.perf_counter() - t0
@@ -180,6 +184,9 @@ class CudaExecutable:
         thunks: list[Thunk] = []
         for inst in comp.instructions:
             thunks.extend(self._thunks(inst))
+        if self.comm is not None:
+            from .collectives import pair_capturable
+            pair_capturable(thunks)
         if self.on_gpu:
             thunks = segment(thunks, self._dynamic)
         return SequenceThunk(None, thunks)
@@ -239,7 +246,7 @@ class CudaExecutable:
             return [self._host(inst, "no torch dtype")]
         if self.comm is not None and op in COLLECTIVE_OPS | ASYNC_COLLECTIVES:
             from .collectives import collective_thunk
-            return [collective_thunk(inst, self.leaves, self.comm)]
+            return [collective_thunk(inst, self.leaves, self.comm, self._async_starts)]
         if op in _LIBRARY_OPS:        # cuBLAS dots, cuDNN convolutions (codegen/library)
             from codegen.library import lookup
             call = lookup("cuda", inst)
