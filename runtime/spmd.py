@@ -98,6 +98,11 @@ class SpmdExecutable:
         # backend "cpu" with a pipeline: the compiled CPU executable (thunks over an arena)
         # runs on every simulated device; without one, the interpreter does.
         self.cpu_executable: Any = None
+        # Arguments passed as device shards / as host arrays split here, over all calls.
+        self.transfers = {"sharded_arguments": 0, "host_arguments": 0}
+        # runtime.jit hands a device executable's arguments over as they are (jax.Arrays
+        # stay sharded on their devices): Compiled looks for ``_body.run_device``.
+        self._body = _DeviceEntry(self.execute_arrays)
 
     def devices(self) -> list[Device]:
         return self.client.devices()[:self.num_devices]
@@ -109,31 +114,42 @@ class SpmdExecutable:
         return self.module.to_text()
 
     def execute_arrays(self, args: Sequence[Any]) -> list[np.ndarray]:
+        """Whole arrays in, whole arrays out. A ``jax.Array`` already split over the mesh
+        the way its parameter is passes shard by shard (no gather to the host and split
+        again); on GPUs its shards reach the workers through shared device buffers."""
         entry = self.module.entry
         n = self.num_devices
         if len(args) != len(entry.parameters):
             raise InvalidArgumentError(f"{self.module.name} takes {len(entry.parameters)} "
                                        f"arguments, got {len(args)}")
-        per_device: list[list[np.ndarray]] = [[] for _ in range(n)]
+        per_device: list[list[Any]] = [[] for _ in range(n)]
         for k, (a, p, g) in enumerate(zip(args, self.parameter_shardings,
                                           self.global_parameter_shapes)):
-            a = np.asarray(a)
-            if tuple(a.shape) != tuple(g.dims):
-                raise InvalidArgumentError(f"argument {k}: expected shape {list(g.dims)}, "
-                                           f"got {list(a.shape)}")
-            for d, piece in enumerate(split_array(a, p, n)):
+            pieces = device_pieces(a, p, g, n)
+            if pieces is not None:
+                self.transfers["sharded_arguments"] += 1
+            else:
+                a = np.asarray(a)
+                if tuple(a.shape) != tuple(g.dims):
+                    raise InvalidArgumentError(f"argument {k}: expected shape {list(g.dims)}, "
+                                               f"got {list(a.shape)}")
+                pieces = split_array(a, p, n)
+                self.transfers["host_arguments"] += 1
+            for d, piece in enumerate(pieces):
                 per_device[d].append(piece)
         if self.backend == "cuda":
             flat = self._run_on_gpus(per_device)
-        elif self.cpu_executable is not None:
-            from hlo.evaluator.collectives import lockstep
-            exe = self.cpu_executable
-            flat = lockstep(lambda d, ctx: exe.run(per_device[d], ctx=ctx), 1, n,
-                            timeout=self.timeout)
         else:
-            from hlo.evaluator.collectives import simulate
-            results = simulate(self.module, per_device, 1, n, timeout=self.timeout)
-            flat = [flatten_value(r) for r in results]
+            per_device = [[np.asarray(x) for x in args] for args in per_device]
+            if self.cpu_executable is not None:
+                from hlo.evaluator.collectives import lockstep
+                exe = self.cpu_executable
+                flat = lockstep(lambda d, ctx: exe.run(per_device[d], ctx=ctx), 1, n,
+                                timeout=self.timeout)
+            else:
+                from hlo.evaluator.collectives import simulate
+                results = simulate(self.module, per_device, 1, n, timeout=self.timeout)
+                flat = [flatten_value(r) for r in results]
         g_leaves = (self.global_result_shape.elements if self.global_result_shape.is_tuple
                     else (self.global_result_shape,))
         s = self.result_sharding
@@ -151,13 +167,66 @@ class SpmdExecutable:
             self._gpu_key = (mesh, mesh.load(self.module))
         return self._gpu_key
 
-    def _run_on_gpus(self, per_device: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    def _run_on_gpus(self, per_device: list[list[Any]]) -> list[list[np.ndarray]]:
+        """Device-resident shards (jax arrays) go to the workers through shared buffers
+        (``GpuMesh.run_shared``); when every argument is a host array, through the pipes."""
         mesh, key = self.gpu_mesh()
-        return mesh.run(key, per_device)
+        if all(isinstance(x, np.ndarray) for args in per_device for x in args):
+            return mesh.run(key, per_device)
+        return mesh.run_shared(key, [[_device_view(x) for x in args] for args in per_device])
 
     def execute(self, arguments: Sequence[Buffer]) -> list[Buffer]:
         outs = self.execute_arrays([np.asarray(b) for b in arguments])
         return [Buffer(o, self.device) for o in outs]
+
+
+class _DeviceEntry:
+    def __init__(self, run_device: Any):
+        self.run_device = run_device
+
+
+def device_pieces(x: Any, sharding: Any, g: Any, n: int) -> Optional[list[Any]]:
+    """Partition d's piece of ``x`` for every d, taken from the shards of a ``jax.Array``
+    split over an ``n``-device mesh exactly as the partitioned parameter is (the shard on
+    the mesh's d-th device, its slice the tile the parameter's sharding gives d); None for
+    anything else (numpy arrays, other splits), which is split on the host."""
+    try:
+        import jax
+    except ImportError:
+        return None
+    if not isinstance(x, jax.Array) or tuple(x.shape) != tuple(g.dims):
+        return None
+    mesh = getattr(x.sharding, "mesh", None)
+    if mesh is None or getattr(mesh, "size", 0) != n or np.dtype(x.dtype) != g.dtype.np_dtype:
+        return None
+    t = _tiling(sharding, x.ndim, n)
+    loc = t.local_dims(x.shape)
+    if t.padded_dims(x.shape):
+        return None
+    shards = {sh.device: sh for sh in x.addressable_shards}
+    pieces = []
+    for dev, ix in zip(mesh.devices.flat, t.index):
+        sh = shards.get(dev)
+        if sh is None:
+            return None
+        want = tuple((i * l, (i + 1) * l) for i, l in zip(ix, loc))
+        got = tuple((sl.start or 0, size if sl.stop is None else sl.stop)
+                    for sl, size in zip(sh.index, x.shape))
+        if got != want:
+            return None
+        pieces.append(sh.data)
+    return pieces
+
+
+def _device_view(x: Any) -> Any:
+    """A torch view of a jax array on its GPU (DLPack, no copy); numpy stays numpy."""
+    if isinstance(x, np.ndarray):
+        return x
+    import torch
+    try:
+        return torch.from_dlpack(x)
+    except Exception:  # noqa: BLE001  (a CPU jax array on the gloo path, or no DLPack)
+        return np.asarray(x)
 
 
 def compile_spmd(module: hlo.Module, num_devices: Optional[int] = None,

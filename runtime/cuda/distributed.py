@@ -3,6 +3,7 @@
     mesh = GpuMesh(2)                          # workers on cuda:0 and cuda:1 (torch.distributed)
     key = mesh.load(partitioned_module)        # every worker builds a CudaExecutable
     pieces = mesh.run(key, per_device_args)    # per device: its result leaves (numpy)
+    pieces = mesh.run_shared(key, on_devices)  # arguments already on the GPUs: CUDA IPC
     ms = mesh.time(key, per_device_args)       # per-call wall ms, arguments already on the GPUs
     mesh.close()
 
@@ -61,6 +62,8 @@ def _worker(rank: int, world: int, init_method: str, backend: str, conn: Any,
         from .collectives import Communicator
         comm = Communicator.current()
         executables: dict[int, Any] = {}
+        from .sharing import SharedOpener
+        shared = SharedOpener(device)
         conn.send(("ok", device))
     except Exception:  # noqa: BLE001  (reported to the parent, which raises)
         conn.send(("error", traceback.format_exc()))
@@ -80,6 +83,11 @@ def _worker(rank: int, world: int, init_method: str, backend: str, conn: Any,
                 elif cmd == "run":
                     key, args = payload
                     outs = executables[key].run(list(args), output="numpy")
+                    conn.send(("ok", outs))
+                elif cmd == "run_shared":
+                    key, refs = payload
+                    args = [shared.open(ref) for ref in refs]
+                    outs = executables[key].run(args, output="numpy")
                     conn.send(("ok", outs))
                 elif cmd == "profile":
                     key, args = payload
@@ -154,6 +162,8 @@ class GpuMesh:
         self._next_key = 0
         self._procs: list[Any] = []
         self._conns: list[Any] = []
+        from .sharing import SharedStaging
+        self._staging = SharedStaging(backend)
         self._start()
         atexit.register(self.close)
 
@@ -264,6 +274,18 @@ class GpuMesh:
         self._check_args(per_device_args)
         return self._command("run", [("run", key, list(a)) for a in per_device_args])
 
+    def run_shared(self, key: int, per_device_args: Sequence[Sequence[Any]]) -> list[list[np.ndarray]]:
+        """``run`` with arguments already on the devices: ``per_device_args[d]`` are arrays
+        on device d (torch tensors on ``cuda:d``; numpy arrays on the gloo path). Each is
+        copied into a buffer this process shares with worker d (CUDA IPC on GPUs, POSIX
+        shared memory on the CPU), which the worker opens once and reads in place: only
+        small handles cross the pipes, not pickled host copies of the arguments."""
+        self._check_args(per_device_args)
+        refs = [[self._staging.put((key, k), d, a) for k, a in enumerate(args)]
+                for d, args in enumerate(per_device_args)]
+        self._staging.sync()
+        return self._command("run_shared", [("run_shared", key, r) for r in refs])
+
     def time(self, key: int, per_device_args: Sequence[Sequence[np.ndarray]],
              reps: int = 20) -> float:
         """Per-call wall ms of executable ``key`` (the slowest device's median)."""
@@ -302,6 +324,7 @@ class GpuMesh:
         for conn in self._conns:
             conn.close()
         self._procs, self._conns = [], []
+        self._staging.close()
 
     def __enter__(self) -> "GpuMesh":
         return self
