@@ -34,13 +34,13 @@ it is built. torch orders a group's members by rank; XLA orders them as the repl
 lists them, so chunk orders are permuted where the two differ.
 
 On NCCL the fast-path collectives and point-to-point permutes are capturable: they join
-CUDA graph segments (``HLOTK_CAPTURE_COLLECTIVES=0`` keeps them out), an asynchronous pair
+CUDA graph segments (``HLOTK_CAPTURE_COLLECTIVES=0``, or the executable option
+``capture_collectives=False``, keeps them out), an asynchronous pair
 only when everything between its start and its done is capturable too. The reference
 path synchronizes with the host and always ends a segment.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -160,13 +160,6 @@ def _xla_order(members: list[int]) -> Optional[list[int]]:
 Completion = Callable[[], None]
 
 
-def _capture_collectives() -> bool:
-    """Whether NCCL collectives may join CUDA graph segments (``HLOTK_CAPTURE_COLLECTIVES``,
-    default on): NCCL supports stream capture of its collectives and point-to-point calls,
-    and torch's ProcessGroupNCCL issues them on the capturing stream's side stream."""
-    return os.environ.get("HLOTK_CAPTURE_COLLECTIVES", "1") not in ("0", "false", "off")
-
-
 class CollectiveThunk(SlotThunk):
     """One collective over the GPUs of the run (see the module docstring).
 
@@ -179,7 +172,7 @@ class CollectiveThunk(SlotThunk):
     kind = "collective"
 
     def __init__(self, inst: Instruction, inputs: list[Slot], outputs: list[Slot],
-                 comm: Communicator, op: Optional[Instruction] = None):
+                 comm: Communicator, op: Optional[Instruction] = None, capture: bool = True):
         super().__init__(inst, inputs, outputs)
         self.comm = comm
         self.op = op if op is not None else inst       # the instruction with the attributes
@@ -194,7 +187,9 @@ class CollectiveThunk(SlotThunk):
         self.dim = (self.op.attrs.get("dimensions") or (None,))[0]
         self.fast = self._fast_path()
         self._packed: dict[str, Any] = {}        # dtype -> the one buffer all operands share
-        self.capturable = (comm.backend == "nccl" and _capture_collectives() and not (
+        # NCCL supports stream capture of its collectives and point-to-point calls (torch's
+        # ProcessGroupNCCL forks its stream off the capturing one and joins it at the wait).
+        self.capturable = (comm.backend == "nccl" and capture and not (
             self.alone and opcode in GROUPED) and (self.fast or opcode in (
                 "collective-permute", "partition-id", "replica-id")))
 
@@ -474,7 +469,7 @@ class AsyncDoneThunk(Thunk):
 
 
 def collective_thunk(inst: Instruction, leaves: Any, comm: Communicator,
-                     starts: dict[int, AsyncStartThunk]) -> Thunk:
+                     starts: dict[int, AsyncStartThunk], capture: bool = True) -> Thunk:
     """The thunk for a collective (or partition-id / replica-id) instruction, or for one
     half of an asynchronous pair; ``leaves(i)`` gives an instruction's {index: Slot};
     ``starts`` collects the start thunks their dones look up."""
@@ -493,10 +488,11 @@ def collective_thunk(inst: Instruction, leaves: Any, comm: Communicator,
         if wrapped is not None and wrapped.opcode not in GROUPED:
             raise CollectiveError(f"%{inst.name}: async-start of {wrapped.opcode} is not a "
                                   "collective this runtime runs")
-        thunk = AsyncStartThunk(CollectiveThunk(inst, ins, outs, comm, op=wrapped))
+        thunk = AsyncStartThunk(CollectiveThunk(inst, ins, outs, comm, op=wrapped,
+                                                capture=capture))
         starts[inst.uid] = thunk
         return thunk
-    return CollectiveThunk(inst, ins, outs, comm)
+    return CollectiveThunk(inst, ins, outs, comm, capture=capture)
 
 
 def pair_capturable(thunks: list[Thunk]) -> None:

@@ -5,6 +5,7 @@
     pieces = mesh.run(key, per_device_args)    # per device: its result leaves (numpy)
     pieces = mesh.run_shared(key, on_devices)  # arguments already on the GPUs: CUDA IPC
     ms = mesh.time(key, per_device_args)       # per-call wall ms, arguments already on the GPUs
+    files = mesh.trace(key, per_device_args, "traces/")   # one step, torch.profiler
     mesh.close()
 
 Each worker is a spawned process that owns one GPU (``torch.cuda.set_device(rank)``), joins
@@ -96,6 +97,9 @@ def _worker(rank: int, world: int, init_method: str, backend: str, conn: Any,
                 elif cmd == "time":
                     key, args, reps = payload
                     conn.send(("ok", _time(executables[key], args, reps, device)))
+                elif cmd == "trace":
+                    key, args, path = payload
+                    conn.send(("ok", _trace(executables[key], args, device, path)))
                 else:
                     conn.send(("error", f"unknown command {cmd!r}"))
             except Exception:  # noqa: BLE001
@@ -139,6 +143,28 @@ def _time(exe: Any, args: Sequence[np.ndarray], reps: int, device: str) -> float
             torch.cuda.synchronize()
         batches.append((time.perf_counter() - t0) * 1e3 / reps)
     return float(np.median(batches))
+
+
+def _trace(exe: Any, args: Sequence[np.ndarray], device: str, path: str) -> str:
+    """One step recorded by torch.profiler (after warm-up runs, every rank together),
+    written to ``path`` as a Chrome trace (device kernels by stream on GPUs)."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+    dev_args = [_device_tensor(a, device) for a in args]
+    for _ in range(3):
+        exe.run(dev_args, output="torch")
+    activities = [ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(ProfilerActivity.CUDA)
+        torch.cuda.synchronize()
+    dist.barrier()
+    with profile(activities=activities) as prof:
+        exe.run(dev_args, output="torch")
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+    return path
 
 
 class GpuMesh:
@@ -292,6 +318,16 @@ class GpuMesh:
         self._check_args(per_device_args)
         return max(self._command("time", [("time", key, list(a), reps)
                                           for a in per_device_args]))
+
+    def trace(self, key: int, per_device_args: Sequence[Sequence[np.ndarray]],
+              directory: str) -> list[str]:
+        """One step of executable ``key`` recorded by torch.profiler on every worker; the
+        Chrome trace files (``directory/rank{d}.json``), read with ``timeline.py``."""
+        self._check_args(per_device_args)
+        os.makedirs(directory, exist_ok=True)
+        return self._command("trace", [("trace", key, list(a),
+                                        os.path.join(directory, f"rank{d}.json"))
+                                       for d, a in enumerate(per_device_args)])
 
     def profile(self, key: int, per_device_args: Sequence[Sequence[np.ndarray]]) -> list:
         """Each device's (thunk, device ms) list (``CudaExecutable.profile``)."""
