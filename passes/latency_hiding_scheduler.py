@@ -15,7 +15,8 @@ depend on it:
 - **priority**: the longest predicted path from an instruction to the end of the
   computation (a start's edge to its done weighs the collective's time), so the work the
   collective's consumers wait for is not starved;
-- **rules**, at each step, first that applies: a done whose collective has finished (it
+- **rules**, at each step, first that applies: a free instruction (parameter, constant,
+  tuple, view); a done whose collective has finished (it
   frees its slot and costs nothing); a start, while fewer than ``overlap_limit``
   collectives of its kind are in flight (XLA:GPU's default is one); the ready compute
   instruction of highest priority; otherwise the done that finishes first (the clock waits
@@ -36,6 +37,10 @@ from hlo.ir import Computation, Instruction, Module
 from .async_collectives import ASYNC_DONES, ASYNC_STARTS, sequential_computations, \
     wrapped_opcode
 from .base import register_pass
+
+
+_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "partition-id",
+         "replica-id", "after-all"}
 
 
 def _group_size(start: Instruction, num_devices: int) -> int:
@@ -128,6 +133,16 @@ def latency_hiding_schedule(comp: Computation, target: str = "h100", num_devices
         return (-level[i.uid], position[i.uid])
 
     while ready:
+        free = [i for i in ready if i.opcode in _FREE]
+        if free:                       # leaves and views: no time, no reason to wait
+            pick = min(free, key=lambda i: position[i.uid])
+            ready.remove(pick)
+            order.append(pick)
+            for s in succs[pick.uid]:
+                waiting[s.uid] -= 1
+                if waiting[s.uid] == 0:
+                    ready.append(s)
+            continue
         dones = [d for d in ready if d.opcode in ASYNC_DONES]
         finished = [d for d in dones if finish[d.operands[0].uid] <= clock]
         starts = [s for s in ready if s.opcode in ASYNC_STARTS
