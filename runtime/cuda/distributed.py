@@ -97,6 +97,12 @@ def _worker(rank: int, world: int, init_method: str, backend: str, conn: Any,
                 elif cmd == "time":
                     key, args, reps = payload
                     conn.send(("ok", _time(executables[key], args, reps, device)))
+                elif cmd == "stats":
+                    (key,) = payload
+                    exe = executables[key]
+                    conn.send(("ok", {k: v for k, v in exe.stats.items()
+                                      if isinstance(v, (int, float))} | {
+                        "shared_buffers_opened": shared.opened}))
                 elif cmd == "trace":
                     key, args, path = payload
                     conn.send(("ok", _trace(executables[key], args, device, path)))
@@ -328,6 +334,11 @@ class GpuMesh:
         return self._command("trace", [("trace", key, list(a),
                                         os.path.join(directory, f"rank{d}.json"))
                                        for d, a in enumerate(per_device_args)])
+
+    def stats(self, key: int) -> list[dict[str, int]]:
+        """Each worker's counters of executable ``key`` (runs, collectives, graph replays,
+        packed all-reduce operands, shared argument buffers opened ...)."""
+        return self._command("stats", [("stats", key)] * self.num_devices)
 
     def profile(self, key: int, per_device_args: Sequence[Sequence[np.ndarray]]) -> list:
         """Each device's (thunk, device ms) list (``CudaExecutable.profile``)."""
