@@ -74,24 +74,10 @@ def dp_train_step(n):
 
 
 def transformer_block(n):
-    mesh = _mesh((n // 2, 2), ("data", "model"))
-    B, S, D, H = 4, 8, 32, 4
-
-    def norm(x):
-        m = jnp.mean(x, -1, keepdims=True)
-        return (x - m) * jax.lax.rsqrt(jnp.mean((x - m) ** 2, -1, keepdims=True) + 1e-5)
-
-    def block(x, wq, wk, wv, wo, w1, w2):
-        h = norm(x)
-        q, k, v = ((h @ w).reshape(B, S, H, D // H) for w in (wq, wk, wv))
-        s = jnp.einsum("bshd,bthd->bhst", q, k) / np.sqrt(D // H)
-        a = jnp.einsum("bhst,bthd->bshd", jax.nn.softmax(s, axis=-1), v).reshape(B, S, D)
-        x = x + a @ wo
-        return x + jax.nn.relu(norm(x) @ w1) @ w2
-    col, row = P(None, "model"), P("model", None)
-    return block, dict(in_shardings=(P("data"), col, col, col, row, col, row),
-                       out_shardings=P("data"), mesh=mesh), \
-        _args([(B, S, D), (D, D), (D, D), (D, D), (D, D), (D, 2 * D), (2 * D, D)])
+    """benchmarks/spmd_gpu.py's 2-D mesh block at its small size (mesh (1, 2) on 2 devices,
+    (n/2, 2) on more)."""
+    from benchmarks.spmd_gpu import transformer_block_2d
+    return transformer_block_2d(n, small=True)
 
 
 def seq_sharded(n):
@@ -124,8 +110,6 @@ PROGRAMS = {"megatron_mlp": megatron_mlp, "dp_train_step": dp_train_step,
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_partitioned_program_on_devices_equals_jax_jit(name, n):
     fn, shardings, args = PROGRAMS[name](n)
-    if name == "transformer_block_2d" and n < 4:
-        pytest.skip("a 2D mesh needs 4 devices")
     g = runtime.jit(fn, backend="cuda", **shardings)
     # f32 dots at DEFAULT precision are TF32 on a GPU (as XLA:GPU): compare at full f32.
     with jax.default_matmul_precision("highest"):

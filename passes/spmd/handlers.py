@@ -129,22 +129,14 @@ def dot(p: Partitioner, inst: Instruction) -> Value:
     matching the lhs; the lhs matching the rhs); the one moving fewest bytes wins."""
     t = p.target(inst)
     lhs, rhs = inst.operands
-    lv, rv = p.vals[id(lhs)].tiling, p.vals[id(rhs)].tiling
     lt, rt = p.tiling_of(lhs), p.tiling_of(rhs)
-    cands = [(lt, rt),
-             (rules.dot_operand_from_result(inst, t, 0), rules.dot_operand_from_result(inst, t, 1)),
-             (lt, _dot_match(inst, lt, 1)),
-             (_dot_match(inst, rt, 0), rt)]
-    options = []
-    for cl, cr in cands:
-        if cl is None or cr is None:
-            continue
-        res = _dot_local_result(inst, cl, cr, p.adder(inst.shape.dtype) if p.emit else None)
-        if res is not None:
-            options.append(((cl, cr, res), lambda cl=cl, cr=cr, res=res:
-                            p.plan_cost(lv, cl, lhs.shape) + p.plan_cost(rv, cr, rhs.shape)
-                            + p.plan_cost(res, t, inst.shape)))
-    best = p.cheapest(options)
+    adder = p.adder(inst.shape.dtype) if p.emit else None
+    best = p.place(inst, [(lt, rt),
+                          (rules.dot_operand_from_result(inst, t, 0),
+                           rules.dot_operand_from_result(inst, t, 1)),
+                          (lt, _dot_match(inst, lt, 1)),
+                          (_dot_match(inst, rt, 0), rt)],
+                   lambda cl, cr: _dot_local_result(inst, cl, cr, adder))
     if best is None:
         return p.fallback(inst)
     cl, cr, res = best

@@ -107,7 +107,6 @@ def gather(p: Partitioner, inst: Instruction) -> Value:
     dims = _GatherDims(inst)
     t = p.target(inst)
     ot, it = p.tiling_of(operand), p.tiling_of(indices)
-    ov, iv = p.vals[id(operand)].tiling, p.vals[id(indices)].tiling
     rep_o = Tiling.replicated(dims.op_rank, p.n)
     rep_i = Tiling.replicated(dims.idx_rank, p.n)
     from_t_o = rules.map_dims(t.without_partial(), {o: s for s, o in dims.whole.items()},
@@ -115,21 +114,12 @@ def gather(p: Partitioner, inst: Instruction) -> Value:
     from_t_i = rules.map_dims(t.without_partial(), {o: s for s, o in dims.batch.items()},
                               dims.idx_rank)
     keep_i = {d for d in range(dims.idx_rank) if d != dims.ivd}
-    cands = [(_keep(ot, dims.operand_dims()), _keep(it, keep_i)),
-             (_keep(ot, dims.operand_dims()), rep_i),
-             (rep_o, _keep(it, keep_i)),
-             (from_t_o, from_t_i)]
     adder = p.adder(inst.shape.dtype) if p.emit else None
-    options = []
-    for co, ci in cands:
-        if co is None or ci is None:
-            continue
-        res = dims.result(co, ci, adder)
-        if res is not None:
-            options.append(((co, ci, res), lambda co=co, ci=ci, res=res:
-                            p.plan_cost(ov, co, operand.shape) + p.plan_cost(iv, ci, indices.shape)
-                            + p.plan_cost(res, t, inst.shape)))
-    best = p.cheapest(options)
+    best = p.place(inst, [(_keep(ot, dims.operand_dims()), _keep(it, keep_i)),
+                          (_keep(ot, dims.operand_dims()), rep_i),
+                          (rep_o, _keep(it, keep_i)),
+                          (from_t_o, from_t_i)],
+                   lambda co, ci: dims.result(co, ci, adder))
     if best is None:
         return p.fallback(inst)
     co, ci, res = best

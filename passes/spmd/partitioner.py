@@ -363,6 +363,25 @@ class Partitioner:
         finally:
             self.emit, self.cost = emit, cost
 
+    def place(self, inst: Instruction, cands: Sequence[tuple[Optional[Tiling], ...]],
+              result_of: Callable[..., Optional[Tiling]]) -> Optional[tuple]:
+        """The cheapest placement of ``inst``'s first operands: among ``cands`` (a tiling per
+        operand), those ``result_of(*tilings)`` gives a local result tiling for, the one
+        moving the fewest bytes (operands resharded there, the result to ``inst``'s own
+        sharding). Returns (*operand tilings, result tiling) or None."""
+        t = self.target(inst)
+        now = [self.vals[id(o)].tiling for o in inst.operands]
+        options = []
+        for cand in cands:
+            if any(c is None for c in cand):
+                continue
+            res = result_of(*cand)
+            if res is not None:
+                options.append(((*cand, res), lambda cand=cand, res=res: sum(
+                    self.plan_cost(v, c, o.shape) for v, c, o in zip(now, cand, inst.operands))
+                    + self.plan_cost(res, t, inst.shape)))
+        return self.cheapest(options)
+
     def cheapest(self, cands: Sequence[tuple[Any, Callable[[], int]]]) -> Any:
         """The candidate whose cost function (bytes moved) is lowest; the first of equals."""
         best, best_cost = None, None

@@ -301,14 +301,19 @@ class CollectiveThunk(SlotThunk):
                 works.append(dist.all_gather(list(stacked.unbind(0)), x, group=self.pg,
                                              async_op=True))
             staged.append((stacked, dst))
+        return self._completion(mem, works, staged, order, unchunk=True)
 
+    def _completion(self, mem: Memory, works: list, staged: list[tuple[Any, Slot]],
+                    order: Optional[list[int]] = None, unchunk: bool = False) -> Completion:
+        """Wait for ``works``, then write each received buffer (its chunks put in XLA's
+        member order, and back along the collective's dimension) to its result slot."""
         def complete() -> None:
             for w in works:
                 w.wait()
-            for stacked, dst in staged:
+            for buf, dst in staged:
                 if order is not None:
-                    stacked = stacked[order]
-                mem.view(dst).copy_(_unchunked(stacked, self.dim))
+                    buf = buf[order]
+                mem.view(dst).copy_(_unchunked(buf, self.dim) if unchunk else buf)
         return complete
 
     def _reduce_scatter(self, mem: Memory, ctx: RunContext) -> Completion:
@@ -328,13 +333,7 @@ class CollectiveThunk(SlotThunk):
                 works.append(dist.all_reduce(stacked, op=op, group=self.pg, async_op=True))
                 out = stacked[sorted(self.members).index(self.comm.rank)]
             staged.append((out, dst))
-
-        def complete() -> None:
-            for w in works:
-                w.wait()
-            for out, dst in staged:
-                mem.view(dst).copy_(out)
-        return complete
+        return self._completion(mem, works, staged)
 
     def _all_to_all(self, mem: Memory, ctx: RunContext) -> Completion:
         import torch.distributed as dist
@@ -348,15 +347,7 @@ class CollectiveThunk(SlotThunk):
             got = stacked.new_empty(stacked.shape)
             works.append(dist.all_to_all_single(got, stacked, group=self.pg, async_op=True))
             staged.append((got, dst))
-
-        def complete() -> None:
-            for w in works:
-                w.wait()
-            for got, dst in staged:
-                if recv_order is not None:
-                    got = got[recv_order]
-                mem.view(dst).copy_(_unchunked(got, self.dim))
-        return complete
+        return self._completion(mem, works, staged, recv_order, unchunk=True)
 
     def _permute(self, mem: Memory) -> Completion:
         import torch.distributed as dist
