@@ -119,6 +119,74 @@ def seq_sharded():
     return f, _args([(4, 64, 16)])
 
 
+def vocab_mlp_uneven():
+    """A 30-word vocabulary over 8 devices (4 real columns on the first 7, 2 on the last):
+    the logits are constrained to split over the vocabulary, as a vocab-parallel loss is."""
+    import jax
+    import jax.numpy as jnp
+    mesh = _mesh((8,), ("model",))
+
+    def loss(x, w1, wout, labels):
+        h = jax.nn.relu(x @ w1)
+        logits = jax.lax.with_sharding_constraint(h @ wout, _ns(mesh, None, "model"))
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return -jnp.mean(jnp.sum(jax.nn.one_hot(labels, 30) * logp, -1))
+    f = jax.jit(loss, in_shardings=(_ns(mesh), _ns(mesh, None, "model"), _ns(mesh), _ns(mesh)),
+                out_shardings=_ns(mesh))
+    labels = np.random.default_rng(1).integers(0, 30, 16).astype(np.int32)
+    return f, _args([(16, 32), (32, 64), (64, 30)]) + [labels]
+
+
+def scan_layers():
+    import jax
+    import jax.numpy as jnp
+    mesh = _mesh((8,), ("model",))
+
+    def layers(x, ws):
+        def body(h, w):
+            return jnp.tanh(h @ w), None
+        return jax.lax.scan(body, x, ws)[0]
+    f = jax.jit(layers, in_shardings=(_ns(mesh), _ns(mesh, None, None, "model")),
+                out_shardings=_ns(mesh))
+    return f, _args([(16, 32), (4, 32, 32)])
+
+
+def embedding_lookup():
+    import jax
+    mesh = _mesh((8,), ("vocab",))
+
+    def lookup(table, ids):
+        return table[ids] * 2.0
+    f = jax.jit(lookup, in_shardings=(_ns(mesh, "vocab"), _ns(mesh)), out_shardings=_ns(mesh))
+    ids = np.random.default_rng(2).integers(0, 256, (4, 6)).astype(np.int32)
+    return f, _args([(256, 16)]) + [ids]
+
+
+def top_k_rows():
+    import jax
+    mesh = _mesh((8,), ("rows",))
+
+    def f(x):
+        return tuple(jax.lax.top_k(x, 4))
+    return jax.jit(f, in_shardings=(_ns(mesh, "rows"),),
+                   out_shardings=(_ns(mesh, "rows"), _ns(mesh, "rows"))), _args([(16, 64)])
+
+
+def shard_map_ring():
+    import jax
+    from jax import shard_map
+    from jax.sharding import PartitionSpec as P
+    mesh = _mesh((8,), ("x",))
+
+    def ring(x):
+        def body(b):
+            r = jax.lax.ppermute(b, "x", [(i, (i + 1) % 8) for i in range(8)])
+            return jax.lax.psum(b * r, "x")
+        return shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P())(x)
+    return jax.jit(ring, in_shardings=(_ns(mesh, "x"),), out_shardings=_ns(mesh)), \
+        _args([(16, 4)])
+
+
 PROGRAMS = [
     Program("megatron_mlp", megatron_mlp, "column- then row-parallel MLP, mesh (model=8)"),
     Program("dp_train_step", dp_train_step, "data-parallel SGD step, mesh (data=8)"),
@@ -126,6 +194,15 @@ PROGRAMS = [
             "attention + MLP block, mesh (data=2, model=4)"),
     Program("seq_sharded_reduce", seq_sharded,
             "elementwise + reduce over a sequence-sharded array, mesh (seq=8)"),
+    Program("vocab_mlp_uneven", vocab_mlp_uneven,
+            "MLP + log-softmax loss, a 30-word vocabulary split over 8 devices (padded)"),
+    Program("scan_layers", scan_layers,
+            "lax.scan over 4 layers, weights split over model=8 (the loop state stays split)"),
+    Program("embedding_lookup", embedding_lookup,
+            "table[ids], the 256-row table split by rows over 8 devices (vocab parallel)"),
+    Program("top_k_rows", top_k_rows, "lax.top_k per row, rows split over 8 devices"),
+    Program("shard_map_ring", shard_map_ring,
+            "shard_map: ppermute around a ring of 8, then psum"),
 ]
 
 
