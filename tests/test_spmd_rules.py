@@ -141,6 +141,23 @@ def test_vocabulary_not_divisible_by_the_mesh():
     assert any(i.shape.dims == (8, 8) and i.opcode == "dot" for i in m.entry.instructions)
 
 
+def test_argmax_over_a_split_vocabulary_reduces_twice():
+    """A variadic reduce (values and indices) over the split, padded vocabulary: each device
+    reduces its columns, the partial (value, index) pairs are gathered and reduced again
+    (the logits themselves never travel)."""
+    mesh = _mesh((2, 4), ("d", "m"))
+
+    def accuracy(x, w, y):
+        logits = _wsc(x @ w, "d", "m", mesh=mesh)
+        return jnp.mean(jnp.argmax(logits, -1) == y)
+    y = np.random.default_rng(6).integers(0, 30, 8).astype(np.int32)
+    x, w = _rand(8, 16), _rand(16, 30, seed=1)
+    m = _same_as_jax(accuracy, [x, w, y], (P(), P(), P()), P(), mesh=mesh)
+    reduces = [i for i in m.entry.instructions if i.opcode == "reduce" and i.shape.is_tuple]
+    assert [r.operands[0].shape.dims for r in reduces] == [(4, 8), (4, 4)]
+    assert collective_stats(m)["all-gather"][1] < 4 * 32 * 4  # less than the logits rows
+
+
 # --- while loops ------------------------------------------------------------------------
 def _scan_layers(x, ws):
     def body(h, w):

@@ -7,6 +7,7 @@ both operands: the padding may hold inf or NaN, and 0 * inf is not 0).
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 from hlo import dtypes as dt
@@ -15,7 +16,10 @@ from hlo.ir import Instruction
 from hlo.sharding import Sharding
 
 from . import rules
-from .partitioner import Partitioner, Value, handler, mixed_index, partial_is_wellformed
+from hlo.shape import TupleShape
+
+from .partitioner import Partitioner, Value, handler, local_shape, mixed_index, \
+    partial_is_wellformed
 from .tiling import Tiling
 
 
@@ -88,28 +92,85 @@ def iota(p: Partitioner, inst: Instruction) -> Value:
 # --- reduce ----------------------------------------------------------------------------
 @handler("reduce")
 def reduce(p: Partitioner, inst: Instruction) -> Value:
-    if len(inst.operands) != 2:
+    """Local along the kept dims. Along a split reduced dim: the padding is filled with the
+    init value, each device reduces its piece, then the pieces are combined: one operand
+    as a pending sum (an all-reduce or reduce-scatter when a user needs it), several
+    (argmax: values and indices) by gathering every device's partial results and reducing
+    them again (XLA's way for a reducer that is not one collective op)."""
+    k = len(inst.operands) // 2
+    xs, inits = inst.operands[:k], inst.operands[k:]
+    rank = len(xs[0].shape.dims)
+    if any(len(x.shape.dims) != rank for x in xs):
         return p.fallback(inst)
-    t = p.target(inst)
-    x, init = inst.operands
+    s = inst.sharding
+    first = s.elements[0] if isinstance(s, Sharding) and s.is_tuple and s.elements else s
+    out_shape = inst.shape.elements[0] if inst.shape.is_tuple else inst.shape
+    t = Tiling.from_sharding(first, len(out_shape.dims), p.n)
     red = list(inst.attrs["dimensions"])
-    kept = [d for d in range(len(x.shape.dims)) if d not in red]
-    cur = p.tiling_of(x)
-    options = [rules.map_dims(t, {i: d for i, d in enumerate(kept)}, len(x.shape.dims))]
+    kept = [d for d in range(rank) if d not in red]
+    cur = p.tiling_of(xs[0])
+    options = [rules.map_dims(t, {i: d for i, d in enumerate(kept)}, rank)]
     # Keep the operand's split of the reduced dims: reduce locally, then combine.
     keep = Tiling.from_index(
-        [cur.tiles[d] if d in red else t.tiles[kept.index(d)] for d in range(cur.rank)],
-        [tuple(ci[d] if d in red else ti[kept.index(d)] for d in range(cur.rank))
+        [cur.tiles[d] if d in red else t.tiles[kept.index(d)] for d in range(rank)],
+        [tuple(ci[d] if d in red else ti[kept.index(d)] for d in range(rank))
          for ci, ti in zip(cur.index, t.index)])
     if keep is not None and any(keep.tiles[d] > 1 for d in red):
         options.append(keep)
-    x_now = p.vals[id(x)].tiling
-    best = p.cheapest([(o, lambda o=o: p.plan_cost(x_now, o, x.shape)
-                        + p.plan_cost(_reduce_result(o, red, inst), t, inst.shape))
-                       for o in options])
-    init_whole = p.whole(init)
-    xin = p.mask_padding(p.get(x, best), best, x.shape, red, init_whole)
-    return p.local_op(inst, [xin, init_whole], _reduce_result(best, red, inst))
+    if not any(cur.same_as(o) for o in options):
+        options.append(cur)             # as the operand is: the result keeps its kept splits
+    now = [p.vals[id(x)].tiling for x in xs]
+
+    def cost(o: Tiling) -> int:
+        moved = sum(p.plan_cost(v, o, x.shape) for v, x in zip(now, xs))
+        res = _reduce_result(o, red, inst)
+        if k == 1:
+            return moved + p.plan_cost(res, t, out_shape)
+        pieces = math.prod(o.tiles[d] for d in red)
+        gathered = sum(math.prod(p.local(res, e)) * e.dtype.itemsize * pieces
+                       for e in inst.shape.elements) if pieces > 1 else 0
+        return moved + gathered + p.plan_cost(res.without_partial(), t, out_shape)
+    best = p.cheapest([(o, lambda o=o: cost(o)) for o in options])
+    init_whole = [p.whole(i) for i in inits]
+    ins = [p.mask_padding(p.get(x, best), best, x.shape, red, i)
+           for x, i in zip(xs, init_whole)]
+    res = _reduce_result(best, red, inst)
+    if k == 1:
+        return p.local_op(inst, ins + init_whole, res)
+    loc = p.local(res, out_shape)
+    shape = TupleShape(tuple(local_shape(e, loc) for e in inst.shape.elements))
+    local = p.add("reduce", ins + init_whole, shape, _attrs(inst), name=inst.name)
+    parts = [p.add("get-tuple-element", [local], e, {"index": j})
+             for j, e in enumerate(shape.elements)]
+    if res.partial is not None:
+        parts = _gather_and_reduce_again(p, inst, parts, best, red, init_whole)
+    tiling = res.without_partial()
+    return p.tuple_value(p.add("tuple", parts, TupleShape(tuple(x.shape for x in parts))),
+                         [tiling] * k, inst.shape)
+
+
+def _gather_and_reduce_again(p: Partitioner, inst: Instruction, parts: list[Instruction],
+                             o: Tiling, red: list[int], inits: list[Instruction]
+                             ) -> list[Instruction]:
+    """Every device's partial results of a variadic reduce, gathered along a new leading
+    dim over the devices splitting the reduced dims, and reduced again along it."""
+    from .tiling import layered_groups
+    kept = [d for d in range(o.rank) if d not in red]
+    groups = layered_groups([tuple(ix[d] for d in kept) for ix in o.index],
+                            [mixed_index(ix, red, o.tiles) for ix in o.index])
+    pieces = len(groups[0])
+    gathered = []
+    for part in parts:
+        dims = list(part.shape.dims)
+        one = p.add("reshape", [part], local_shape(part.shape, [1] + dims))
+        gathered.append(p.collective("all-gather", one, local_shape(part.shape, [pieces] + dims),
+                                     groups, [1] + dims, dimensions=(0,)))
+    shape = TupleShape(tuple(x.shape.with_dims(x.shape.dims[1:]).with_layout(
+        local_shape(x.shape, x.shape.dims[1:]).layout) for x in gathered))
+    again = p.add("reduce", gathered + inits, shape,
+                  {"dimensions": (0,), "to_apply": inst.attrs["to_apply"]})
+    return [p.add("get-tuple-element", [again], e, {"index": j})
+            for j, e in enumerate(shape.elements)]
 
 
 def _reduce_result(o: Tiling, red: list[int], inst: Instruction) -> Tiling:
@@ -208,8 +269,6 @@ def sort(p: Partitioner, inst: Instruction) -> Value:
     ops = [p.get(o, want) for o in inst.operands]
     loc = p.local(want, g)
     if inst.shape.is_tuple:
-        from hlo.shape import TupleShape
-        from .partitioner import local_shape
         shape = TupleShape(tuple(local_shape(e, loc) for e in inst.shape.elements))
         new = p.add("sort", ops, shape, _attrs(inst), name=inst.name)
         return p.tuple_value(new, [want] * len(ops), inst.shape)
@@ -224,8 +283,6 @@ def topk(p: Partitioner, inst: Instruction) -> Value:
     want = p.tiling_of(x).replicate_dims([last])
     loc = list(p.local(want, x.shape))
     loc[last] = inst.attrs["k"]
-    from hlo.shape import TupleShape
-    from .partitioner import local_shape
     shape = TupleShape(tuple(local_shape(e, loc) for e in inst.shape.elements))
     new = p.add("topk", [p.get(x, want)], shape, _attrs(inst), name=inst.name)
     out = Tiling(want.tiles, want.index)
