@@ -61,6 +61,11 @@ class SharedStaging:
                                                             else flat.size), meta)
         ident, buf, owner, _ = hit
         if self.backend == "nccl":
+            import torch
+            if isinstance(flat, np.ndarray):
+                flat = torch.from_numpy(flat)
+            elif flat.device.type == "cuda":        # a peer copy: wait on the source too
+                self._devices.add(flat.device.index)
             buf.copy_(flat, non_blocking=True)
             self._devices.add(device)
         else:
@@ -83,9 +88,11 @@ class SharedStaging:
             from multiprocessing import shared_memory
             owner = shared_memory.SharedMemory(create=True, size=n)
             buf = np.ndarray((n,), np.uint8, buffer=owner.buf)[:nbytes]
-        old = self._buffers.get(key)
+        old = self._buffers.pop(key, None)
         if old is not None:
-            self._release(old)
+            owner_of_old = old[2]
+            del old                      # the view goes before its block closes
+            _release(owner_of_old)
         self._buffers[key] = (ident, buf, owner, meta)
         return self._buffers[key]
 
@@ -105,17 +112,23 @@ class SharedStaging:
                 torch.cuda.synchronize(d)
             self._devices.clear()
 
-    def _release(self, entry: tuple) -> None:
-        owner = entry[2]
-        if owner is not None:
-            owner.close()
-            owner.unlink()
-
     def close(self) -> None:
-        for entry in self._buffers.values():
-            self._release(entry)
-        self._buffers.clear()
+        owners = [entry[2] for entry in self._buffers.values()]
+        self._buffers.clear()            # drops the views into the blocks
         self._sent.clear()
+        for owner in owners:
+            _release(owner)
+
+
+def _release(owner: Any) -> None:
+    """Close and unlink a shared memory block (None: a CUDA buffer, freed with its tensor)."""
+    if owner is None:
+        return
+    try:
+        owner.close()
+    except BufferError:          # a view is still alive somewhere: the OS frees it at exit
+        pass
+    owner.unlink()
 
 
 class SharedOpener:
