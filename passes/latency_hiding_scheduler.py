@@ -30,7 +30,6 @@ order for every computation that has asynchronous collectives.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from hlo.ir import Computation, Instruction, Module
 

@@ -185,7 +185,6 @@ def test_data_parallel_step_overlaps_gradient_all_reduces_with_the_backward_pass
     rng = np.random.default_rng(1)
     args = [(rng.standard_normal(s) * 0.3).astype(np.float32)
             for s in [(16, 32), (32, 8), (32, 16), (32, 8)]]
-    from passes.collective_combiner import AllReduceCombiner  # noqa: F401
     exe = compile_spmd(hlo.from_jax(f, *args), pipeline="default")
     starts = [i for i in exe.module.entry.instructions if i.opcode == "all-reduce-start"]
     assert len(starts) == 1        # small gradients combine into one (XLA's threshold)
