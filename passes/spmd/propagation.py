@@ -227,7 +227,7 @@ def propagate(module: Module) -> dict[int, Tiling]:
     return cur
 
 
-def _annotate(comp: Computation, cur: dict, tuples: dict, prop: _Propagator) -> bool:
+def _annotate(comp: Computation, cur: dict, tuples: dict) -> bool:
     """Write the shardings ``cur``/``tuples`` give into ``comp`` (annotations kept)."""
     changed = False
     manual = manual_region(comp)
@@ -268,11 +268,11 @@ class ShardingPropagation:
         n = num_devices(module)
         prop = _Propagator(n)
         cur, tuples = prop.run(module.entry)
-        changed |= _annotate(module.entry, cur, tuples, prop)
+        changed |= _annotate(module.entry, cur, tuples)
         for comp in module.computations:
             if id(comp) in prop.done:
                 bcur, btuples = prop.done[id(comp)]
-                changed |= _annotate(comp, bcur, btuples, prop)
+                changed |= _annotate(comp, bcur, btuples)
         for inst in module.all_instructions():       # the loop state, everywhere it is
             if inst.opcode == "while" and id(inst) in prop.loops:
                 s = Sharding.tuple([t.to_sharding() for t in prop.loops[id(inst)]])
