@@ -261,6 +261,32 @@ def test_shard_map_ring_and_psum_are_kept_per_device():
     assert cp.operands[0].shape.dims == (2, 2)
 
 
+def test_shard_map_in_the_older_custom_call_form():
+    """Without Shardy JAX emits the body between Sharding / SPMDFullToShardShape and
+    SPMDShardToFullShape custom-calls (mhlo.sharding attributes): the same result."""
+    from jax import shard_map
+
+    def twice_psum(x):
+        body = lambda b: jax.lax.psum(b, "x") * 2.0  # noqa: E731
+        return shard_map(body, mesh=MESH, in_specs=P("x"), out_specs=P())(x)
+    old = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", False)
+    try:
+        f = jax.jit(twice_psum, in_shardings=NamedSharding(MESH, P("x")),
+                    out_shardings=NamedSharding(MESH, P()))
+        x = _rand(8, 2)
+        module = hlo.from_jax(f, x)
+        want = np.asarray(f(x))
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", old)
+    targets = [i.attrs.get("custom_call_target") for i in module.entry.instructions
+               if i.opcode == "custom-call"]
+    assert "SPMDFullToShardShape" in targets and "SPMDShardToFullShape" in targets
+    exe = compile_spmd(module)
+    np.testing.assert_allclose(exe.execute_arrays([x])[0], want, rtol=1e-6)
+    assert {k: v[0] for k, v in collective_stats(exe.module).items()} == {"all-reduce": 1}
+
+
 def test_shard_map_on_a_2d_mesh_reduces_over_one_axis():
     from jax import shard_map
     mesh = _mesh((2, 4), ("d", "m"))
@@ -272,6 +298,18 @@ def test_shard_map_on_a_2d_mesh_reduces_over_one_axis():
                          out_specs=P("d"))(x, w)
     _same_as_jax(f, [_rand(4, 16), _rand(16, 8, seed=1)], (P("d", "m"), P("m")), P("d"),
                  mesh=mesh)
+
+
+def test_shard_map_manual_over_one_axis_of_two():
+    """axis_names={"d"}: the body is per-device along "d" and whole along the automatic
+    "m" (every device of an "m" group runs it on the same piece: correct, not split)."""
+    from jax import shard_map
+    mesh = jax.make_mesh((2, 4), ("d", "m"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+
+    def f(x):
+        return shard_map(lambda b: jax.lax.psum(jnp.sin(b), "d"), mesh=mesh, in_specs=P("d"),
+                         out_specs=P(), axis_names={"d"})(x)
+    _same_as_jax(f, [_rand(8, 4)], (P("d"),), P(), mesh=mesh)
 
 
 def test_a_manual_value_read_outside_its_manual_computation_is_an_error():

@@ -16,7 +16,10 @@ their own collectives (a ``psum`` is an all-reduce over device ids, a ``ppermute
 collective-permute): they are copied as they are. The full-to-shard takes the operand
 resharded to the manual computation's in-sharding, whose local piece is the body's
 argument; the shard-to-full declares the body's result to be the local piece of an array
-split by the out-sharding.
+split by the out-sharding. A body manual over some mesh axes only (``axis_names``) runs
+whole along the others: every device of such a group computes the same piece (correct;
+XLA would also split it along the automatic axes). The older GSPMD spelling of that case
+(``last_tile_dims={manual}``) is refused with an error.
 """
 from __future__ import annotations
 
