@@ -325,6 +325,7 @@ def can_share_operand_buffer(user: Instruction, operand_number: int, user_index:
     - an elementwise op reads each operand element at the index it writes;
     - a fusion may share where ``reads_at_same_index`` holds for the fused parameter;
     - sort permutes operand i into result i in place, when it is the operand's only user;
+    - an all-reduce reduces operand k into result k in place;
     - nothing else: it reads the operand at other indices than it writes.
     """
     operand = user.operands[operand_number]
@@ -353,6 +354,10 @@ def can_share_operand_buffer(user: Instruction, operand_number: int, user_index:
         if operand.users != [user] or len(slots) != 1:
             return False
         return len(user.operands) == 1 or user_index == (operand_number,)
+    if user.opcode in ("all-reduce", "all-reduce-start"):
+        # Reduced where it lies (NCCL's all-reduce works in place): result k over operand k.
+        return len(slots) == 1 and (user_index == (operand_number,) if user.shape.is_tuple
+                                    else user_index == ())
     return user.op.category == ELEMENTWISE and not user.shape.is_tuple
 
 
