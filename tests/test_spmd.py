@@ -277,7 +277,7 @@ def report_rows():
 
 @pytest.mark.parametrize("name", ["megatron_mlp", "dp_train_step", "transformer_block_2d",
                                   "seq_sharded_reduce", "vocab_mlp_uneven", "scan_layers",
-                                  "embedding_lookup", "shard_map_ring"])
+                                  "embedding_lookup", "shard_map_ring", "lm_train_step"])
 def test_matches_jax_jit_and_never_more_bytes_than_xla(report_rows, name):
     r = report_rows[name]
     assert r["max_abs_err"] < 1e-4

@@ -54,12 +54,12 @@ def reshape(p: Partitioner, inst: Instruction) -> Value:
 
 @handler("passthrough")
 def passthrough(p: Partitioner, inst: Instruction) -> Value:
-    """slice / pad / concatenate / reverse / dynamic-slice: local on the dims they leave
-    alone (``rules.passthrough_dims``); the others whole."""
+    """slice / pad / concatenate / reverse / dynamic-slice / dynamic-update-slice: local on
+    the dims they leave alone (``rules.passthrough_dims``); the others whole."""
     t = p.target(inst)
     pt = rules.passthrough_dims(inst)
     want = rules.map_dims(t, {d: d for d in pt}, t.rank)
-    n_data = len(inst.operands) if inst.opcode == "concatenate" else 1
+    n_data = rules.passthrough_data_operands(inst)
     ops = [p.get(o, want) if k < n_data else p.whole(o) for k, o in enumerate(inst.operands)]
     loc = p.local(want, inst.shape)
     attrs: dict[str, Any] = {}

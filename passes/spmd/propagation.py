@@ -195,9 +195,11 @@ class _Propagator:
         shapes = inst.shape.elements
         if init.opcode != "tuple" or any(not _is_array_shape(s) for s in shapes):
             return None
-        state = self.loops.get(id(inst)) or [
-            cur.get(id(o)) or Tiling.replicated(len(s.dims), self.n)
-            for o, s in zip(init.operands, shapes)]
+        # The initial state's tilings where it has them (they may have appeared since the
+        # last round); elsewhere what the body grew last time, or whole.
+        prev = self.loops.get(id(inst))
+        state = [cur.get(id(o)) or (prev[k] if prev else Tiling.replicated(len(s.dims), self.n))
+                 for k, (o, s) in enumerate(zip(init.operands, shapes))]
         body, cond = inst.attrs["body"], inst.attrs["condition"]
         for _ in range(MAX_LOOP_ROUNDS):
             bcur, btuples = self.run(body, state, state)

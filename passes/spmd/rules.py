@@ -31,8 +31,9 @@ def map_dims(t: Tiling, src_to_dst: dict[int, int], dst_rank: int) -> Optional[T
 
 
 def passthrough_dims(inst: Instruction) -> Optional[list[int]]:
-    """Dims along which slice/pad/concatenate/reverse/dynamic-slice act elementwise (same
-    size in and out, element i from element i), or None for other ops."""
+    """Dims along which slice/pad/concatenate/reverse/dynamic-slice/dynamic-update-slice
+    act elementwise (same size in and out, element i from element i), or None for other
+    ops."""
     op = inst.opcode
     rank = len(inst.shape.dims) if not inst.shape.is_tuple else 0
     if op == "slice":
@@ -49,7 +50,18 @@ def passthrough_dims(inst: Instruction) -> Optional[list[int]]:
     if op == "dynamic-slice":
         dims = inst.operands[0].shape.dims
         return [i for i, s in enumerate(inst.attrs["dynamic_slice_sizes"]) if s == dims[i]]
+    if op == "dynamic-update-slice":     # the update covers these dims whole
+        dims, upd = inst.operands[0].shape.dims, inst.operands[1].shape.dims
+        return [i for i in range(rank) if upd[i] == dims[i]]
     return None
+
+
+def passthrough_data_operands(inst: Instruction) -> int:
+    """How many leading operands of a passthrough op are split with its result (the rest,
+    start indices and padding values, are whole)."""
+    if inst.opcode == "concatenate":
+        return len(inst.operands)
+    return 2 if inst.opcode == "dynamic-update-slice" else 1
 
 
 def reshape_groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[int]]]:
@@ -187,6 +199,9 @@ def forward(inst: Instruction, ops: list[Optional[Tiling]]) -> Optional[Tiling]:
             return dot_result(inst, None, ops[1])
         if opc == "gather" and len(ops) == 2 and ops[1] is not None:
             return map_dims(ops[1].without_partial(), gather_dim_maps(inst)[1], rank)
+        if opc == "dynamic-update-slice" and ops[1] is not None:
+            return map_dims(ops[1].without_partial(), {d: d for d in passthrough_dims(inst)},
+                            rank)
         return None
     t = ops[0].without_partial()
     if opc == "broadcast":
@@ -204,7 +219,11 @@ def forward(inst: Instruction, ops: list[Optional[Tiling]]) -> Optional[Tiling]:
         return map_dims(t, {d: i for i, d in enumerate(kept)}, rank)
     pt = passthrough_dims(inst)
     if pt is not None:
-        return map_dims(t, {d: d for d in pt}, rank)
+        data = [o.without_partial() for o in ops[:passthrough_data_operands(inst)]
+                if o is not None]
+        cands = [map_dims(o, {d: d for d in pt}, rank) for o in data]
+        return max((c for c in cands if c is not None), key=lambda c: math.prod(c.tiles),
+                   default=None)
     if opc == "scatter" and len(inst.operands) == 3:
         fixed = set(inst.attrs.get("inserted_window_dims", ())) | set(
             inst.attrs.get("scatter_dims_to_operand_dims", ()))
@@ -284,7 +303,7 @@ def backward(user: Instruction, k: int, out: Tiling) -> Optional[Tiling]:
         kept = [d for d in range(rank) if d not in red]
         return map_dims(out, {i: d for i, d in enumerate(kept)}, rank)
     pt = passthrough_dims(user)
-    if pt is not None and (k == 0 or user.opcode == "concatenate"):
+    if pt is not None and k < passthrough_data_operands(user):
         return map_dims(out, {d: d for d in pt}, rank)
     if opc == "sort":
         return out.replicate_dims(user.attrs["dimensions"])
