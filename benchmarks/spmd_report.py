@@ -289,7 +289,9 @@ def main(path: str = os.path.join(ROOT, "benchmarks", "spmd_report.md")) -> list
              "the same shardings on 8 host CPU devices, and through hlotk on 8 simulated "
              f"devices after the pipeline `{spmd_pipeline()}` (propagation, partitioning, "
              "simplification, then `all-reduce-combiner` merging independent all-reduces "
-             "into one variadic all-reduce, as XLA's AllReduceCombiner). "
+             "into one variadic all-reduce, as XLA's AllReduceCombiner, then every collective "
+             "as a start/done pair placed by the latency-hiding scheduler; a pair counts "
+             "once). "
              "Bytes: per device, for each collective the larger of its operand and result "
              "array sizes, measured the same way on XLA's compiled HLO. All-reduce operands: "
              "arrays reduced, hlotk / XLA (a combined all-reduce has several).", "",
