@@ -119,6 +119,105 @@ def seq_sharded():
     return f, _args([(4, 64, 16)])
 
 
+def vocab_mlp_uneven():
+    """A 30-word vocabulary over 8 devices (4 real columns on the first 7, 2 on the last):
+    the logits are constrained to split over the vocabulary, as a vocab-parallel loss is."""
+    import jax
+    import jax.numpy as jnp
+    mesh = _mesh((8,), ("model",))
+
+    def loss(x, w1, wout, labels):
+        h = jax.nn.relu(x @ w1)
+        logits = jax.lax.with_sharding_constraint(h @ wout, _ns(mesh, None, "model"))
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return -jnp.mean(jnp.sum(jax.nn.one_hot(labels, 30) * logp, -1))
+    f = jax.jit(loss, in_shardings=(_ns(mesh), _ns(mesh, None, "model"), _ns(mesh), _ns(mesh)),
+                out_shardings=_ns(mesh))
+    labels = np.random.default_rng(1).integers(0, 30, 16).astype(np.int32)
+    return f, _args([(16, 32), (32, 64), (64, 30)]) + [labels]
+
+
+def scan_layers():
+    import jax
+    import jax.numpy as jnp
+    mesh = _mesh((8,), ("model",))
+
+    def layers(x, ws):
+        def body(h, w):
+            return jnp.tanh(h @ w), None
+        return jax.lax.scan(body, x, ws)[0]
+    f = jax.jit(layers, in_shardings=(_ns(mesh), _ns(mesh, None, None, "model")),
+                out_shardings=_ns(mesh))
+    return f, _args([(16, 32), (4, 32, 32)])
+
+
+def embedding_lookup():
+    import jax
+    mesh = _mesh((8,), ("vocab",))
+
+    def lookup(table, ids):
+        return table[ids] * 2.0
+    f = jax.jit(lookup, in_shardings=(_ns(mesh, "vocab"), _ns(mesh)), out_shardings=_ns(mesh))
+    ids = np.random.default_rng(2).integers(0, 256, (4, 6)).astype(np.int32)
+    return f, _args([(256, 16)]) + [ids]
+
+
+def top_k_rows():
+    import jax
+    mesh = _mesh((8,), ("rows",))
+
+    def f(x):
+        return tuple(jax.lax.top_k(x, 4))
+    return jax.jit(f, in_shardings=(_ns(mesh, "rows"),),
+                   out_shardings=(_ns(mesh, "rows"), _ns(mesh, "rows"))), _args([(16, 64)])
+
+
+def shard_map_ring():
+    import jax
+    from jax import shard_map
+    from jax.sharding import PartitionSpec as P
+    mesh = _mesh((8,), ("x",))
+
+    def ring(x):
+        def body(b):
+            r = jax.lax.ppermute(b, "x", [(i, (i + 1) % 8) for i in range(8)])
+            return jax.lax.psum(b * r, "x")
+        return shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P())(x)
+    return jax.jit(ring, in_shardings=(_ns(mesh, "x"),), out_shardings=_ns(mesh)), \
+        _args([(16, 4)])
+
+
+def lm_train_step():
+    """A small language model's SGD step: embedding lookup, a scan over layers with
+    model-parallel weights, a log-softmax over a 30-word vocabulary split (unevenly) over
+    "model", gradients through all of it; batch over "data"."""
+    import jax
+    import jax.numpy as jnp
+    mesh = _mesh((2, 4), ("data", "model"))
+    V, D, L, S, B = 30, 16, 2, 6, 4
+
+    def loss(params, ids, targets):
+        emb, ws, wout = params
+        h = emb[ids]
+
+        def layer(h, w):
+            return h + jnp.tanh(h @ w), None
+        h, _ = jax.lax.scan(layer, h, ws)
+        logits = jax.lax.with_sharding_constraint(h @ wout, _ns(mesh, "data", None, "model"))
+        logp = jax.nn.log_softmax(logits, -1)
+        return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
+
+    def step(params, ids, targets):
+        lv, g = jax.value_and_grad(loss)(params, ids, targets)
+        return lv, jax.tree_util.tree_map(lambda p, gp: p - 0.1 * gp, params, g)
+    pspec = (_ns(mesh), _ns(mesh, None, None, "model"), _ns(mesh))
+    f = jax.jit(step, in_shardings=(pspec, _ns(mesh, "data"), _ns(mesh, "data")),
+                out_shardings=(_ns(mesh), pspec))
+    rng = np.random.default_rng(3)
+    ids, targets = (rng.integers(0, V, (B, S)).astype(np.int32) for _ in range(2))
+    return f, [tuple(_args([(V, D), (L, D, D), (D, V)])), ids, targets]
+
+
 PROGRAMS = [
     Program("megatron_mlp", megatron_mlp, "column- then row-parallel MLP, mesh (model=8)"),
     Program("dp_train_step", dp_train_step, "data-parallel SGD step, mesh (data=8)"),
@@ -126,6 +225,18 @@ PROGRAMS = [
             "attention + MLP block, mesh (data=2, model=4)"),
     Program("seq_sharded_reduce", seq_sharded,
             "elementwise + reduce over a sequence-sharded array, mesh (seq=8)"),
+    Program("vocab_mlp_uneven", vocab_mlp_uneven,
+            "MLP + log-softmax loss, a 30-word vocabulary split over 8 devices (padded)"),
+    Program("scan_layers", scan_layers,
+            "lax.scan over 4 layers, weights split over model=8 (the loop state stays split)"),
+    Program("embedding_lookup", embedding_lookup,
+            "table[ids], the 256-row table split by rows over 8 devices (vocab parallel)"),
+    Program("top_k_rows", top_k_rows, "lax.top_k per row, rows split over 8 devices"),
+    Program("shard_map_ring", shard_map_ring,
+            "shard_map: ppermute around a ring of 8, then psum"),
+    Program("lm_train_step", lm_train_step,
+            "embedding + scan over 2 layers + uneven vocabulary loss, value_and_grad and "
+            "SGD, mesh (data=2, model=4)"),
 ]
 
 
@@ -160,7 +271,7 @@ def run_program(p: Program) -> dict:
     from passes.spmd import collective_stats
     f, args = p.make()
     exe = hlotk_partitioned(f, args)
-    ours = exe.execute_arrays(args)
+    ours = exe.execute_arrays(jax.tree_util.tree_leaves(args))
     ref = [np.asarray(r) for r in jax.tree_util.tree_leaves(f(*args))]
     err = max(float(np.max(np.abs(a - b))) for a, b in zip(ours, ref))
     xla = xla_compiled_module(f, args)
@@ -178,7 +289,9 @@ def main(path: str = os.path.join(ROOT, "benchmarks", "spmd_report.md")) -> list
              "the same shardings on 8 host CPU devices, and through hlotk on 8 simulated "
              f"devices after the pipeline `{spmd_pipeline()}` (propagation, partitioning, "
              "simplification, then `all-reduce-combiner` merging independent all-reduces "
-             "into one variadic all-reduce, as XLA's AllReduceCombiner). "
+             "into one variadic all-reduce, as XLA's AllReduceCombiner, then every collective "
+             "as a start/done pair placed by the latency-hiding scheduler; a pair counts "
+             "once). "
              "Bytes: per device, for each collective the larger of its operand and result "
              "array sizes, measured the same way on XLA's compiled HLO. All-reduce operands: "
              "arrays reduced, hlotk / XLA (a combined all-reduce has several).", "",

@@ -153,6 +153,65 @@ got = f(x, w1, w2)
 want = np.asarray(sharded(x, w1, w2))
 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 print("max abs difference vs jax.jit on 8 devices:", float(np.abs(got - want).max()))"""),
+    new_markdown_cell("""## A vocabulary that does not divide by the mesh
+
+30 words over the 4 devices of `model`: every device holds ceil(30/4) = 8 columns, the
+last one 6 real ones and 2 of padding (GSPMD's rule). The log-softmax reduces over the
+vocabulary, so the partitioner masks the padding first (`iota < valid columns of this
+device`, a `select` with the reduction's init value):"""),
+    new_code_cell("""def loss(x, w, labels):
+    logits = jax.lax.with_sharding_constraint(x @ w, NamedSharding(mesh, P(None, "model")))
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.sum(jax.nn.one_hot(labels, 30) * logp, -1))
+
+import jax.numpy as jnp
+w_vocab = rng.standard_normal((16, 30)).astype(np.float32)
+labels = rng.integers(0, 30, 8).astype(np.int32)
+f = runtime.jit(loss, mesh=mesh, in_shardings=(P(), P(), P()), out_shardings=P())
+compiled = f.lower(x, w_vocab, labels).compile()
+for inst in compiled.module.entry.instructions:
+    if inst.opcode in ("iota", "compare", "select", "dot") or inst.opcode.endswith("-start"):
+        print(inst.to_text()[:110])
+print("hlotk", f(x, w_vocab, labels), " jax.jit", jax.jit(loss)(x, w_vocab, labels))"""),
+    new_markdown_cell("""## shard_map: a per-device program kept as it is
+
+The body of a `shard_map` is already the program of one device, with its own collectives
+(`psum` an all-reduce, `ppermute` a collective-permute over device ids). The partitioner
+copies it unchanged and only splits its input and declares its output split:"""),
+    new_code_cell("""from jax import shard_map
+
+def ring(v):
+    def body(b):
+        r = jax.lax.ppermute(b, "model", [(i, (i + 1) % 4) for i in range(4)])
+        return jax.lax.psum(b * r, "model")
+    return shard_map(body, mesh=mesh, in_specs=P("data", "model"), out_specs=P("data"))(v)
+
+f = runtime.jit(ring, mesh=mesh, in_shardings=(P("data", "model"),), out_shardings=P("data"))
+v = rng.standard_normal((4, 8)).astype(np.float32)
+print(f.lower(v).compile().as_text().split("ENTRY")[1])
+np.testing.assert_allclose(f(v), jax.jit(ring)(v), rtol=1e-6)"""),
+    new_markdown_cell("""## Collectives as start/done pairs, overlapped with compute
+
+`async-collective-creator` turns every collective into a start/done pair (as XLA prints
+them) and `latency-hiding-scheduler` moves independent work between the two, from a cost
+model of the collective's time (bytes over the link bandwidth plus a latency, from the
+device spec) and of each kernel's. Here the row-parallel dot's all-reduce starts, the
+unrelated `a @ b` runs while it travels, and only then the sum waits for it:"""),
+    new_code_cell("""from passes.latency_hiding_scheduler import predicted_overlap
+
+def overlap(x, w1, a, b):
+    return jnp.concatenate([x @ w1] * 2, axis=1) + jnp.tanh(a @ b)
+
+args = [rng.standard_normal(s).astype(np.float32) for s in [(64, 128), (128, 64), (64, 128), (128, 128)]]
+f = runtime.jit(overlap, mesh=mesh, in_shardings=(P(None, "model"), P("model", None), P(), P()),
+                out_shardings=P())
+entry = f.lower(*args).compile().module.entry
+for inst in entry.instructions:
+    if inst.opcode not in ("parameter", "constant"):
+        print(f"{inst.opcode:20s} {inst.name}")
+report = predicted_overlap(entry, "h100", 8)
+print({k: f"{hidden:.1f} of {total:.1f} us hidden" for k, (total, hidden) in report.overlaps.items()})
+np.testing.assert_allclose(f(*args), jax.jit(overlap)(*args), rtol=1e-4, atol=1e-4)"""),
 ]
 
 

@@ -10,7 +10,9 @@ Some instructions define new values at their positions (an ``add``, a ``fusion``
   one loop-carried buffer per leaf (the body updates the state in place);
 - ``conditional``: every branch root and the conditional's result share a buffer; branch
   parameters are the conditional's operands;
-- ``call``: callee parameters are the arguments, the callee root is the call's result.
+- ``call``: callee parameters are the arguments, the callee root is the call's result;
+- asynchronous collectives: a ``*-done`` is its start's result buffer, and a start's
+  element 0 is its operands (alive until the done, as the collective reads them).
 
 ``Dataflow(module)`` groups positions into ``BufferSet``s with a union-find (XLA's HloBuffer:
 values that must live in one place). Fusion bodies and reducer computations (``to_apply``)
@@ -75,7 +77,13 @@ class BufferSet:
 
 
 _VIEW_OPS = {"tuple", "get-tuple-element", "bitcast", "while", "conditional", "call",
-             "optimization-barrier"}
+             "optimization-barrier", "all-reduce-done", "all-gather-done",
+             "collective-permute-done", "async-done"}
+# Asynchronous pairs: a done is its start's result buffer (XLA's aliasing); a start's
+# element 0 is its operands, so they stay alive while the collective reads them.
+_DONE_OF_RESULT = {"all-reduce-done": (), "all-gather-done": (1,),
+                   "collective-permute-done": (1,), "async-done": (1,)}
+_START_HOLDS_OPERANDS = ("all-gather-start", "collective-permute-start", "async-start")
 
 
 def defines_value(inst: Instruction) -> bool:
@@ -160,6 +168,15 @@ class Dataflow:
             self._union_leaves(inst, (), inst.operands[0], (), inst.shape)
         elif op == "bitcast" and _bitcast_is_view(inst):
             self._union((inst, ()), (inst.operands[0], ()))
+        elif op in _DONE_OF_RESULT:
+            self._union_leaves(inst, (), inst.operands[0], _DONE_OF_RESULT[op], inst.shape)
+        elif op in _START_HOLDS_OPERANDS and inst.shape.is_tuple:
+            held = inst.shape.elements[0]
+            if held.is_tuple:
+                for k, o in enumerate(inst.operands):
+                    self._union_leaves(inst, (0, k), o, (), o.shape)
+            else:
+                self._union_leaves(inst, (0,), inst.operands[0], (), held)
         elif op == "while":
             body, cond = inst.attrs["body"], inst.attrs["condition"]
             self._visit(body)
@@ -308,6 +325,7 @@ def can_share_operand_buffer(user: Instruction, operand_number: int, user_index:
     - an elementwise op reads each operand element at the index it writes;
     - a fusion may share where ``reads_at_same_index`` holds for the fused parameter;
     - sort permutes operand i into result i in place, when it is the operand's only user;
+    - an all-reduce reduces operand k into result k in place;
     - nothing else: it reads the operand at other indices than it writes.
     """
     operand = user.operands[operand_number]
@@ -336,6 +354,10 @@ def can_share_operand_buffer(user: Instruction, operand_number: int, user_index:
         if operand.users != [user] or len(slots) != 1:
             return False
         return len(user.operands) == 1 or user_index == (operand_number,)
+    if user.opcode in ("all-reduce", "all-reduce-start"):
+        # Reduced where it lies (NCCL's all-reduce works in place): result k over operand k.
+        return len(slots) == 1 and (user_index == (operand_number,) if user.shape.is_tuple
+                                    else user_index == ())
     return user.op.category == ELEMENTWISE and not user.shape.is_tuple
 
 
@@ -419,6 +441,8 @@ def _leaf_value(inst: Instruction, index: Index) -> tuple[Instruction, Index]:
             inst, index = inst.operands[index[0]], index[1:]
         elif inst.opcode == "get-tuple-element":
             inst, index = inst.operands[0], (inst.attrs["index"],) + index
+        elif inst.opcode in _DONE_OF_RESULT:
+            inst, index = inst.operands[0], _DONE_OF_RESULT[inst.opcode] + index
         else:
             return inst, index
 

@@ -56,6 +56,9 @@ _SAME_LAYOUT = {"dynamic-update-slice"}
 # layout is their first operand's, and a wish on the result passes on to that operand.
 _LAYOUT_PRESERVING = {"slice", "dynamic-slice", "pad", "reverse", "concatenate",
                       "reduce-window", "dynamic-update-slice", "copy"}
+# Asynchronous collectives' dones: the start's result (element 1, or all of it).
+_ASYNC_DONE_ELEMENT = {"all-reduce-done": False, "all-gather-done": True,
+                       "collective-permute-done": True, "async-done": True}
 
 
 # --- target rules ---------------------------------------------------------------------------
@@ -322,7 +325,9 @@ class _Assigner:
                 for k, key in enumerate(("true_computation", "false_computation")):
                     inst.attrs[key] = self.callee(inst.attrs[key], [inst.operands[k + 1].shape],
                                                   result)
-        elif op in ("call", "fusion"):
+        elif op == "async-done":       # runs nothing: the start's wrapped computation
+            inst.attrs["calls"] = inst.operands[0].attrs["calls"]
+        elif op in ("call", "fusion", "async-start"):
             key = "to_apply" if op == "call" else "calls"
             callee = self.callee(inst.attrs[key], [o.shape for o in inst.operands], None)
             inst.attrs[key] = callee
@@ -426,6 +431,22 @@ class _Assigner:
                 .root.shape
         if op in ("call", "fusion"):
             return inst.attrs["to_apply" if op == "call" else "calls"].root.shape
+        if op in _ASYNC_DONE_ELEMENT:    # a done is its start's result buffer
+            start = inst.operands[0].shape
+            return start.elements[1] if _ASYNC_DONE_ELEMENT[op] else start
+        if op in ("all-gather-start", "collective-permute-start", "async-start"):
+            # (operands, result, context...): element 0 is the operands' own buffers.
+            held = [o.shape for o in inst.operands]
+            held_shape = TupleShape(tuple(held)) if (op == "async-start" or len(held) > 1) \
+                else held[0]
+            result = (inst.attrs["calls"].root.shape if op == "async-start"
+                      else _fill(shape.elements[1]))
+            return TupleShape((held_shape, result) + tuple(_fill(e) for e in shape.elements[2:]))
+        if op in ("all-reduce", "all-reduce-start"):
+            # The result is reduced where the operand lies: the same layout (one copy less,
+            # and a combined all-reduce packs its operands' bytes as they are).
+            outs = [_fill(o.shape) for o in inst.operands]
+            return TupleShape(tuple(outs)) if shape.is_tuple else outs[0]
         if op == "bitcast":
             return _fill(original[id(inst)])
         if shape.is_tuple:

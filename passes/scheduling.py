@@ -4,7 +4,8 @@ A schedule is the order of a computation's ``instructions`` list (printed in tha
 with ``is_scheduled=true`` in the module header). Every scheduler respects operands and
 control predecessors. The ``schedule`` pass runs copy insertion, then tries each scheduler
 on each computation and keeps the one with the lowest peak of live bytes, as XLA's default
-memory scheduler does.
+memory scheduler does; a computation with asynchronous collectives (start/done pairs) gets
+the latency-hiding schedule instead (``latency_hiding_scheduler.py``).
 
 The memory model (XLA's): an instruction allocates the buffers it defines (``Dataflow``
 sets it writes first) when it runs; a buffer is freed after the last instruction that
@@ -166,13 +167,23 @@ SCHEDULERS: dict[str, Scheduler] = {
 }
 
 
-def schedule_module(module: Module, algorithm: str = "default") -> dict[str, tuple[str, int]]:
-    """Order every non-fusion computation; returns computation -> (scheduler, peak bytes)."""
+def schedule_module(module: Module, algorithm: str = "default",
+                    target: str = "h100") -> dict[str, tuple[str, int]]:
+    """Order every non-fusion computation; returns computation -> (scheduler, peak bytes).
+    A computation with asynchronous collectives gets the latency-hiding schedule (its
+    overlap matters more than its peak; ``algorithm`` other than default overrides)."""
+    from .latency_hiding_scheduler import has_async_collectives, latency_hiding_schedule
     flow = Dataflow(module)
     chosen: dict[str, tuple[str, int]] = {}
+    n = int(module.config.get("num_partitions", 1) or 1)
     for comp in flow.computations:
         model = MemoryModel(comp, flow)
-        names = list(SCHEDULERS) if algorithm == "default" else [algorithm]
+        if algorithm in ("default", "latency-hiding") and has_async_collectives(comp):
+            order, _ = latency_hiding_schedule(comp, target, n)
+            comp.instructions[:] = order
+            chosen[comp.name] = ("latency-hiding", model.peak(order))
+            continue
+        names = list(SCHEDULERS) if algorithm in ("default", "latency-hiding") else [algorithm]
         best: tuple[int, int, str, list[Instruction]] | None = None
         for k, name in enumerate(names):
             order = SCHEDULERS[name](comp, model)
@@ -200,12 +211,14 @@ class Schedule:
     """Copy insertion, then the lowest-peak schedule of post-order / DFS / list."""
     name = "schedule"
     algorithm: str = "default"
+    target: str = "h100"        # the device the latency-hiding schedule's cost model is for
 
     def run(self, module: Module) -> bool:
         from .base import PassError
-        if self.algorithm != "default" and self.algorithm not in SCHEDULERS:
+        if self.algorithm not in ("default", "latency-hiding") and \
+                self.algorithm not in SCHEDULERS:
             raise PassError(f"schedule: unknown algorithm {self.algorithm!r}; known: default, "
-                            + ", ".join(SCHEDULERS))
+                            "latency-hiding, " + ", ".join(SCHEDULERS))
         before = [[i.uid for i in c.instructions] for c in module.computations]
         was = module.is_scheduled
         # Buffer assignment gives each loop its own state only if no two call sites share a
@@ -213,6 +226,6 @@ class Schedule:
         from .flatten_call_graph import FlattenCallGraph
         flattened = FlattenCallGraph().run(module)
         insert_copies(module)
-        schedule_module(module, self.algorithm)
+        schedule_module(module, self.algorithm, self.target)
         after = [[i.uid for i in c.instructions] for c in module.computations]
         return before != after or not was or flattened

@@ -25,12 +25,14 @@ from hlo.shape import leaf_paths
 from passes.buffer_assignment import BufferAssignment, assign_buffers
 from passes.dataflow import array_leaves
 
-from .thunks import (CallThunk, ConditionalThunk, CopyThunk, FallbackThunk, KernelThunk,
-                     LibraryCallThunk, LibraryFusionThunk, Memory, SequenceThunk, Slot, Slots,
-                     Thunk, WhileThunk)
+from .thunks import (AsyncDoneThunk, AsyncStartThunk, AsyncState, CallThunk, ConditionalThunk,
+                     CopyThunk, FallbackThunk, KernelThunk, LibraryCallThunk, LibraryFusionThunk,
+                     Memory, SequenceThunk, Slot, Slots, Thunk, WhileThunk)
 
 _NO_THUNK = {"parameter", "constant", "tuple", "get-tuple-element", "optimization-barrier"}
 _LIBRARY_CALLS = {"dot"}
+_ASYNC_STARTS = {"all-reduce-start", "all-gather-start", "collective-permute-start", "async-start"}
+_ASYNC_DONES = {"all-reduce-done", "all-gather-done", "collective-permute-done", "async-done"}
 
 
 def poison_default() -> bool:
@@ -54,6 +56,7 @@ class CpuExecutable:
                     leaves[ix] = Slot(alloc.index, offset, shape)
                 table[inst.uid] = leaves
         self.slots = Slots(table)
+        self.async_state = AsyncState()
         self.sequence = self._sequence(module.entry)
         self.parameter_slots = [
             [(ix, table[p.uid][ix]) for ix, _ in array_leaves(p.shape)]
@@ -100,6 +103,10 @@ class CpuExecutable:
             return self._gemm_library_call(inst) or KernelThunk(inst)
         if op == "copy":
             return CopyThunk(inst)
+        if op in _ASYNC_STARTS:
+            return AsyncStartThunk(inst, self.async_state)
+        if op in _ASYNC_DONES:
+            return AsyncDoneThunk(inst, self.async_state)
         if op in _LIBRARY_CALLS:
             return LibraryCallThunk(inst, self._library_call(inst))
         return FallbackThunk(inst)
@@ -187,17 +194,20 @@ class CpuExecutable:
                 buffers[k] = np.zeros(max(a.allocations[k].size, 1), np.uint8)
         return Memory(buffers)  # type: ignore[arg-type]
 
-    def run(self, args: list[Any], donated: frozenset[int] = frozenset()) -> list[np.ndarray]:
+    def run(self, args: list[Any], donated: frozenset[int] = frozenset(),
+            ctx: Optional[EvalContext] = None) -> list[np.ndarray]:
         """Run on logical arrays (tuples for tuple parameters); flattened logical results.
 
         Parameters in ``donated`` (a subset of ``donated_parameters``) give their memory to
         the outputs aliased with them: the caller must not use those arrays afterwards.
+        ``ctx``: the device's interpreter context (ids, collectives meeting other devices:
+        ``hlo.evaluator.collectives.lockstep``); one device by default.
         """
         if len(args) != len(self.parameter_slots):
             raise InvalidArgumentError(f"{self.module.name} takes {len(self.parameter_slots)} "
                                        f"arguments, got {len(args)}")
         mem = self._memory(list(args), frozenset(donated) & frozenset(self.donated_parameters))
-        ctx = EvalContext(Evaluator())
+        ctx = ctx if ctx is not None else EvalContext(Evaluator())
         self.sequence.run(mem, self.slots, ctx)
         # Output allocations are fresh for every run (and a donated parameter's memory now
         # belongs to its output), so results are views of them: no copy. Token leaves of

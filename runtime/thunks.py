@@ -10,11 +10,13 @@ Kinds (as XLA's thunk sequence): ``KernelThunk`` (a fusion: the CPU code generat
 or the fused computation interpreted when no code generator is present), ``LibraryCallThunk``
 (dot through numpy's matmul, or the target's library kernel), ``LibraryFusionThunk`` (a GEMM
 fusion whose dot is the target's library call), ``CopyThunk``, ``WhileThunk`` /
-``ConditionalThunk`` / ``CallThunk`` holding their own sequences, and ``FallbackThunk`` (one
-instruction run with its interpreter rule).
+``ConditionalThunk`` / ``CallThunk`` holding their own sequences, ``FallbackThunk`` (one
+instruction run with its interpreter rule) and ``AsyncStartThunk`` / ``AsyncDoneThunk`` (an
+asynchronous collective running in a background thread between its start and its done).
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -134,6 +136,61 @@ class FallbackThunk(Thunk):
         operands = [slots.read(mem, o) for o in inst.operands]
         value = inst.op.evaluate(inst, operands, ctx)
         slots.write(mem, inst, value)
+
+
+class AsyncState(threading.local):
+    """The collectives in flight on one thread (one device's run): start uid -> the
+    background thread computing it and the box its value lands in."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, tuple[threading.Thread, list]] = {}
+
+
+class AsyncStartThunk(Thunk):
+    """An asynchronous collective's start: its operands are read now, and the collective
+    runs in a background thread (meeting the other devices there) while this device's
+    next thunks run. Nothing is written: the start's element 0 is the operands' own buffer,
+    and its result is written by the done."""
+    kind = "async-start"
+
+    def __init__(self, inst: Instruction, state: AsyncState):
+        super().__init__(inst)
+        self.state = state
+
+    def run(self, mem: Memory, slots: Slots, ctx: EvalContext) -> None:
+        inst = self.inst
+        operands = [np.array(slots.read(mem, o)) for o in inst.operands]
+        box: list = []
+
+        def work() -> None:
+            try:
+                box.append(("ok", inst.op.evaluate(inst, operands, ctx)))
+            except BaseException as e:   # noqa: BLE001  (raised again by the done)
+                box.append(("error", e))
+        t = threading.Thread(target=work, name=f"hlotk-{inst.name}", daemon=True)
+        t.start()
+        self.state.pending[inst.uid] = (t, box)
+
+
+class AsyncDoneThunk(Thunk):
+    """Waits for its start's collective and writes the result (the start's result buffer,
+    which the done aliases)."""
+    kind = "async-done"
+
+    def __init__(self, inst: Instruction, state: AsyncState):
+        super().__init__(inst)
+        self.state = state
+
+    def run(self, mem: Memory, slots: Slots, ctx: EvalContext) -> None:
+        start = self.inst.operands[0]
+        t, box = self.state.pending.pop(start.uid)
+        t.join()
+        status, value = box[0]
+        if status == "error":
+            raise value
+        if start.opcode != "all-reduce-start":
+            value = value[1]                # ((operands), result, context...)
+        slots.write(mem, self.inst, value)
 
 
 class LibraryCallThunk(FallbackThunk):

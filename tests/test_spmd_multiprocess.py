@@ -74,24 +74,10 @@ def dp_train_step(n):
 
 
 def transformer_block(n):
-    mesh = _mesh((n // 2, 2), ("data", "model"))
-    B, S, D, H = 4, 8, 32, 4
-
-    def norm(x):
-        m = jnp.mean(x, -1, keepdims=True)
-        return (x - m) * jax.lax.rsqrt(jnp.mean((x - m) ** 2, -1, keepdims=True) + 1e-5)
-
-    def block(x, wq, wk, wv, wo, w1, w2):
-        h = norm(x)
-        q, k, v = ((h @ w).reshape(B, S, H, D // H) for w in (wq, wk, wv))
-        s = jnp.einsum("bshd,bthd->bhst", q, k) / np.sqrt(D // H)
-        a = jnp.einsum("bhst,bthd->bshd", jax.nn.softmax(s, axis=-1), v).reshape(B, S, D)
-        x = x + a @ wo
-        return x + jax.nn.relu(norm(x) @ w1) @ w2
-    col, row = P(None, "model"), P("model", None)
-    return block, dict(in_shardings=(P("data"), col, col, col, row, col, row),
-                       out_shardings=P("data"), mesh=mesh), \
-        _args([(B, S, D), (D, D), (D, D), (D, D), (D, D), (D, 2 * D), (2 * D, D)])
+    """benchmarks/spmd_gpu.py's 2-D mesh block at its small size (mesh (1, 2) on 2 devices,
+    (n/2, 2) on more)."""
+    from benchmarks.spmd_gpu import transformer_block_2d
+    return transformer_block_2d(n, small=True)
 
 
 def seq_sharded(n):
@@ -124,8 +110,6 @@ PROGRAMS = {"megatron_mlp": megatron_mlp, "dp_train_step": dp_train_step,
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_partitioned_program_on_devices_equals_jax_jit(name, n):
     fn, shardings, args = PROGRAMS[name](n)
-    if name == "transformer_block_2d" and n < 4:
-        pytest.skip("a 2D mesh needs 4 devices")
     g = runtime.jit(fn, backend="cuda", **shardings)
     # f32 dots at DEFAULT precision are TF32 on a GPU (as XLA:GPU): compare at full f32.
     with jax.default_matmul_precision("highest"):
@@ -223,3 +207,116 @@ def test_more_devices_than_gpus_is_a_clear_error():
     fn, shardings, args = megatron_mlp(8)
     with pytest.raises(HlotkError, match="partitioned over 8 devices but this machine has"):
         runtime.jit(fn, backend="cuda", **shardings)(*args)
+
+
+# --- asynchronous collectives, packing, shared arguments, timelines ----------------------
+PACKED_HLO = """HloModule packed, num_partitions=2
+
+%sum (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %e (x: f32[4,8], y: f32[8], z: f32[], w: f32[8,8]) -> (f32[4,8], f32[8], f32[], f32[8,8]) {
+  %x = f32[4,8] parameter(0)
+  %y = f32[8] parameter(1)
+  %z = f32[] parameter(2)
+  %w = f32[8,8] parameter(3)
+  %ar = (f32[4,8], f32[8], f32[]) all-reduce(%x, %y, %z), channel_id=1, replica_groups={{0,1}}, use_global_device_ids=true, to_apply=%sum
+  %gx = f32[4,8] get-tuple-element(%ar), index=0
+  %gy = f32[8] get-tuple-element(%ar), index=1
+  %gz = f32[] get-tuple-element(%ar), index=2
+  %independent = f32[8,8] dot(%w, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %t = (f32[4,8], f32[8], f32[], f32[8,8]) tuple(%gx, %gy, %gz, %independent)
+}
+"""
+
+
+@needs
+def test_combined_all_reduce_is_one_call_and_runs_asynchronously_on_the_workers():
+    """A variadic all-reduce of three operands: one communication call over one packed
+    buffer (the profiler sees one all-reduce per step), as an async pair with the
+    independent dot between its start and done; results equal the interpreter's."""
+    import hlo
+    from hlo.evaluator.collectives import simulate
+    from passes import run_pipeline
+    from passes.pipelines import pipeline_spec
+    from runtime.client import flatten_value
+    from runtime.cuda.timeline import events_from_trace
+    module = hlo.parse_hlo(PACKED_HLO)
+    rng = np.random.default_rng(0)
+    per = [[rng.standard_normal(s).astype(np.float32) for s in [(4, 8), (8,), (), (8, 8)]]
+           for _ in range(2)]
+    want = [flatten_value(r) for r in simulate(module, per, 1, 2)]
+    run_pipeline(module, "async-collective-creator," + pipeline_spec("default", "cuda"))
+    order = [i.opcode for i in module.entry.instructions]
+    assert order.index("all-reduce-start") < order.index("dot") < order.index("all-reduce-done")
+    with GpuMesh(2) as mesh:
+        key = mesh.load(module)
+        got = mesh.run(key, per)
+        stats = mesh.stats(key)
+        assert all(s["packed_all_reduce_operands"] == 3 for s in stats), stats
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            files = mesh.trace(key, per, tmp)
+            names = [e.name for e in events_from_trace(files[0])]
+        assert sum(n == "c10d::allreduce_" for n in names) == 1, names
+    for d in range(2):
+        for a, b in zip(got[d], want[d]):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
+@needs
+def test_sharded_jax_arrays_reach_the_workers_through_shared_buffers():
+    fn, shardings, args = megatron_mlp(2)
+    mesh = shardings["mesh"]
+    from jax.sharding import NamedSharding
+    on_mesh = [jax.device_put(a, NamedSharding(mesh, s))
+               for a, s in zip(args, shardings["in_shardings"])]
+    compiled = runtime.jit(fn, backend="cuda", **shardings).lower(*on_mesh).compile()
+    spmd = compiled.executable
+    with jax.default_matmul_precision("highest"):
+        want = np.asarray(jax.jit(fn)(*args))
+    for _ in range(2):
+        np.testing.assert_allclose(np.asarray(compiled(*on_mesh)), want, rtol=2e-4, atol=2e-5)
+    gpu_mesh, key = spmd.gpu_mesh()
+    assert spmd.transfers == {"sharded_arguments": 6, "host_arguments": 0}
+    # Handles cross the pipes once per (argument, device); the second call sends ids.
+    assert gpu_mesh._staging.stats["handles_sent"] == 3 * 2
+    assert all(s["shared_buffers_opened"] == 3 for s in gpu_mesh.stats(key))
+
+
+def test_collectives_join_cuda_graphs_only_on_nccl_and_pairs_only_when_all_between_do():
+    import hlo
+    from runtime.cuda.collectives import (AsyncDoneThunk, AsyncStartThunk, CollectiveThunk,
+                                          Communicator, pair_capturable)
+    from runtime.thunks import Slot
+    m = hlo.parse_hlo(PACKED_HLO.replace("num_partitions=2", "num_partitions=1")
+                      .replace("{{0,1}}", "{{0}}"))
+    ar = next(i for i in m.entry.instructions if i.opcode == "all-reduce")
+    slots = [Slot(0, 0, o.shape) for o in ar.operands]
+
+    def thunk(backend, capture=True):
+        return CollectiveThunk(ar, slots, slots, Communicator(0, 1, backend), capture=capture)
+    assert not thunk("gloo").capturable
+    assert not thunk("nccl").capturable          # a group of one: host copy, no NCCL call
+    two = hlo.parse_hlo(PACKED_HLO)
+    ar2 = next(i for i in two.entry.instructions if i.opcode == "all-reduce")
+    comm = Communicator(0, 2, "nccl")
+    comm._groups[((0, 1),)] = (None, [0, 1])       # the world group, without a process group
+    t = CollectiveThunk(ar2, slots, slots, comm)
+    assert t.fast and t.capturable
+    assert not CollectiveThunk(ar2, slots, slots, comm, capture=False).capturable
+    start = AsyncStartThunk(t)
+    done = AsyncDoneThunk(ar2, start)
+
+    class Kernel:
+        capturable = True
+
+    class Host:
+        capturable = False
+    pair_capturable([start, Kernel(), done])
+    assert start.capturable and done.capturable
+    pair_capturable([start, Host(), done])
+    assert not start.capturable and not done.capturable

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -377,32 +377,48 @@ def simulate_programs(programs: Sequence[Module | Computation],
     comps = [p.entry if isinstance(p, Module) else p for p in programs]
     if any(c is None for c in comps):
         raise EvaluationError("module has no entry computation")
-    rv = _Rendezvous(timeout)
     host = HostQueues(infeed, timeout)
+
+    def run(d: int, ctx: EvalContext) -> Any:
+        comp = comps[d]
+        args = per_device_args[d]
+        if len(args) != len(comp.parameters):
+            raise EvaluationError(f"device {d}: %{comp.name} takes "
+                                  f"{len(comp.parameters)} arguments, got {len(args)}")
+        conv = [to_value(a, prm.shape) for a, prm in zip(args, comp.parameters)]
+        return ctx.evaluator.run_computation(comp, conv, ctx)
+    results = lockstep(run, num_replicas, num_partitions, timeout, host=host, **ctx_options)
+    return results, list(host.outfeed)
+
+
+def lockstep(run: Callable[[int, EvalContext], Any], num_replicas: int, num_partitions: int = 1,
+             timeout: float = 30.0, host: Optional["HostQueues"] = None,
+             **ctx_options: Any) -> list[Any]:
+    """``run(d, ctx)`` for every device d in its own thread, ``ctx`` an EvalContext whose
+    collectives meet the other devices' (the shared machinery of ``simulate`` and of the
+    CPU executable run on several devices). Returns each device's result; the first real
+    error (not a peer aborted because of it) is raised in the caller's thread."""
+    n = num_replicas * num_partitions
+    rv = _Rendezvous(timeout)
     results: list[Any] = [None] * n
     errors: list[Optional[BaseException]] = [None] * n
 
-    def run(d: int) -> None:
+    def one(d: int) -> None:
         r, p = divmod(d, num_partitions)
-        comp = comps[d]
         cb = _DeviceCollectives(rv, d, num_replicas, num_partitions)
         cb.host = host
         ctx = EvalContext(Evaluator(), replica_id=r, partition_id=p, num_replicas=num_replicas,
                           num_partitions=num_partitions, collective=cb, **ctx_options)
         cb.ctx = ctx
         try:
-            args = per_device_args[d]
-            if len(args) != len(comp.parameters):
-                raise EvaluationError(f"device {d}: %{comp.name} takes "
-                                      f"{len(comp.parameters)} arguments, got {len(args)}")
-            conv = [to_value(a, prm.shape) for a, prm in zip(args, comp.parameters)]
-            results[d] = ctx.evaluator.run_computation(comp, conv, ctx)
+            results[d] = run(d, ctx)
         except BaseException as e:   # noqa: BLE001 - re-raised in the caller's thread
             errors[d] = e
             rv.fail(f"device {d} failed: {e}")
-            host.fail(f"device {d} failed: {e}")
+            if host is not None:
+                host.fail(f"device {d} failed: {e}")
 
-    threads = [threading.Thread(target=run, args=(d,), name=f"hlotk-device-{d}", daemon=True)
+    threads = [threading.Thread(target=one, args=(d,), name=f"hlotk-device-{d}", daemon=True)
                for d in range(n)]
     for t in threads:
         t.start()
@@ -416,7 +432,7 @@ def simulate_programs(programs: Sequence[Module | Computation],
     aborted = [e for e in errors if e is not None]
     if aborted:
         raise EvaluationError(str(aborted[0]))
-    return results, list(host.outfeed)
+    return results
 
 
 # ---------------------------------------------------------------------------------------

@@ -57,6 +57,9 @@ class DeviceSpec:
     memory_efficiency: float = 0.9
     memory_gib: float = 0.0
     aliases: tuple[str, ...] = ()
+    # Device-to-device links, for the collective cost model (passes/latency_hiding_scheduler.py).
+    link_bandwidth_gbps: float = 0.0      # one direction, per device (NVLink, ICI)
+    collective_latency_us: float = 0.0    # fixed cost of one collective (launch + sync)
 
     @property
     def bytes_per_us(self) -> float:

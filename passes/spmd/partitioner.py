@@ -1,50 +1,57 @@
 """The SPMD partitioner: one sharded module -> the program every device runs.
 
-Each instruction of the entry computation (shardings filled in by
-``sharding-propagation``) becomes instructions on local shapes: the piece of each array
-one device holds. Values carry a ``Tiling`` (which device holds which tile, and whether
-the tile is still a partial sum). Where what a value is and what its user needs differ,
-``reshard`` inserts the communication, cheapest first:
+Each instruction (shardings filled in by ``sharding-propagation``) becomes instructions on
+local shapes: the piece of each array one device holds. Values carry a ``Tiling`` (which
+device holds which tile, and whether the tile is still a partial sum). Where what a value
+is and what its user needs differ, ``reshard`` inserts the communication, cheapest first:
 
 - a partial sum -> ``reduce-scatter`` when that lands on the wanted split, else
   ``all-reduce`` (XLA's partial results after a dot whose contracting dim is split);
 - same tile grid, other devices -> ``collective-permute``;
 - a dim split the user does not want -> ``all-to-all`` onto the dim it wants split, or
-  ``all-gather`` of that dim;
+  ``all-gather`` of that dim (its padding sliced off when the split was uneven);
 - a dim the user wants split further -> ``dynamic-slice`` at offsets looked up by
-  ``partition-id`` (no communication).
+  ``partition-id`` (no communication; padded first when the split is uneven).
 
-A dot tries four placements (operands as they are; operands matching the result; the
-rhs matching the lhs; the lhs matching the rhs) and keeps the one moving fewest bytes.
-Ops without a partitioning rule run on whole (replicated) operands, which is always
-correct. Collectives carry ``channel_id`` and ``use_global_device_ids`` with replica
-groups of partition ids, printed in iota form when they are one (XLA's spelling).
+A dimension that does not divide by its tile count is padded (``tiling.py``): every
+device holds ceil(n / t) elements. The rules that mix elements along a dimension mask the
+padding first: a reduction replaces it with its init value, a dot contracting a padded
+dimension with zeros, a gather sliced on one by an out-of-range test.
+
+The rule for each op lives in a table (``HANDLERS``: ``handlers.py`` for the arithmetic
+ops, ``indexing.py`` for gather/scatter, ``control.py`` for while loops and manual
+computations); ops without one run on whole (replicated) operands, which is always
+correct. Collectives carry ``channel_id`` and ``use_global_device_ids`` with replica groups
+of partition ids, printed in iota form when they are one (XLA's spelling).
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
 from hlo import dtypes as dt
+from hlo.attrs import PadDim, PaddingConfig
 from hlo.ir import Computation, Instruction, Module
 from hlo.sharding import Sharding
 from hlo.shape import Layout, Shape, TupleShape
 
 from ..base import register_pass
 from . import rules
-from .propagation import num_devices
+from .propagation import manual_region, num_devices
 from .tiling import SpmdError, Tiling, layered_groups, replica_groups
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+MANUAL = "manual"        # the tiling of a value inside a manual computation (shard_map)
 
 
-def _shape(like: Shape, dims: Sequence[int]) -> Shape:
-    layout = Layout(tuple(range(len(dims) - 1, -1, -1))) if like.layout is not None else None
-    return Shape(like.dtype, tuple(dims), layout)
+def local_shape(like: Shape, dims: Sequence[int], dtype: Optional[dt.DType] = None) -> Shape:
+    """An array shape of ``dims`` (row-major), of ``like``'s element type or ``dtype``."""
+    return Shape(dtype or like.dtype, tuple(dims), Layout.row_major(len(dims)))
 
 
 def _bytes(shape: Shape, dims: Sequence[int]) -> int:
@@ -52,26 +59,55 @@ def _bytes(shape: Shape, dims: Sequence[int]) -> int:
 
 
 @dataclass
-class _Value:
+class Value:
+    """A partitioned value: the instruction holding this device's piece, how the global
+    array is tiled (a Tiling; a tuple of Values for a tuple; MANUAL inside a manual
+    computation; None for a token) and the global (unpartitioned) shape."""
     inst: Instruction
-    tiling: Any                  # Tiling, or a tuple of _Value for tuple values
+    tiling: Any
     global_shape: Any
 
 
-class _Partitioner:
+Handler = Callable[["Partitioner", Instruction], Value]
+HANDLERS: dict[str, Handler] = {}
+
+
+def handler(*opcodes: str) -> Callable[[Handler], Handler]:
+    """Register the partitioning rule of ``opcodes``."""
+    def register(fn: Handler) -> Handler:
+        for op in opcodes:
+            HANDLERS[op] = fn
+        return fn
+    return register
+
+
+class Partitioner:
     def __init__(self, module: Module, n: int):
         self.module = module
         self.n = n
         old = module.entry
         assert old is not None
         self.old = old
-        self.comp = Computation(module.unique_computation_name(old.name + "_spmd"))
-        self.vals: dict[int, _Value] = {}
-        self.channels = itertools.count(1)
-        self._pid: Optional[Instruction] = None
+        self.channels = itertools.count(_max_channel_id(module) + 1)
         self._adders: dict[str, Computation] = {}
         self.emit = True
         self.cost = 0
+        self.manual: set[int] = set()
+        # The computation being written, the values of the one being read, partition-id.
+        self.comp = Computation(module.unique_computation_name(old.name + "_spmd"))
+        self.vals: dict[int, Value] = {}
+        self.reshards: dict[tuple, Instruction] = {}
+        self._pid: Optional[Instruction] = None
+
+    @contextlib.contextmanager
+    def scope(self, comp: Computation) -> Iterator[None]:
+        """Emit into ``comp`` (a loop body or condition), with values of its own."""
+        saved = (self.comp, self.vals, self.reshards, self._pid)
+        self.comp, self.vals, self.reshards, self._pid = comp, {}, {}, None
+        try:
+            yield
+        finally:
+            self.comp, self.vals, self.reshards, self._pid = saved
 
     # --- emitting ---------------------------------------------------------------------
     def add(self, opcode: str, operands: Sequence[Instruction], shape: Any,
@@ -81,21 +117,28 @@ class _Partitioner:
                            parameter_number=parameter_number)
         return self.comp.add_instruction(inst, name=name)
 
+    def scalar(self, value: Any, dtype: dt.DType) -> Instruction:
+        return self.add("constant", [], Shape(dtype, ()),
+                        literal=np.asarray(value, dtype.np_dtype))
+
+    def broadcast(self, scalar: Instruction, dims: Sequence[int]) -> Instruction:
+        return self.add("broadcast", [scalar], local_shape(scalar.shape, dims),
+                        {"dimensions": ()})
+
     def partition_id(self) -> Instruction:
         if self._pid is None:
             self._pid = self.add("partition-id", [], Shape(dt.U32, ()))
         return self._pid
 
-    def per_device_scalar(self, values: Sequence[int]) -> Instruction:
-        """s32[] holding ``values[partition-id]`` (XLA's table lookup)."""
+    def per_device_scalar(self, values: Sequence[int], dtype: dt.DType = dt.S32) -> Instruction:
+        """A scalar holding ``values[partition-id]`` (XLA's table lookup)."""
         if len(set(values)) == 1:
-            return self.add("constant", [], Shape(dt.S32, ()),
-                            literal=np.asarray(values[0], np.int32))
-        table = self.add("constant", [], Shape(dt.S32, (self.n,), Layout((0,))),
-                         literal=np.asarray(values, np.int32))
+            return self.scalar(values[0], dtype)
+        table = self.add("constant", [], local_shape(Shape(dtype), (self.n,)),
+                         literal=np.asarray(values, dtype.np_dtype))
         one = self.add("dynamic-slice", [table, self.partition_id()],
-                       Shape(dt.S32, (1,), Layout((0,))), {"dynamic_slice_sizes": (1,)})
-        return self.add("reshape", [one], Shape(dt.S32, ()))
+                       local_shape(table.shape, (1,)), {"dynamic_slice_sizes": (1,)})
+        return self.add("reshape", [one], Shape(dtype, ()))
 
     def adder(self, dtype: dt.DType) -> Computation:
         if dtype.name not in self._adders:
@@ -129,9 +172,34 @@ class _Partitioner:
             a["to_apply"] = attrs.pop("to_apply")
         return self.add(opcode, [x], shape, a)
 
+    # --- padding ----------------------------------------------------------------------
+    def valid_mask(self, t: Tiling, g: Shape, dims: Sequence[int]) -> Optional[Instruction]:
+        """pred[local dims]: true on real elements, false on the padding of ``dims``; None
+        when none of ``dims`` is padded."""
+        padded = [d for d in t.padded_dims(g.dims) if d in dims]
+        if not padded or not self.emit:
+            return None
+        loc = t.local_dims(g.dims)
+        mask = None
+        for d in padded:
+            limit = self.broadcast(self.per_device_scalar(t.valid_counts(g.dims, d)), loc)
+            iota = self.add("iota", [], local_shape(g, loc, dt.S32), {"iota_dimension": d})
+            m = self.add("compare", [iota, limit], local_shape(g, loc, dt.PRED),
+                         {"direction": "LT"})
+            mask = m if mask is None else self.add("and", [mask, m], m.shape)
+        return mask
+
+    def mask_padding(self, x: Instruction, t: Tiling, g: Shape, dims: Sequence[int],
+                     fill: Instruction) -> Instruction:
+        """``x`` with the padding of ``dims`` replaced by the scalar ``fill``."""
+        mask = self.valid_mask(t, g, dims)
+        if mask is None:
+            return x
+        return self.add("select", [mask, x, self.broadcast(fill, x.shape.dims)], x.shape)
+
     # --- resharding -------------------------------------------------------------------
-    def local(self, t: Tiling, g: Shape, what: str = "value") -> tuple[int, ...]:
-        return t.local_dims(g.dims, what)
+    def local(self, t: Tiling, g: Shape) -> tuple[int, ...]:
+        return t.local_dims(g.dims)
 
     def reshard(self, x: Optional[Instruction], src: Tiling, dst: Tiling, g: Shape
                 ) -> Optional[Instruction]:
@@ -146,7 +214,7 @@ class _Partitioner:
                 return y
         x, src = self._all_to_all(x, src, dst, g)
         for i in range(src.rank):
-            if not _compatible(src, dst, i):
+            if not _compatible(src, dst, i, g.dims[i]):
                 x, src = self._all_gather(x, src, i, g)
         if not src.same_as(dst):
             x = self._slice(x, src, dst, g)
@@ -158,20 +226,21 @@ class _Partitioner:
         rank_of = {d: r for grp in groups for r, d in enumerate(grp)}
         loc = self.local(src, g)
         for j in range(src.rank):
-            if loc[j] % p:
+            if loc[j] % p or g.dims[j] % (src.tiles[j] * p):
                 continue
             tiles = list(src.tiles)
             tiles[j] *= p
             index = [tuple(ix[k] * p + rank_of[d] if k == j else ix[k] for k in range(src.rank))
                      for d, ix in enumerate(src.index)]
             new = Tiling(tuple(tiles), tuple(index))
-            if all(_compatible(new, dst, i) for i in range(src.rank)):
+            if all(_compatible(new, dst, i, g.dims[i]) for i in range(src.rank)):
                 dims = list(loc)
                 dims[j] //= p
-                y = self.collective("reduce-scatter", x, _shape(g, dims), groups, loc,
+                y = self.collective("reduce-scatter", x, local_shape(g, dims), groups, loc,
                                     dimensions=(j,), to_apply=src.reducer)
                 return y, new
-        y = self.collective("all-reduce", x, _shape(g, loc), groups, loc, to_apply=src.reducer)
+        y = self.collective("all-reduce", x, local_shape(g, loc), groups, loc,
+                            to_apply=src.reducer)
         return y, src.without_partial()
 
     def _permute(self, x, src: Tiling, dst: Tiling, g: Shape):
@@ -190,14 +259,18 @@ class _Partitioner:
             used.add(s)
             pairs.append((s, d))
         loc = self.local(src, g)
-        return self.collective("collective-permute", x, _shape(g, loc), [], loc, pairs=tuple(sorted(pairs)))
+        return self.collective("collective-permute", x, local_shape(g, loc), [], loc,
+                               pairs=tuple(sorted(pairs)))
 
     def _all_to_all(self, x, src: Tiling, dst: Tiling, g: Shape):
         """Move a split from dim i (which dst keeps whole) to dim j (which src keeps whole)
-        with one all-to-all when dst's split of j is src's split of i, device by device."""
+        with one all-to-all when dst's split of j is src's split of i, device by device.
+        Both dims must divide evenly (padding would land in the middle of a piece)."""
         for i, j in itertools.permutations(range(src.rank), 2):
             if not (src.tiles[i] > 1 and dst.tiles[i] == 1 and src.tiles[j] == 1
                     and dst.tiles[j] == src.tiles[i]):
+                continue
+            if g.dims[i] % src.tiles[i] or g.dims[j] % src.tiles[i]:
                 continue
             if any(s[i] != d[j] for s, d in zip(src.index, dst.index)):
                 continue
@@ -209,11 +282,9 @@ class _Partitioner:
                 ix[i], ix[j] = 0, ix[i]
                 index.append(tuple(ix))
             new = Tiling(tuple(tiles), tuple(index))
-            if not all(_compatible(new, dst, k) for k in range(src.rank)):
+            if not all(_compatible(new, dst, k, g.dims[k]) for k in range(src.rank)):
                 continue
             loc = list(self.local(src, g))
-            if loc[j] % src.tiles[i]:
-                continue
             keys = [ix[:i] + ix[i + 1:] for ix in src.index]
             groups = layered_groups(keys, [ix[i] for ix in src.index])
             y = self._emit_all_to_all(x, loc, i, j, src.tiles[i], groups, g)
@@ -230,8 +301,8 @@ class _Partitioner:
         self.cost += _bytes(g, loc)
         if not self.emit:
             return None
-        r = self.add("reshape", [x], _shape(g, split))
-        a2a = self.add("all-to-all", [r], _shape(g, split),
+        r = self.add("reshape", [x], local_shape(g, split))
+        a2a = self.add("all-to-all", [r], local_shape(g, split),
                        {"channel_id": next(self.channels), "replica_groups": replica_groups(groups),
                         "dimensions": (j,)})
         # dims of a2a: the original dims with j -> (j: sender, j+1: rest of j). The
@@ -240,27 +311,45 @@ class _Partitioner:
         order = [k for k in range(len(split)) if k != j]
         order.insert(order.index(pos_i), j)
         tdims = [split[k] for k in order]
-        t = self.add("transpose", [a2a], _shape(g, tdims), {"dimensions": tuple(order)})
-        return self.add("reshape", [t], _shape(g, out_loc))
+        t = self.add("transpose", [a2a], local_shape(g, tdims), {"dimensions": tuple(order)})
+        return self.add("reshape", [t], local_shape(g, out_loc))
 
     def _all_gather(self, x, src: Tiling, i: int, g: Shape):
         keys = [ix[:i] + ix[i + 1:] for ix in src.index]
         groups = layered_groups(keys, [ix[i] for ix in src.index])
         new = src.replicate_dims([i])
-        y = self.collective("all-gather", x, _shape(g, self.local(new, g)), groups,
-                            self.local(src, g), dimensions=(i,))
+        loc = list(self.local(src, g))
+        gathered = list(loc)
+        gathered[i] *= src.tiles[i]
+        y = self.collective("all-gather", x, local_shape(g, gathered), groups, loc,
+                            dimensions=(i,))
+        if gathered[i] != g.dims[i] and self.emit:      # padding at the end: slice it off
+            from hlo.attrs import SliceDim, SliceSpec
+            whole = list(gathered)
+            whole[i] = g.dims[i]
+            y = self.add("slice", [y], local_shape(g, whole), {"slice": SliceSpec(tuple(
+                SliceDim(0, n) for n in whole))})
         return y, new
 
     def _slice(self, x, src: Tiling, dst: Tiling, g: Shape):
-        dloc = self.local(dst, g, "resharded value")
+        dloc = self.local(dst, g)
         if not self.emit:
             return None
         sloc = self.local(src, g)
+        # A whole dim split unevenly: pad it to tiles * piece first, so every device's
+        # dynamic-slice stays in bounds (it would be clamped back otherwise).
+        pads = [dst.tiles[i] * dloc[i] - sloc[i] if src.tiles[i] == 1 else 0
+                for i in range(dst.rank)]
+        if any(pads):
+            zero = self.scalar(0, g.dtype)
+            padded = [s + p for s, p in zip(sloc, pads)]
+            x = self.add("pad", [x, zero], local_shape(g, padded), {"padding": PaddingConfig(
+                tuple(PadDim(0, p) for p in pads))})
         starts = []
         for i in range(dst.rank):
             offs = [d[i] * dloc[i] - s[i] * sloc[i] for s, d in zip(src.index, dst.index)]
             starts.append(self.per_device_scalar(offs))
-        return self.add("dynamic-slice", [x] + starts, _shape(g, dloc),
+        return self.add("dynamic-slice", [x] + starts, local_shape(g, dloc),
                         {"dynamic_slice_sizes": tuple(dloc)})
 
     def plan_cost(self, src: Tiling, dst: Tiling, g: Shape) -> int:
@@ -274,13 +363,57 @@ class _Partitioner:
         finally:
             self.emit, self.cost = emit, cost
 
+    def place(self, inst: Instruction, cands: Sequence[tuple[Optional[Tiling], ...]],
+              result_of: Callable[..., Optional[Tiling]]) -> Optional[tuple]:
+        """The cheapest placement of ``inst``'s first operands: among ``cands`` (a tiling per
+        operand), those ``result_of(*tilings)`` gives a local result tiling for, the one
+        moving the fewest bytes (operands resharded there, the result to ``inst``'s own
+        sharding). Returns (*operand tilings, result tiling) or None."""
+        t = self.target(inst)
+        now = [self.vals[id(o)].tiling for o in inst.operands]
+        options = []
+        for cand in cands:
+            if any(c is None for c in cand):
+                continue
+            res = result_of(*cand)
+            if res is not None:
+                options.append(((*cand, res), lambda cand=cand, res=res: sum(
+                    self.plan_cost(v, c, o.shape) for v, c, o in zip(now, cand, inst.operands))
+                    + self.plan_cost(res, t, inst.shape)))
+        return self.cheapest(options)
+
+    def cheapest(self, cands: Sequence[tuple[Any, Callable[[], int]]]) -> Any:
+        """The candidate whose cost function (bytes moved) is lowest; the first of equals."""
+        best, best_cost = None, None
+        for cand, cost in cands:
+            c = cost()
+            if best_cost is None or c < best_cost:
+                best, best_cost = cand, c
+        return best
+
     # --- values -----------------------------------------------------------------------
     def target(self, inst: Instruction) -> Tiling:
         return Tiling.from_sharding(inst.sharding, len(inst.shape.dims), self.n)
 
+    def tiling_of(self, old: Instruction) -> Tiling:
+        """The current tiling of an array operand (a pending sum counts as resolved)."""
+        t = self.vals[id(old)].tiling
+        if not isinstance(t, Tiling):
+            raise SpmdError(f"%{old.name}: a manual or tuple value where an array is needed")
+        return t.without_partial() if t.partial is not None else t
+
     def get(self, old: Instruction, want: Tiling) -> Instruction:
+        """``old``'s partitioned value split as ``want`` (one reshard per value and split,
+        reused by every user that wants it so)."""
         v = self.vals[id(old)]
-        return self.reshard(v.inst, v.tiling, want, old.shape)
+        if v.tiling == MANUAL:
+            raise SpmdError(f"%{old.name} is a value of a manual computation (shard_map) used "
+                            "outside it; only SPMDShardToFullShape may read it")
+        key = (id(v.inst), want.tiles, want.index)
+        hit = self.reshards.get(key)
+        if hit is None:
+            hit = self.reshards[key] = self.reshard(v.inst, v.tiling, want, old.shape)
+        return hit
 
     def get_tuple(self, old: Instruction) -> Instruction:
         """A tuple-shaped operand with every array leaf whole (for fallback ops)."""
@@ -288,25 +421,47 @@ class _Partitioner:
         if not isinstance(v.tiling, tuple):
             return v.inst
         parts = []
-        for i, ev in enumerate(v.tiling):
-            if isinstance(ev.tiling, tuple):
-                parts.append(ev.inst)
-            else:
+        for ev in v.tiling:
+            if isinstance(ev.tiling, Tiling):
                 rep = Tiling.replicated(len(ev.global_shape.dims), self.n)
                 parts.append(self.reshard(ev.inst, ev.tiling, rep, ev.global_shape))
+            elif isinstance(ev.tiling, tuple):
+                parts.append(self.get_tuple_value(ev))
+            else:
+                parts.append(ev.inst)
         if all(p is e.inst for p, e in zip(parts, v.tiling)) and v.inst.opcode == "tuple":
             return v.inst
+        return self.add("tuple", parts, TupleShape(tuple(p.shape for p in parts)))
+
+    def get_tuple_value(self, v: Value) -> Instruction:
+        parts = []
+        for ev in v.tiling:
+            rep = Tiling.replicated(len(ev.global_shape.dims), self.n) \
+                if isinstance(ev.tiling, Tiling) else None
+            parts.append(self.reshard(ev.inst, ev.tiling, rep, ev.global_shape)
+                         if rep is not None else ev.inst)
         return self.add("tuple", parts, TupleShape(tuple(p.shape for p in parts)))
 
     def whole(self, old: Instruction) -> Instruction:
         if old.shape.is_tuple:
             return self.get_tuple(old)
-        if getattr(old.shape, "is_token", False) or old.shape.dtype.name == "token":
+        if old.shape.is_token:
             return self.vals[id(old)].inst
+        v = self.vals[id(old)]
+        if v.tiling == MANUAL:
+            return v.inst
         return self.get(old, Tiling.replicated(len(old.shape.dims), self.n))
+
+    def tuple_value(self, new: Instruction, tilings: Sequence[Tiling], g: Any) -> Value:
+        """A tuple-shaped new instruction as a Value whose elements are its leaves."""
+        els = tuple(Value(self.add("get-tuple-element", [new], s, {"index": k}), t, gs)
+                    for k, (s, t, gs) in enumerate(zip(new.shape.elements, tilings,
+                                                       g.elements)))
+        return Value(new, els, g)
 
     # --- the pass ---------------------------------------------------------------------
     def run(self) -> None:
+        self.manual = manual_region(self.old)
         for inst in self.old.post_order():
             self.vals[id(inst)] = self.partition(inst)
         root = self.old.root
@@ -343,15 +498,15 @@ class _Partitioner:
             out.attrs["sharding"] = s
         return out
 
-    def partition(self, inst: Instruction) -> _Value:
+    def partition(self, inst: Instruction) -> Value:
         opc = inst.opcode
-        if inst.shape.is_tuple:
-            if opc == "tuple":
-                els = tuple(self.vals[id(o)] for o in inst.operands)
-                t = self.add("tuple", [e.inst for e in els],
-                             TupleShape(tuple(e.inst.shape for e in els)))
-                return _Value(t, els, inst.shape)
-            return self.fallback(inst)
+        if id(inst) in self.manual:
+            return HANDLERS["manual"](self, inst)
+        if opc == "tuple":
+            els = tuple(self.vals[id(o)] for o in inst.operands)
+            t = self.add("tuple", [e.inst for e in els],
+                         TupleShape(tuple(e.inst.shape for e in els)))
+            return Value(t, els, inst.shape)
         if opc == "get-tuple-element":
             src = self.vals[id(inst.operands[0])]
             if isinstance(src.tiling, tuple):
@@ -359,212 +514,85 @@ class _Partitioner:
             return self.fallback(inst)
         if opc == "parameter":
             t = self.target(inst)
-            p = self.add("parameter", [], _shape(inst.shape, self.local(t, inst.shape,
-                                                                        f"parameter %{inst.name}")),
-                         {k: v for k, v in inst.attrs.items()}, name=inst.name,
-                         parameter_number=inst.parameter_number)
-            return _Value(p, t, inst.shape)
-        if getattr(inst.shape, "dtype", None) is not None and inst.shape.dtype.name == "token":
+            p = self.add("parameter", [], local_shape(inst.shape, self.local(t, inst.shape)),
+                         dict(inst.attrs), name=inst.name, parameter_number=inst.parameter_number)
+            return Value(p, t, inst.shape)
+        if not inst.shape.is_tuple and inst.shape.is_token:
             return self.fallback(inst)
-        t = self.target(inst)
-        handler = getattr(self, "_" + opc.replace("-", "_"), None)
-        if opc == "custom-call":
-            if inst.attrs.get("custom_call_target") == "Sharding":
-                x = self.get(inst.operands[0], t)
-                return _Value(x, t, inst.shape)
-            handler = None
-        if inst.op.elementwise:
-            handler = self._elementwise
-        elif rules.passthrough_dims(inst) is not None:
-            handler = self._passthrough
-        if handler is None:
-            return self.fallback(inst)
-        return handler(inst, t)
+        rule = HANDLERS.get(opc)
+        if rule is None and not inst.shape.is_tuple:
+            if inst.op.elementwise:
+                rule = HANDLERS["elementwise"]
+            elif rules.passthrough_dims(inst) is not None:
+                rule = HANDLERS["passthrough"]
+        return rule(self, inst) if rule is not None else self.fallback(inst)
 
-    def fallback(self, inst: Instruction) -> _Value:
+    def fallback(self, inst: Instruction) -> Value:
         """Run the op on whole operands; the result is replicated."""
         ops = [self.whole(o) for o in inst.operands]
         attrs = {k: v for k, v in inst.attrs.items() if k != "sharding"}
-        new = self.add(inst.opcode, ops, inst.shape, attrs, literal=inst.literal)
-        if inst.shape.is_tuple:
-            els = tuple(_Value(self.add("get-tuple-element", [new], s, {"index": k}),
-                               Tiling.replicated(len(s.dims), self.n), s)
-                        if not s.is_tuple else _Value(new, (), s)
-                        for k, s in enumerate(inst.shape.elements))
-            return _Value(new, els, inst.shape)
-        if getattr(inst.shape, "dtype", None) is not None and inst.shape.dtype.name == "token":
-            return _Value(new, None, inst.shape)
-        return _Value(new, Tiling.replicated(len(inst.shape.dims), self.n), inst.shape)
+        new = self.add(inst.opcode, ops, inst.shape, attrs, literal=inst.literal,
+                       name=inst.name)
+        return self.replicated_value(new, inst.shape)
 
-    def _local_op(self, inst: Instruction, ops: list[Instruction], t: Tiling,
-                  attrs: Optional[dict] = None) -> _Value:
+    def replicated_value(self, new: Instruction, g: Any) -> Value:
+        if g.is_tuple:
+            els = tuple(self.replicated_value(self.add("get-tuple-element", [new], s,
+                                                       {"index": k}), s)
+                        for k, s in enumerate(g.elements))
+            return Value(new, els, g)
+        if g.is_token:
+            return Value(new, None, g)
+        return Value(new, Tiling.replicated(len(g.dims), self.n), g)
+
+    def local_op(self, inst: Instruction, ops: list[Instruction], t: Tiling,
+                 attrs: Optional[dict] = None) -> Value:
+        """``inst`` on local operands, its result split as ``t``."""
         a = {k: v for k, v in inst.attrs.items() if k != "sharding"}
         a.update(attrs or {})
-        new = self.add(inst.opcode, ops, _shape(inst.shape, self.local(t, inst.shape)), a)
-        return _Value(new, t, inst.shape)
-
-    # --- per-op rules -----------------------------------------------------------------
-    def _elementwise(self, inst: Instruction, t: Tiling) -> _Value:
-        ops = [self.get(o, t) if len(o.shape.dims) == t.rank else self.whole(o)
-               for o in inst.operands]
-        return self._local_op(inst, ops, t)
-
-    def _broadcast(self, inst: Instruction, t: Tiling) -> _Value:
-        want = rules.backward(inst, 0, t)
-        return self._local_op(inst, [self.get(inst.operands[0], want)], t)
-
-    def _transpose(self, inst: Instruction, t: Tiling) -> _Value:
-        want = rules.backward(inst, 0, t)
-        return self._local_op(inst, [self.get(inst.operands[0], want)], t)
-
-    def _copy(self, inst: Instruction, t: Tiling) -> _Value:
-        return self._local_op(inst, [self.get(inst.operands[0], t)], t)
-
-    def _reshape(self, inst: Instruction, t: Tiling) -> _Value:
-        src, dst = inst.operands[0].shape.dims, inst.shape.dims
-        want_in = rules.reshape_tiling(t, dst, src)
-        out = rules.reshape_tiling(want_in, src, dst)
-        return self._local_op(inst, [self.get(inst.operands[0], want_in)], out)
-
-    def _passthrough(self, inst: Instruction, t: Tiling) -> _Value:
-        pt = rules.passthrough_dims(inst)
-        want = rules.map_dims(t, {d: d for d in pt}, t.rank)
-        n_data = len(inst.operands) if inst.opcode == "concatenate" else 1
-        ops = [self.get(o, want) if k < n_data else self.whole(o)
-               for k, o in enumerate(inst.operands)]
-        loc = self.local(want, inst.shape)
-        attrs: dict[str, Any] = {}
-        if inst.opcode == "slice":
-            from hlo.attrs import SliceDim, SliceSpec
-            attrs["slice"] = SliceSpec(tuple(
-                SliceDim(0, loc[i], 1) if i in pt else sd
-                for i, sd in enumerate(inst.attrs["slice"].dims)))
-        if inst.opcode == "dynamic-slice":
-            attrs["dynamic_slice_sizes"] = tuple(loc)
-        return self._local_op(inst, ops, want, attrs)
-
-    def _reduce(self, inst: Instruction, t: Tiling) -> _Value:
-        if len(inst.operands) != 2:
-            return self.fallback(inst)
-        x, init = inst.operands
-        red = list(inst.attrs["dimensions"])
-        kept = [d for d in range(len(x.shape.dims)) if d not in red]
-        cur = self.vals[id(x)].tiling
-        cur = cur.without_partial() if cur.partial is not None else cur
-        options = [rules.map_dims(t, {i: d for i, d in enumerate(kept)}, len(x.shape.dims))]
-        # Keep the operand's split of the reduced dims: reduce locally, then combine.
-        keep = Tiling.from_index(
-            [cur.tiles[d] if d in red else t.tiles[kept.index(d)] for d in range(cur.rank)],
-            [tuple(ci[d] if d in red else ti[kept.index(d)] for d in range(cur.rank))
-             for ci, ti in zip(cur.index, t.index)])
-        if keep is not None and any(keep.tiles[d] > 1 for d in red):
-            options.append(keep)
-        best = min(options, key=lambda o: self.plan_cost(self.vals[id(x)].tiling, o, x.shape)
-                   + self._reduce_result_cost(o, red, t, inst))
-        xin = self.get(x, best)
-        val = self._local_op(inst, [xin, self.whole(init)], _reduce_result(best, red, t, inst))
-        return val
-
-    def _reduce_result_cost(self, o: Tiling, red, t: Tiling, inst: Instruction) -> int:
-        return self.plan_cost(_reduce_result(o, red, t, inst), t, inst.shape)
-
-    def _dot(self, inst: Instruction, t: Tiling) -> _Value:
-        lhs, rhs = inst.operands
-        lv, rv = self.vals[id(lhs)], self.vals[id(rhs)]
-        lt = lv.tiling.without_partial() if lv.tiling.partial is not None else lv.tiling
-        rt = rv.tiling.without_partial() if rv.tiling.partial is not None else rv.tiling
-        cands = [(lt, rt),
-                 (rules.dot_operand_from_result(inst, t, 0),
-                  rules.dot_operand_from_result(inst, t, 1)),
-                 (lt, _dot_match(inst, lt, 1)),
-                 (_dot_match(inst, rt, 0), rt)]
-        best, best_cost = None, None
-        for cl, cr in cands:
-            if cl is None or cr is None:
-                continue
-            res = _dot_local_result(inst, cl, cr, self.adder(inst.shape.dtype)
-                                    if self.emit else None)
-            if res is None:
-                continue
-            cost = (self.plan_cost(lv.tiling, cl, lhs.shape) + self.plan_cost(rv.tiling, cr, rhs.shape)
-                    + self.plan_cost(res, t, inst.shape))
-            if best_cost is None or cost < best_cost:
-                best, best_cost = (cl, cr, res), cost
-        if best is None:
-            return self.fallback(inst)
-        cl, cr, res = best
-        return self._local_op(inst, [self.get(lhs, cl), self.get(rhs, cr)], res)
+        new = self.add(inst.opcode, ops, local_shape(inst.shape, self.local(t, inst.shape)), a,
+                       name=inst.name)
+        return Value(new, t, inst.shape)
 
 
-def _compatible(src: Tiling, dst: Tiling, i: int) -> bool:
-    """dst's tile of dim i lies inside src's on every device (so a slice gets there)."""
+def _compatible(src: Tiling, dst: Tiling, i: int, size: int) -> bool:
+    """dst's tile of dim i lies inside src's on every device (so a slice gets there). An
+    unevenly split dim nests only from whole to split, or into the same split: its tile
+    boundaries move when the tile count changes."""
     if dst.tiles[i] % src.tiles[i]:
+        return False
+    if size % dst.tiles[i] and src.tiles[i] not in (1, dst.tiles[i]):
         return False
     r = dst.tiles[i] // src.tiles[i]
     return all(d[i] // r == s[i] for s, d in zip(src.index, dst.index))
 
 
-def _reduce_result(o: Tiling, red: list[int], t: Tiling, inst: Instruction) -> Tiling:
-    kept = [d for d in range(o.rank) if d not in red]
-    tiles = tuple(o.tiles[d] for d in kept)
-    index = tuple(tuple(ix[d] for d in kept) for ix in o.index)
-    if any(o.tiles[d] > 1 for d in red):
-        partial = tuple(_mixed(ix, red, o.tiles) for ix in o.index)
-        return Tiling(tiles, index, partial, inst.attrs["to_apply"])
-    return Tiling(tiles, index)
+def _max_channel_id(module: Module) -> int:
+    """The largest channel_id in the module (a manual computation brings its own)."""
+    return max((int(i.attrs["channel_id"]) for i in module.all_instructions()
+                if i.attrs.get("channel_id") is not None), default=0)
 
 
-def _mixed(ix: Sequence[int], dims: Sequence[int], tiles: Sequence[int]) -> int:
+def mixed_index(ix: Sequence[int], dims: Sequence[int], tiles: Sequence[int]) -> int:
+    """Row-major number of the tile (ix restricted to ``dims``)."""
     v = 0
     for d in dims:
         v = v * tiles[d] + ix[d]
     return v
 
 
-def _dot_match(inst: Instruction, t: Tiling, which: int) -> Optional[Tiling]:
-    """The other operand's tiling splitting batch and contracting dims like ``t`` does
-    (operand ``1 - which``), its free dims whole."""
-    lb, rb, lc, rc, lf, rf = rules.dot_dims(inst)
-    if which == 1:   # build rhs from lhs t
-        m = dict(zip(lb, rb))
-        m.update(zip(lc, rc))
-        rank = len(inst.operands[1].shape.dims)
-    else:
-        m = dict(zip(rb, lb))
-        m.update(zip(rc, lc))
-        rank = len(inst.operands[0].shape.dims)
-    return rules.map_dims(t.without_partial(), m, rank)
-
-
-def _dot_local_result(inst: Instruction, lt: Tiling, rt: Tiling, adder: Any
-                      ) -> Optional[Tiling]:
-    """The tiling a local dot of these operand tiles produces, or None if the devices'
-    batch/contracting tiles disagree."""
-    lb, rb, lc, rc, lf, rf = rules.dot_dims(inst)
-    for a, b in list(zip(lb, rb)) + list(zip(lc, rc)):
-        if lt.tiles[a] != rt.tiles[b]:
-            return None
-        if any(li[a] != ri[b] for li, ri in zip(lt.index, rt.index)):
-            return None
-    tiles = [lt.tiles[d] for d in lb + lf] + [rt.tiles[d] for d in rf]
-    index = tuple(tuple(li[d] for d in lb + lf) + tuple(ri[d] for d in rf)
-                  for li, ri in zip(lt.index, rt.index))
-    partial = None
-    if any(lt.tiles[d] > 1 for d in lc):
-        partial = tuple(_mixed(li, lc, lt.tiles) for li in lt.index)
-    res = Tiling(tuple(tiles), index, partial, adder)
-    # Devices holding one output tile must hold distinct pieces, equally many each.
+def partial_is_wellformed(res: Tiling, pieces: int) -> bool:
+    """Devices holding one output tile hold distinct pieces of its sum, every piece
+    equally often (so grouping them sums each piece once)."""
     seen: dict[tuple, list[int]] = {}
-    for d, ix in enumerate(index):
-        seen.setdefault(ix, []).append(partial[d] if partial else 0)
-    if len(seen) != math.prod(tiles) or len({len(v) for v in seen.values()}) != 1:
-        return None
-    if partial is not None:
-        per = [sorted(v) for v in seen.values()]
-        pieces = math.prod(lt.tiles[d] for d in lc)
-        if any(sorted(set(v)) != list(range(pieces)) or len(v) % pieces for v in per):
-            return None
-    return res
+    for d, ix in enumerate(res.index):
+        seen.setdefault(ix, []).append(res.partial[d] if res.partial else 0)
+    if len(seen) != math.prod(res.tiles) or len({len(v) for v in seen.values()}) != 1:
+        return False
+    if res.partial is not None:
+        return all(sorted(set(v)) == list(range(pieces)) and len(v) % pieces == 0
+                   for v in seen.values())
+    return True
 
 
 @register_pass
@@ -583,7 +611,7 @@ class SpmdPartitioner:
         if any(i.opcode in COLLECTIVES for i in module.entry.instructions) and \
                 module.config.get("spmd_partitioned"):
             return False
-        _Partitioner(module, n).run()
+        Partitioner(module, n).run()
         return True
 
 
@@ -591,14 +619,26 @@ def collective_stats(module: Module) -> dict[str, tuple[int, int]]:
     """opcode -> (count, bytes) of the collectives in ``module`` (every computation).
 
     Bytes per device: the larger of operand and result array bytes of each collective
-    (what one device sends or receives at most), the same measure for hlotk and XLA."""
+    (what one device sends or receives at most), the same measure for hlotk and XLA. An
+    asynchronous pair counts once, at its start (``async-start`` by the op it wraps)."""
     out: dict[str, list[int]] = {}
+    wrappers = {id(i.attrs["calls"]) for i in module.all_instructions()
+                if i.opcode == "async-start"}
     for c in module.computations:
+        if id(c) in wrappers:            # counted at its async-start
+            continue
         for i in c.instructions:
-            base = i.opcode[:-6] if i.opcode.endswith("-start") else i.opcode
+            base, res_shape = i.opcode, i.shape
+            if i.opcode.endswith("-start"):
+                base = i.opcode[:-6]
+                if i.shape.is_tuple and base != "all-reduce":
+                    res_shape = i.shape.elements[1]     # ((operands), result, ...)
+            if base == "async" and i.opcode == "async-start":
+                wrapped = i.attrs["calls"].root
+                base, res_shape = wrapped.opcode, wrapped.shape
             if base not in COLLECTIVES:
                 continue
-            res = [s for s in (i.shape.elements if i.shape.is_tuple else (i.shape,))
+            res = [s for s in (res_shape.elements if res_shape.is_tuple else (res_shape,))
                    if not s.is_tuple]
             rb = sum(s.byte_size for s in res)
             ob = sum(o.shape.byte_size for o in i.operands if not o.shape.is_tuple)

@@ -31,8 +31,9 @@ def map_dims(t: Tiling, src_to_dst: dict[int, int], dst_rank: int) -> Optional[T
 
 
 def passthrough_dims(inst: Instruction) -> Optional[list[int]]:
-    """Dims along which slice/pad/concatenate/reverse/dynamic-slice act elementwise (same
-    size in and out, element i from element i), or None for other ops."""
+    """Dims along which slice/pad/concatenate/reverse/dynamic-slice/dynamic-update-slice
+    act elementwise (same size in and out, element i from element i), or None for other
+    ops."""
     op = inst.opcode
     rank = len(inst.shape.dims) if not inst.shape.is_tuple else 0
     if op == "slice":
@@ -49,7 +50,18 @@ def passthrough_dims(inst: Instruction) -> Optional[list[int]]:
     if op == "dynamic-slice":
         dims = inst.operands[0].shape.dims
         return [i for i, s in enumerate(inst.attrs["dynamic_slice_sizes"]) if s == dims[i]]
+    if op == "dynamic-update-slice":     # the update covers these dims whole
+        dims, upd = inst.operands[0].shape.dims, inst.operands[1].shape.dims
+        return [i for i in range(rank) if upd[i] == dims[i]]
     return None
+
+
+def passthrough_data_operands(inst: Instruction) -> int:
+    """How many leading operands of a passthrough op are split with its result (the rest,
+    start indices and padding values, are whole)."""
+    if inst.opcode == "concatenate":
+        return len(inst.operands)
+    return 2 if inst.opcode == "dynamic-update-slice" else 1
 
 
 def reshape_groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[int]]]:
@@ -83,7 +95,8 @@ def reshape_groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], 
 def reshape_tiling(t: Tiling, src: Sequence[int], dst: Sequence[int]) -> Tiling:
     """The tiling of a reshape's result (src dims -> dst dims) keeping every split that
     stays contiguous: a group of dims split only on its first non-trivial dim, by a factor
-    that divides the first non-trivial dim on the other side. Other groups replicate."""
+    that divides it and the first non-trivial dim on the other side (or the dim passes
+    through unchanged). Other groups replicate."""
     mapping: dict[int, int] = {}
     for ga, gb in reshape_groups(src, dst):
         split = [d for d in ga if t.tiles[d] > 1]
@@ -91,8 +104,15 @@ def reshape_tiling(t: Tiling, src: Sequence[int], dst: Sequence[int]) -> Tiling:
             continue
         first_a = next((d for d in ga if src[d] > 1), None)
         first_b = next((d for d in gb if dst[d] > 1), None)
-        if (len(split) == 1 and split[0] == first_a and first_b is not None
-                and dst[first_b] % t.tiles[split[0]] == 0):
+        if len(split) != 1 or split[0] != first_a or first_b is None:
+            continue
+        n = t.tiles[split[0]]
+        # An uneven (padded) split survives only a dim kept as it is: anywhere else the
+        # padding would land in the middle of the reshaped piece.
+        one_to_one = ([d for d in ga if src[d] > 1] == [first_a]
+                      and [d for d in gb if dst[d] > 1] == [first_b]
+                      and src[first_a] == dst[first_b])
+        if one_to_one or (src[first_a] % n == 0 and dst[first_b] % n == 0):
             mapping[split[0]] = first_b
     out = map_dims(t.without_partial(), mapping, len(dst))
     assert out is not None   # dropping or moving whole dims keeps a tiling uniform
@@ -177,6 +197,11 @@ def forward(inst: Instruction, ops: list[Optional[Tiling]]) -> Optional[Tiling]:
     if not ops or ops[0] is None:
         if opc == "dot" and len(ops) == 2 and ops[1] is not None:
             return dot_result(inst, None, ops[1])
+        if opc == "gather" and len(ops) == 2 and ops[1] is not None:
+            return map_dims(ops[1].without_partial(), gather_dim_maps(inst)[1], rank)
+        if opc == "dynamic-update-slice" and ops[1] is not None:
+            return map_dims(ops[1].without_partial(), {d: d for d in passthrough_dims(inst)},
+                            rank)
         return None
     t = ops[0].without_partial()
     if opc == "broadcast":
@@ -194,27 +219,62 @@ def forward(inst: Instruction, ops: list[Optional[Tiling]]) -> Optional[Tiling]:
         return map_dims(t, {d: i for i, d in enumerate(kept)}, rank)
     pt = passthrough_dims(inst)
     if pt is not None:
-        return map_dims(t, {d: d for d in pt}, rank)
+        data = [o.without_partial() for o in ops[:passthrough_data_operands(inst)]
+                if o is not None]
+        cands = [map_dims(o, {d: d for d in pt}, rank) for o in data]
+        return max((c for c in cands if c is not None), key=lambda c: math.prod(c.tiles),
+                   default=None)
     if opc == "scatter" and len(inst.operands) == 3:
         fixed = set(inst.attrs.get("inserted_window_dims", ())) | set(
             inst.attrs.get("scatter_dims_to_operand_dims", ()))
         return map_dims(t, {d: d for d in range(rank) if d not in fixed}, rank)
     if opc == "gather":
-        return _gather_forward(inst, t)
+        return _gather_forward(inst, t, ops[1] if len(ops) > 1 else None)
+    if opc == "sort":
+        return t.replicate_dims(inst.attrs["dimensions"])
     return None
 
 
-def _gather_forward(inst: Instruction, t: Tiling) -> Optional[Tiling]:
-    """Operand dims taken whole by every slice keep their split in the offset dims."""
+def tuple_forward(inst: Instruction, ops: list[Optional[Tiling]]) -> Optional[list[Tiling]]:
+    """Element tilings of a tuple-shaped op (sort, topk) from its operands'."""
+    if inst.opcode == "sort" and ops and ops[0] is not None:
+        t = ops[0].without_partial().replicate_dims(inst.attrs["dimensions"])
+        return [t] * len(inst.shape.elements)
+    if inst.opcode == "topk" and ops and ops[0] is not None:
+        t = ops[0].without_partial()
+        t = t.replicate_dims([t.rank - 1])
+        return [t, t]
+    return None
+
+
+def gather_dim_maps(inst: Instruction) -> tuple[dict[int, int], dict[int, int]]:
+    """(operand dim -> result dim for dims every slice takes whole; indices dim -> result
+    dim for the batch dims). Those are the dims a gather is local along."""
     a = inst.attrs
     collapsed = set(a.get("collapsed_slice_dims", ())) | set(a.get("operand_batching_dims", ()))
-    kept = [d for d in range(t.rank) if d not in collapsed]
     op_dims = inst.operands[0].shape.dims
-    m = {}
-    for d, out_d in zip(kept, a.get("offset_dims", ())):
-        if d not in a.get("start_index_map", ()) and a["slice_sizes"][d] == op_dims[d]:
-            m[d] = out_d
-    return map_dims(t, m, len(inst.shape.dims))
+    kept = [d for d in range(len(op_dims)) if d not in collapsed]
+    offset = list(a.get("offset_dims", ()))
+    whole = {d: out_d for d, out_d in zip(kept, offset)
+             if d not in a.get("start_index_map", ()) and a["slice_sizes"][d] == op_dims[d]}
+    ivd = a["index_vector_dim"]
+    idx_rank = len(inst.operands[1].shape.dims)
+    batch_out = [d for d in range(len(inst.shape.dims)) if d not in offset]
+    batch_idx = [d for d in range(idx_rank) if d != ivd]
+    return whole, dict(zip(batch_idx, batch_out))
+
+
+def _gather_forward(inst: Instruction, t: Tiling, idx: Optional[Tiling]) -> Optional[Tiling]:
+    """Operand dims taken whole by every slice keep their split in the offset dims; the
+    indices' batch dims keep theirs in the result's batch dims (index-parallel)."""
+    whole, batch = gather_dim_maps(inst)
+    rank = len(inst.shape.dims)
+    from_operand = map_dims(t, whole, rank)
+    if idx is None:
+        return from_operand
+    from_indices = map_dims(idx.without_partial(), batch, rank)
+    cands = [c for c in (from_operand, from_indices) if c is not None]
+    return max(cands, key=lambda c: math.prod(c.tiles), default=None)
 
 
 def backward(user: Instruction, k: int, out: Tiling) -> Optional[Tiling]:
@@ -243,6 +303,11 @@ def backward(user: Instruction, k: int, out: Tiling) -> Optional[Tiling]:
         kept = [d for d in range(rank) if d not in red]
         return map_dims(out, {i: d for i, d in enumerate(kept)}, rank)
     pt = passthrough_dims(user)
-    if pt is not None and (k == 0 or user.opcode == "concatenate"):
+    if pt is not None and k < passthrough_data_operands(user):
         return map_dims(out, {d: d for d in pt}, rank)
+    if opc == "sort":
+        return out.replicate_dims(user.attrs["dimensions"])
+    if opc == "gather" and k in (0, 1):
+        m = gather_dim_maps(user)[k]
+        return map_dims(out, {r: o for o, r in m.items()}, rank)
     return None

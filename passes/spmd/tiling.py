@@ -8,6 +8,12 @@ same number of devices (the replication factor). ``partial`` marks a value whose
 the sum (the ``reducer``) of the local pieces of several devices, as after a dot whose
 contracting dimension is sharded: ``partial[d]`` is device d's piece number.
 
+A dimension of size n split into t tiles gives every device ceil(n / t) elements: the
+array is padded at the end to t * ceil(n / t), as GSPMD does. What the padding holds is
+undefined (an elementwise op computes on it too); whoever mixes elements along a padded
+dimension (a reduction, a contracting dot, a gather) masks it first, and gathering the
+dimension back whole slices it off.
+
 ``to_sharding`` goes back to XLA's spelling, in iota form when the grid is one
 (``{devices=[2,1,4]<=[8] last_tile_dim_replicate}``), as XLA prints it.
 """
@@ -85,13 +91,20 @@ class Tiling:
         return Tiling(tiles, index, self.partial, self.reducer)
 
     def local_dims(self, dims: Sequence[int], what: str = "array") -> tuple[int, ...]:
-        out = []
-        for i, (n, t) in enumerate(zip(dims, self.tiles)):
-            if n % t:
-                raise SpmdError(f"{what}: dimension {i} of size {n} does not split evenly "
-                                f"into {t} tiles (hlotk does not pad uneven shards)")
-            out.append(n // t)
-        return tuple(out)
+        """The shape of one device's piece: each dim split into ``tiles`` pieces rounded
+        up, so a dim that does not divide evenly is padded at the end (GSPMD's rule: the
+        last tiles hold fewer real elements, or none)."""
+        return tuple(-(-n // t) for n, t in zip(dims, self.tiles))
+
+    def padded_dims(self, dims: Sequence[int]) -> list[int]:
+        """Dims whose pieces carry padding (size not a multiple of the tile count)."""
+        return [i for i, (n, t) in enumerate(zip(dims, self.tiles)) if n % t]
+
+    def valid_counts(self, dims: Sequence[int], i: int) -> list[int]:
+        """Per device: how many elements of its piece along dim ``i`` are real data (the
+        rest is padding)."""
+        loc = -(-dims[i] // self.tiles[i])
+        return [min(max(dims[i] - ix[i] * loc, 0), loc) for ix in self.index]
 
     # --- conversion to and from HLO shardings -------------------------------------------
     @staticmethod

@@ -53,6 +53,9 @@ _HOST_ONLY = {"sort", "gather", "scatter", "rng", "rng-bit-generator", "rng-get-
               "recv-done", "after-all", "all-reduce", "all-gather", "reduce-scatter",
               "all-to-all", "collective-permute", "partition-id", "replica-id", "topk",
               "domain", "add-dependency", "while", "conditional", "call", "map",
+              "all-reduce-start", "all-reduce-done", "all-gather-start", "all-gather-done",
+              "collective-permute-start", "collective-permute-done", "async-start",
+              "async-done",
               "batch-norm-training", "batch-norm-inference", "batch-norm-grad"}
 
 
@@ -121,11 +124,15 @@ class CudaExecutable:
     def __init__(self, module: Module, assignment: BufferAssignment, *,
                  device: Optional[str] = None, cuda_graphs: Optional[bool] = None,
                  autotune: Optional[bool] = None, poison: Optional[bool] = None,
-                 target: Optional[str] = None, communicator: Optional[Any] = None):
+                 target: Optional[str] = None, communicator: Optional[Any] = None,
+                 capture_collectives: Optional[bool] = None):
         self.device = resolve_device(device)
         # One GPU of a partitioned run (runtime/cuda/distributed.py): collectives go
         # through torch.distributed (collectives.py); None: a single-device program.
         self.comm = communicator
+        # Collectives inside CUDA graphs (NCCL only; HLOTK_CAPTURE_COLLECTIVES, default on).
+        self.capture_collectives = (_env_flag("HLOTK_CAPTURE_COLLECTIVES", True)
+                                    if capture_collectives is None else capture_collectives)
         self.on_gpu = self.device.type == "cuda"
         self.module = module
         self.assignment = assignment
@@ -145,6 +152,7 @@ class CudaExecutable:
         self.table = table
         self._n_assigned = len(a.allocations)
         self.scratch_sizes: list[int] = []     # buffers of split GEMM fusions (split.py)
+        self._async_starts: dict[int, Any] = {}  # start uid -> its thunk (for the done)
         t0 = time.perf_counter()
         self.sequence = self._sequence(module.entry)
         self.build_seconds = time.perf_counter() - t0
@@ -180,6 +188,9 @@ class CudaExecutable:
         thunks: list[Thunk] = []
         for inst in comp.instructions:
             thunks.extend(self._thunks(inst))
+        if self.comm is not None:
+            from .collectives import pair_capturable
+            pair_capturable(thunks)
         if self.on_gpu:
             thunks = segment(thunks, self._dynamic)
         return SequenceThunk(None, thunks)
@@ -239,7 +250,8 @@ class CudaExecutable:
             return [self._host(inst, "no torch dtype")]
         if self.comm is not None and op in COLLECTIVE_OPS | ASYNC_COLLECTIVES:
             from .collectives import collective_thunk
-            return [collective_thunk(inst, self.leaves, self.comm)]
+            return [collective_thunk(inst, self.leaves, self.comm, self._async_starts,
+                                     self.capture_collectives)]
         if op in _LIBRARY_OPS:        # cuBLAS dots, cuDNN convolutions (codegen/library)
             from codegen.library import lookup
             call = lookup("cuda", inst)
@@ -453,20 +465,30 @@ class CudaExecutable:
         flat: list[Thunk] = []
         for t in self.sequence.thunks:
             flat.extend(t.thunks if isinstance(t, GraphSegment) else [t])
+        # An asynchronous collective is timed as one unit: its start, then its done.
+        from .collectives import AsyncDoneThunk, AsyncStartThunk
+        done_of = {id(t.start): t for t in flat if isinstance(t, AsyncDoneThunk)}
         for t in flat:
-            t.run(mem, ctx)
+            if isinstance(t, AsyncDoneThunk):
+                continue
+            parts = [t, done_of[id(t)]] if isinstance(t, AsyncStartThunk) else [t]
+
+            def once() -> None:
+                for part in parts:
+                    part.run(mem, ctx)
+            once()
             if self.on_gpu:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 for _ in range(reps):
-                    t.run(mem, ctx)
+                    once()
                 end.record()
                 end.synchronize()
                 ms = start.elapsed_time(end) / reps
             else:
                 t0 = time.perf_counter()
                 for _ in range(reps):
-                    t.run(mem, ctx)
+                    once()
                 ms = (time.perf_counter() - t0) * 1e3 / reps
             out.append((t.describe().strip().splitlines()[0], ms))
         return out

@@ -3,7 +3,9 @@
     mesh = GpuMesh(2)                          # workers on cuda:0 and cuda:1 (torch.distributed)
     key = mesh.load(partitioned_module)        # every worker builds a CudaExecutable
     pieces = mesh.run(key, per_device_args)    # per device: its result leaves (numpy)
+    pieces = mesh.run_shared(key, on_devices)  # arguments already on the GPUs: CUDA IPC
     ms = mesh.time(key, per_device_args)       # per-call wall ms, arguments already on the GPUs
+    files = mesh.trace(key, per_device_args, "traces/")   # one step, torch.profiler
     mesh.close()
 
 Each worker is a spawned process that owns one GPU (``torch.cuda.set_device(rank)``), joins
@@ -61,6 +63,8 @@ def _worker(rank: int, world: int, init_method: str, backend: str, conn: Any,
         from .collectives import Communicator
         comm = Communicator.current()
         executables: dict[int, Any] = {}
+        from .sharing import SharedOpener
+        shared = SharedOpener(device)
         conn.send(("ok", device))
     except Exception:  # noqa: BLE001  (reported to the parent, which raises)
         conn.send(("error", traceback.format_exc()))
@@ -81,6 +85,11 @@ def _worker(rank: int, world: int, init_method: str, backend: str, conn: Any,
                     key, args = payload
                     outs = executables[key].run(list(args), output="numpy")
                     conn.send(("ok", outs))
+                elif cmd == "run_shared":
+                    key, refs = payload
+                    args = [shared.open(ref) for ref in refs]
+                    outs = executables[key].run(args, output="numpy")
+                    conn.send(("ok", outs))
                 elif cmd == "profile":
                     key, args = payload
                     dev_args = [_device_tensor(a, device) for a in args]
@@ -88,6 +97,15 @@ def _worker(rank: int, world: int, init_method: str, backend: str, conn: Any,
                 elif cmd == "time":
                     key, args, reps = payload
                     conn.send(("ok", _time(executables[key], args, reps, device)))
+                elif cmd == "stats":
+                    (key,) = payload
+                    exe = executables[key]
+                    conn.send(("ok", {k: v for k, v in exe.stats.items()
+                                      if isinstance(v, (int, float))} | {
+                        "shared_buffers_opened": shared.opened}))
+                elif cmd == "trace":
+                    key, args, path = payload
+                    conn.send(("ok", _trace(executables[key], args, device, path)))
                 else:
                     conn.send(("error", f"unknown command {cmd!r}"))
             except Exception:  # noqa: BLE001
@@ -133,6 +151,28 @@ def _time(exe: Any, args: Sequence[np.ndarray], reps: int, device: str) -> float
     return float(np.median(batches))
 
 
+def _trace(exe: Any, args: Sequence[np.ndarray], device: str, path: str) -> str:
+    """One step recorded by torch.profiler (after warm-up runs, every rank together),
+    written to ``path`` as a Chrome trace (device kernels by stream on GPUs)."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+    dev_args = [_device_tensor(a, device) for a in args]
+    for _ in range(3):
+        exe.run(dev_args, output="torch")
+    activities = [ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(ProfilerActivity.CUDA)
+        torch.cuda.synchronize()
+    dist.barrier()
+    with profile(activities=activities) as prof:
+        exe.run(dev_args, output="torch")
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+    return path
+
+
 class GpuMesh:
     """``num_devices`` worker processes, one per GPU, joined by torch.distributed."""
 
@@ -154,6 +194,8 @@ class GpuMesh:
         self._next_key = 0
         self._procs: list[Any] = []
         self._conns: list[Any] = []
+        from .sharing import SharedStaging
+        self._staging = SharedStaging(backend)
         self._start()
         atexit.register(self.close)
 
@@ -264,12 +306,39 @@ class GpuMesh:
         self._check_args(per_device_args)
         return self._command("run", [("run", key, list(a)) for a in per_device_args])
 
+    def run_shared(self, key: int, per_device_args: Sequence[Sequence[Any]]) -> list[list[np.ndarray]]:
+        """``run`` with arguments already on the devices: ``per_device_args[d]`` are arrays
+        on device d (torch tensors on ``cuda:d``; numpy arrays on the gloo path). Each is
+        copied into a buffer this process shares with worker d (CUDA IPC on GPUs, POSIX
+        shared memory on the CPU), which the worker opens once and reads in place: only
+        small handles cross the pipes, not pickled host copies of the arguments."""
+        self._check_args(per_device_args)
+        refs = [[self._staging.put((key, k), d, a) for k, a in enumerate(args)]
+                for d, args in enumerate(per_device_args)]
+        self._staging.sync()
+        return self._command("run_shared", [("run_shared", key, r) for r in refs])
+
     def time(self, key: int, per_device_args: Sequence[Sequence[np.ndarray]],
              reps: int = 20) -> float:
         """Per-call wall ms of executable ``key`` (the slowest device's median)."""
         self._check_args(per_device_args)
         return max(self._command("time", [("time", key, list(a), reps)
                                           for a in per_device_args]))
+
+    def trace(self, key: int, per_device_args: Sequence[Sequence[np.ndarray]],
+              directory: str) -> list[str]:
+        """One step of executable ``key`` recorded by torch.profiler on every worker; the
+        Chrome trace files (``directory/rank{d}.json``), read with ``timeline.py``."""
+        self._check_args(per_device_args)
+        os.makedirs(directory, exist_ok=True)
+        return self._command("trace", [("trace", key, list(a),
+                                        os.path.join(directory, f"rank{d}.json"))
+                                       for d, a in enumerate(per_device_args)])
+
+    def stats(self, key: int) -> list[dict[str, int]]:
+        """Each worker's counters of executable ``key`` (runs, collectives, graph replays,
+        packed all-reduce operands, shared argument buffers opened ...)."""
+        return self._command("stats", [("stats", key)] * self.num_devices)
 
     def profile(self, key: int, per_device_args: Sequence[Sequence[np.ndarray]]) -> list:
         """Each device's (thunk, device ms) list (``CudaExecutable.profile``)."""
@@ -302,6 +371,7 @@ class GpuMesh:
         for conn in self._conns:
             conn.close()
         self._procs, self._conns = [], []
+        self._staging.close()
 
     def __enter__(self) -> "GpuMesh":
         return self
