@@ -10,8 +10,11 @@ is all host time), for n in ``--sizes``; then gpu_suite's ``adam_step`` (97 arra
 out), called with the same arguments and in a donated training loop. Arguments are already
 on the GPU; JAX arrays in and out for everyone.
 
-Who: ``jax.jit``; hlotk through ``runtime.jit`` (the native path where the executable has
-one); hlotk's Python path (``Compiled`` with the native call off: DLPack, torch ops from
+Who: ``jax.jit``; "floor": ``jax.jit`` of one FFI custom call that launches nothing (the
+launcher's dry-run handler: it reads the addresses and returns), what any design that runs
+inside JAX's dispatch pays; hlotk through ``runtime.jit`` (the native path where the
+executable has one); "hlotk bare": the same jitted function without ``runtime.jit``'s
+Python wrapper; hlotk's Python path (``Compiled`` with the native call off: DLPack, torch ops from
 Python); "candidate 1" (issue 12): results allocated by JAX (one jitted allocation call),
 every address read in Python (``unsafe_buffer_pointer``), the same patched graph launched
 through ctypes on torch's stream with one event handshake, no DLPack export. Candidate 1 is
@@ -85,6 +88,34 @@ def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     return float(intercept), float(slope)
 
 
+def floor_function(in_types, out_types, aliases=None, donate=()):
+    """``jax.jit`` of one FFI call to the dry-run handler (no nodes: it only reads the
+    addresses), with these operand and result types."""
+    import ctypes
+    import jax
+    from runtime.cuda import native
+    lib = native.library()
+    n_in, n_out = len(in_types), len(out_types)
+    aliases = aliases or {}
+    ret_buffer, k = [], n_in
+    for j in range(n_out):
+        if j in aliases.values():
+            ret_buffer.append(-1)
+        else:
+            ret_buffer.append(k)
+            k += 1
+    err = ctypes.create_string_buffer(512)
+    c = ctypes
+    exe_id = lib.hk_exec_create_dry(0, None, None, None, k, n_in, n_out,
+                                    native.int_array(ret_buffer, c.c_int32), 0, None, None,
+                                    None, None, err, 512)
+    native.check(exe_id, err, "the floor's dry-run plan")
+    call = jax.ffi.ffi_call(native.DRY_RUN_TARGET, list(out_types),
+                            input_output_aliases=aliases or None)
+    attr = np.int64(exe_id)
+    return jax.jit(lambda *xs: call(*xs, exe=attr), donate_argnums=donate)
+
+
 def candidate1(compiled, leaves):
     """Issue 12's candidate 1 as a host-time prototype (see the module docstring)."""
     import jax
@@ -137,8 +168,14 @@ def measure_sizes(sizes, rounds: int) -> tuple[list[str], dict]:
         native_c = ours._cache[next(iter(ours._cache))]
         exe = executable_of(native_c)
         c1 = candidate1(native_c, args)
-        who = {"jax.jit": lambda: xla(*args), "hlotk": lambda: ours(*args),
+        types = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in args]
+        floor = floor_function(types, types)
+        bare = getattr(ours, "_front_jit", None)
+        who = {"jax.jit": lambda: xla(*args), "floor": lambda: floor(*args),
+               "hlotk": lambda: ours(*args), "hlotk bare": lambda: bare(*args),
                "hlotk python path": lambda: py(*args)}
+        if bare is None:
+            del who["hlotk bare"]
         if c1 is not None:
             who["candidate 1 (prototype)"] = c1
         res = {k: {"dispatch": [], "rotating": [], "wall": []} for k in who}
@@ -188,8 +225,11 @@ def measure_adam(rounds: int) -> tuple[list[str], dict]:
             return s
         return step
     fresh = lambda: [jax.tree.map(lambda a: a.copy(), args[k]) for k in (0, 2, 3, 4)]  # noqa: E731
-    who = {"jax.jit": lambda: xla(*args), "hlotk": lambda: ours(*args),
-           "hlotk python path": lambda: py(*args),
+    leaves = jax.tree_util.tree_leaves(args)
+    out_types = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in jax.tree_util.tree_leaves(want)]
+    floor = floor_function([jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves], out_types)
+    who = {"jax.jit": lambda: xla(*args), "floor": lambda: floor(*leaves),
+           "hlotk": lambda: ours(*args), "hlotk python path": lambda: py(*args),
            "jax.jit, donated loop": loop(xla_d, fresh()),
            "hlotk, donated loop": loop(ours_d, fresh())}
     res = {k: {"dispatch": [], "wall": []} for k in who}
@@ -199,9 +239,17 @@ def measure_adam(rounds: int) -> tuple[list[str], dict]:
             res[k]["wall"].append(wall_us(call, reps=20))
     row = {"err": err, **{k: {m: statistics.median(v) for m, v in d.items()}
                           for k, d in res.items()}}
+    # Copies XLA adds around the FFI call of the donated loop (none: the donated buffers are
+    # the results), against jax.jit's own donated program.
+    state = fresh()
+    texts = {"hlotk": ours_d._front_jit.lower(state[0], grads, *state[1:]).compile().as_text(),
+             "jax.jit": xla_d.lower(state[0], grads, *state[1:]).compile().as_text()}
+    row["copies"] = {k: sum(1 for ln in t.splitlines() if " copy(" in ln or "copy-start" in ln)
+                     for k, t in texts.items()}
     exe = executable_of(ours._cache[next(iter(ours._cache))])
     print("adam: " + ", ".join(f"{k} {v['dispatch']:.1f}/{v['wall']:.1f}" for k, v in row.items()
-                               if isinstance(v, dict)), flush=True)
+                               if isinstance(v, dict) and "dispatch" in v) + f"; {row['copies']}",
+          flush=True)
     return [f"### adam_step\n\n```\n{exe.report()}\n```\n"], row
 
 
@@ -240,9 +288,10 @@ def main() -> None:
     if not opts.no_adam:
         adam_reports, a = measure_adam(opts.rounds)
         reports += adam_reports
-        aw = [k for k, v in a.items() if isinstance(v, dict)]
+        aw = [k for k, v in a.items() if isinstance(v, dict) and k != "copies"]
         lines += ["", "Adam step (gpu_suite's adam_step: 97 arrays in, 73 out; µs per call; "
-                  f"max rel err hlotk vs jax.jit {a['err']:.1e}):", "",
+                  f"max rel err hlotk vs jax.jit {a['err']:.1e}; copy instructions in the "
+                  f"donated loop's compiled HLO: {a['copies']}):", "",
                   "| who | dispatch | wall | wall / jax.jit's |", "|---|---|---|---|"]
         for w in aw:
             ref = a["jax.jit, donated loop" if "donated" in w else "jax.jit"]["wall"]

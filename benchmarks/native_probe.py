@@ -7,14 +7,16 @@
 2. Per program (gpu_suite's, plus a 16-element add): which host path the executable takes
    and why; the captured graph (nodes by kind, patch sites); results against jax.jit on the
    first and third call.
-3. The driver's per-call costs through ctypes on a graph of many small kernels:
+3. The floor of a call through JAX's dispatch: ``jax.jit`` of one FFI call that launches
+   nothing, with n operands and n results, n and 1, 1 and n, and n donated into n (a loop
+   feeding results back): where JAX's per-buffer cost is, inputs or outputs.
+4. The driver's per-call costs through ctypes on a graph of many small kernels:
    cuGraphLaunch alone (addresses unchanged), and with every node re-pointed each call
    (two staging sets alternating): µs per launch and per patched node.
 """
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import sys
 import time
@@ -30,9 +32,13 @@ def environment(out: list[str]) -> None:
     import jax
     import torch
     from runtime.cuda import native
-    sig = inspect.signature(torch.cuda.CUDAGraph.__init__)
-    out.append(f"- torch {torch.__version__}; CUDAGraph{sig}; raw_cuda_graph: "
-               f"{hasattr(torch.cuda.CUDAGraph, 'raw_cuda_graph')}")
+    try:
+        torch.cuda.CUDAGraph(keep_graph=True)
+        keep = "yes"
+    except TypeError as e:
+        keep = f"no ({e})"
+    out.append(f"- torch {torch.__version__}; CUDAGraph(keep_graph=True): {keep}; "
+               f"raw_cuda_graph: {hasattr(torch.cuda.CUDAGraph, 'raw_cuda_graph')}")
     out.append(f"- jax {jax.__version__}, devices {jax.devices()}; include dir "
                f"{jax.ffi.include_dir()}; compiler {native.compiler()}")
     t0 = time.perf_counter()
@@ -73,6 +79,30 @@ def programs_part(out: list[str], names: set[str]) -> None:
         except Exception:  # noqa: BLE001
             out.append(f"| {name} | FAILED | | | {traceback.format_exc()[-1500:]} |")
         print(out[-1], flush=True)
+
+
+def floor_part(out: list[str], n: int = 100) -> None:
+    import jax
+    import jax.numpy as jnp
+    from benchmarks.host_overhead import dispatch_us, floor_function
+    t = jax.ShapeDtypeStruct((16,), jnp.float32)
+    xs = [jnp.ones(16) for _ in range(n)]
+    cases = {f"{n} in, {n} out": (floor_function([t] * n, [t] * n), xs),
+             f"{n} in, 1 out": (floor_function([t] * n, [t]), xs),
+             f"1 in, {n} out": (floor_function([t], [t] * n), xs[:1]),
+             "1 in, 1 out": (floor_function([t], [t]), xs[:1])}
+    donated = floor_function([t] * n, [t] * n, aliases={i: i for i in range(n)},
+                             donate=tuple(range(n)))
+    state = [jnp.ones(16) for _ in range(n)]
+
+    def loop():
+        state[:] = donated(*state)
+        return state[0]
+    res = {k: dispatch_us(lambda f=f, a=a: f(*a)) for k, (f, a) in cases.items()}
+    res[f"{n} donated into {n}"] = dispatch_us(loop)
+    out.append("\nfloor (jax.jit of an FFI call that launches nothing), µs per call: " +
+               ", ".join(f"{k}: {v:.1f}" for k, v in res.items()))
+    print(out[-1], flush=True)
 
 
 def driver_costs(out: list[str], n: int = 300, calls: int = 2000) -> None:
@@ -118,7 +148,7 @@ def main() -> None:
     opts = ap.parse_args()
     out = ["# native launcher probe\n"]
     names = set(filter(None, opts.programs.split(",")))
-    for part in (environment, lambda o: programs_part(o, names), driver_costs):
+    for part in (environment, floor_part, lambda o: programs_part(o, names), driver_costs):
         try:
             part(out)
         except Exception:  # noqa: BLE001

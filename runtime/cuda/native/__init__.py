@@ -38,7 +38,8 @@ from ..errors import NativeLauncherError
 
 SOURCE = Path(__file__).with_name("graph_launch.cc")
 TARGET = "hlotk_graph_launch"         # the FFI target on CUDA
-DRY_RUN_TARGET = "hlotk_graph_dry_run"  # the same mapping and patching, no CUDA (tests)
+# The same argument mapping and patching without launching (tests; the floor of an FFI call)
+DRY_RUN_TARGET = "hlotk_graph_dry_run"
 _COMPILERS = ("c++", "g++", "clang++")
 
 
@@ -119,8 +120,9 @@ def library() -> Any:
         import jax.ffi
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.hk_ffi_graph_launch),
                                     platform="CUDA")
-        jax.ffi.register_ffi_target(DRY_RUN_TARGET, jax.ffi.pycapsule(lib.hk_ffi_dry_run),
-                                    platform="cpu")
+        for platform in ("cpu", "CUDA"):
+            jax.ffi.register_ffi_target(DRY_RUN_TARGET, jax.ffi.pycapsule(lib.hk_ffi_dry_run),
+                                        platform=platform)
     except NativeLauncherError as e:
         _LIB_ERROR = str(e)
         raise

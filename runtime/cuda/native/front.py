@@ -55,15 +55,20 @@ def cuda_executable(compiled: Any) -> Any:
     return exe if isinstance(exe, CudaExecutable) else None
 
 
+# A call taking longer than this traced and compiled a new signature: not host time.
+_TRACING_S = 0.05
+
+
 def _guarded(fast: Callable, slow: Callable, timing: list, on_decline: Callable = lambda: None,
-             enabled: Callable[[], bool] = lambda: True) -> Callable:
+             graphs: Any = None) -> Callable:
     """``run(args, kwargs)``: the jitted ``fast`` call, or ``slow(args, kwargs)`` where it
     declines or JAX refuses the arguments; handler failures become NativeLauncherError.
-    ``timing`` accumulates [calls, host seconds] of the fast calls (exe.report())."""
+    ``timing`` accumulates [calls, host seconds] of the fast calls (exe.report()).
+    ``graphs``: the executable's GraphSettings; with graphs off, calls take ``slow``."""
     clock = time.perf_counter
 
     def run(args: tuple, kwargs: dict) -> Any:
-        if not enabled():
+        if graphs is not None and not graphs.enabled:
             return slow(args, kwargs)
         t0 = clock()
         try:
@@ -77,8 +82,10 @@ def _guarded(fast: Callable, slow: Callable, timing: list, on_decline: Callable 
             if _HANDLER_MARK in str(e):
                 raise NativeLauncherError(str(e).strip()) from e
             return slow(args, kwargs)
-        timing[0] += 1
-        timing[1] += clock() - t0
+        dt = clock() - t0
+        if dt < _TRACING_S:
+            timing[0] += 1
+            timing[1] += dt
         return out
     return run
 
@@ -101,8 +108,8 @@ def compiled_caller(compiled: Any) -> Any:
             raise Declined()
         return jax.tree_util.tree_unflatten(out_tree, graph.call(*leaves))
     fast = jax.jit(body, donate_argnums=getattr(lowered, "donate_dynamic", ()))
-    return _guarded(fast, compiled._call_checked, exe.native_timing,
-                    enabled=lambda: exe.graphs.enabled)
+    compiled._native_jit = fast          # the bare jax.jit function (benchmarks, HLO text)
+    return _guarded(fast, compiled._call_checked, exe.native_timing, graphs=exe.graphs)
 
 
 def jitted_front(jitted: Any) -> Any:
@@ -137,4 +144,5 @@ def jitted_front(jitted: Any) -> Any:
 
     def decline() -> None:
         jitted._front = False
+    jitted._front_jit = fast             # the bare jax.jit function (benchmarks, HLO text)
     return _guarded(fast, jitted._call_checked, timing, on_decline=decline)

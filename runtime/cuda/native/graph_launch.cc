@@ -183,6 +183,7 @@ struct NodeView {
   std::vector<size_t> offsets;      // kernel parameter offsets in blob
   std::string name;                 // kernel name where the driver gives one
   KernelNodeParams kernel{};
+  size_t extra_size = 0;            // > 0: parameters passed as one 'extra' buffer
 };
 
 template <typename T>
@@ -200,53 +201,86 @@ std::vector<CUgraphNode> Nodes(CUgraph graph) {
   return nodes;
 }
 
+// The parameter bytes of a kernel launched with a parameter list (Triton, torch): laid out
+// at the offsets cuFuncGetParamInfo gives.
+void ReadParamList(const KernelNodeParams& p, NodeView* v) {
+  std::vector<std::pair<size_t, size_t>> layout;  // (offset, size) per parameter
+  for (size_t i = 0;; ++i) {
+    size_t offset = 0, size = 0;
+    CUresult r;
+    if (p.func != nullptr) {
+      r = g_cu.FuncGetParamInfo(p.func, i, &offset, &size);
+    } else if (g_cu.KernelGetParamInfo != nullptr) {
+      r = g_cu.KernelGetParamInfo(p.kern, i, &offset, &size);
+    } else {
+      throw Failure("a kernel node without a CUfunction and no cuKernelGetParamInfo");
+    }
+    if (r == kInvalidValue && i > 0) break;  // past the last parameter
+    // A kernel whose parameters cannot be listed, or with none (no kernel of ours has
+    // none): its addresses would go unseen, so the executable is not patchable.
+    if (r != 0) throw Failure(Describe("cuFuncGetParamInfo", r) + " for parameter " +
+                              std::to_string(i) + " of kernel " + v->name);
+    layout.emplace_back(offset, size);
+    if (i > 4096) throw Failure("a kernel with more than 4096 parameters");
+  }
+  size_t total = 0;
+  for (auto& [offset, size] : layout) total = std::max(total, offset + size);
+  v->blob.assign((total + 7) / 8 * 8, 0);
+  for (size_t i = 0; i < layout.size(); ++i) {
+    std::memcpy(v->blob.data() + layout[i].first, p.kernel_params[i], layout[i].second);
+    v->offsets.push_back(layout[i].first);
+    Append(&v->key, static_cast<uint64_t>(layout[i].first));
+    Append(&v->key, static_cast<uint64_t>(layout[i].second));
+  }
+}
+
+// The parameter buffer of a kernel launched with `extra` options (cuBLAS): pairs of
+// CU_LAUNCH_PARAM_BUFFER_POINTER (1) / CU_LAUNCH_PARAM_BUFFER_SIZE (2), ended by 0.
+void ReadExtra(const KernelNodeParams& p, NodeView* v) {
+  const void* buffer = nullptr;
+  size_t size = 0;
+  bool sized = false;
+  for (int i = 0; p.extra[i] != nullptr; i += 2) {
+    uintptr_t option = reinterpret_cast<uintptr_t>(p.extra[i]);
+    if (i > 16) throw Failure("a kernel node with too many 'extra' launch options");
+    if (option == 1) {
+      buffer = p.extra[i + 1];
+    } else if (option == 2) {
+      size = *static_cast<const size_t*>(p.extra[i + 1]);
+      sized = true;
+    } else {
+      throw Failure("a kernel node with an unknown 'extra' launch option " + std::to_string(option));
+    }
+  }
+  if (buffer == nullptr || !sized) throw Failure("a kernel node's 'extra' has no parameter buffer");
+  v->extra_size = size;
+  v->blob.assign((size + 7) / 8 * 8, 0);
+  std::memcpy(v->blob.data(), buffer, size);
+  Append(&v->key, static_cast<uint64_t>(0xE7E7E7E7));  // "extra", then its size
+  Append(&v->key, static_cast<uint64_t>(size));
+}
+
 NodeView Read(CUgraphNode node) {
   NodeView v;
   HK_CHECK(g_cu.GraphNodeGetType(node, &v.type));
   if (v.type == kKernel) {
     KernelNodeParams p{};
     HK_CHECK(g_cu.GraphKernelNodeGetParams(node, &p));
-    if (p.kernel_params == nullptr) {
-      throw Failure("a kernel node passes its parameters through 'extra' (not patchable)");
-    }
     if (p.func != nullptr && g_cu.FuncGetName != nullptr) {
       const char* name = nullptr;
       if (g_cu.FuncGetName(&name, p.func) == 0 && name) v.name = name;
-    }
-    std::vector<std::pair<size_t, size_t>> layout;  // (offset, size) per parameter
-    for (size_t i = 0;; ++i) {
-      size_t offset = 0, size = 0;
-      CUresult r;
-      if (p.func != nullptr) {
-        r = g_cu.FuncGetParamInfo(p.func, i, &offset, &size);
-      } else if (g_cu.KernelGetParamInfo != nullptr) {
-        r = g_cu.KernelGetParamInfo(p.kern, i, &offset, &size);
-      } else {
-        throw Failure("a kernel node without a CUfunction and no cuKernelGetParamInfo");
-      }
-      if (r == kInvalidValue && i > 0) break;  // past the last parameter
-      // A kernel whose parameters cannot be listed, or with none (no kernel of ours has
-      // none): its addresses would go unseen, so the executable is not patchable.
-      if (r != 0) throw Failure(Describe("cuFuncGetParamInfo", r) + " for parameter " +
-                                std::to_string(i) + " of kernel " + v.name);
-      layout.emplace_back(offset, size);
-      if (i > 4096) throw Failure("a kernel with more than 4096 parameters");
-    }
-    size_t total = 0;
-    for (auto& [offset, size] : layout) total = std::max(total, offset + size);
-    v.blob.assign((total + 7) / 8 * 8, 0);
-    for (size_t i = 0; i < layout.size(); ++i) {
-      std::memcpy(v.blob.data() + layout[i].first, p.kernel_params[i], layout[i].second);
-      v.offsets.push_back(layout[i].first);
     }
     Append(&v.key, reinterpret_cast<uintptr_t>(p.func));
     Append(&v.key, reinterpret_cast<uintptr_t>(p.kern));
     for (unsigned g : p.grid) Append(&v.key, g);
     for (unsigned b : p.block) Append(&v.key, b);
     Append(&v.key, p.shared_mem_bytes);
-    for (auto& [offset, size] : layout) {
-      Append(&v.key, static_cast<uint64_t>(offset));
-      Append(&v.key, static_cast<uint64_t>(size));
+    if (p.kernel_params != nullptr) {
+      ReadParamList(p, &v);
+    } else if (p.extra != nullptr) {
+      ReadExtra(p, &v);
+    } else {
+      throw Failure("a kernel node with neither a parameter list nor 'extra'");
     }
     p.kernel_params = nullptr;  // owned by the node; the exec keeps its own copy
     p.extra = nullptr;
@@ -273,7 +307,9 @@ struct PatchNode {
   CUgraphNode node = nullptr;
   KernelNodeParams kernel{};
   std::vector<unsigned char> blob;
-  std::vector<void*> param_ptrs;
+  std::vector<void*> param_ptrs;    // parameter list: pointers into blob
+  size_t extra_size = 0;            // 'extra' launch: blob is the parameter buffer
+  void* extra[5] = {};
   std::vector<Site> sites;
   uint64_t dirty_epoch = 0;
 };
@@ -319,9 +355,19 @@ struct Exec {
         auto& list = nodes_of_buffer[s.buffer];
         if (list.empty() || list.back() != n) list.push_back(n);
       }
-      if (nodes[n].type == kKernel) {
+      PatchNode& pn = nodes[n];
+      if (pn.type == kKernel && pn.extra_size > 0) {
+        // One parameter buffer: this node's own copy, passed through 'extra'.
+        pn.extra[0] = reinterpret_cast<void*>(1);
+        pn.extra[1] = pn.blob.data();
+        pn.extra[2] = reinterpret_cast<void*>(2);
+        pn.extra[3] = &pn.extra_size;
+        pn.extra[4] = nullptr;
+        pn.kernel.kernel_params = nullptr;
+        pn.kernel.extra = pn.extra;
+      } else if (pn.type == kKernel) {
         // kernel_params point into this node's own copy of the parameter bytes.
-        nodes[n].kernel.kernel_params = nodes[n].param_ptrs.data();
+        pn.kernel.kernel_params = pn.param_ptrs.data();
       }
     }
     last.assign(n_buffers, 0);
@@ -585,6 +631,7 @@ HK_EXPORT int64_t hk_exec_create(uint64_t graph, int32_t device, int32_t n_buffe
       pn.blob = std::move(v.blob);
       if (pn.type == hk::kKernel) {
         pn.kernel = v.kernel;
+        pn.extra_size = v.extra_size;
         for (size_t off : v.offsets) pn.param_ptrs.push_back(pn.blob.data() + off);
       } else if (pn.type != hk::kMemcpy && pn.type != hk::kMemset) {
         throw hk::Failure("patch sites on a node that is not a kernel, memcpy or memset");
