@@ -314,30 +314,43 @@ def test_native_path_equals_jax_jit_and_the_python_path_bitwise(name):
 
 
 @gpu
-def test_donation_reuses_the_buffer_and_held_results_are_never_overwritten():
+def test_donation_reuses_the_buffers_and_held_results_are_never_overwritten():
     import runtime
     from runtime.cuda import executable_of
     dev = _jax_gpu()
-    update = lambda p, g: jax.tree.map(lambda a, b: a - 0.5 * b, p, g)  # noqa: E731
-    f = runtime.jit(update, backend="cuda", donate_argnums=(0,))
+
+    def step(p, m, g):      # momentum SGD: new p and new m from one multi-output fusion
+        m2 = jax.tree.map(lambda a, b: 0.9 * a + b, m, g)
+        return jax.tree.map(lambda a, b: a - 0.5 * b, p, m2), m2
+    f = runtime.jit(step, backend="cuda", donate_argnums=(0, 1))
     r = np.random.default_rng(0)
-    p = jax.device_put({"w": r.standard_normal((64, 32)).astype(np.float32),
-                        "b": r.standard_normal(32).astype(np.float32)}, dev)
-    g = jax.device_put({"w": np.ones((64, 32), np.float32), "b": np.ones(32, np.float32)}, dev)
-    want = jax.tree.map(lambda a, b: np.asarray(a) - 0.5 * np.asarray(b), p, g)
-    addr = p["w"].unsafe_buffer_pointer()
-    out = f(p, g)
-    assert p["w"].is_deleted() and out["w"].unsafe_buffer_pointer() == addr
+    shapes = {"w": (64, 32), "b": (32,)}
+    p = jax.device_put({k: r.standard_normal(s).astype(np.float32) for k, s in shapes.items()}, dev)
+    m = jax.device_put({k: r.standard_normal(s).astype(np.float32) for k, s in shapes.items()}, dev)
+    g = jax.device_put({k: np.ones(s, np.float32) for k, s in shapes.items()}, dev)
+    want = jax.jit(step)(p, m, g)
+    addrs = (p["w"].unsafe_buffer_pointer(), m["w"].unsafe_buffer_pointer())
+    out = f(p, m, g)
+    assert p["w"].is_deleted() and m["w"].is_deleted()
+    assert (out[0]["w"].unsafe_buffer_pointer(), out[1]["w"].unsafe_buffer_pointer()) == addrs
     _close(out, want, 1e-6)
-    keep = runtime.jit(update, backend="cuda")     # no donation: every result is kept
-    held = [out]
-    for k in range(3):            # later calls must not write over results still held
-        held.append(keep(held[-1], g))
-    for k, h in enumerate(held):
-        _close(h, jax.tree.map(lambda a, b: a - 0.5 * k * b, want, g), 1e-5)
+    state = out
+    for _ in range(3):                 # a training loop: results fed back, donated again
+        want = jax.jit(step)(*jax.tree.map(jnp.copy, state), g)
+        state = f(*state, g)
+        _close(state, want, 1e-5)
     exe = executable_of(f._cache[next(iter(f._cache))])
-    assert exe.native is not None, exe.native_reason
+    assert exe.native is not None and exe.native.aliases, exe.native_reason
     assert f._front, "runtime.jit's call is the jitted native front"
+    text = f._front_jit.lower(*state, g).compile().as_text()
+    assert " copy(" not in text, "XLA copied donated buffers around the FFI call"
+    keep = runtime.jit(step, backend="cuda")        # no donation: every result is kept
+    held, ref = [keep(*state, g)], [jax.jit(step)(*state, g)]
+    for _ in range(3):          # each call's inputs are the previous, still held, results
+        held.append(keep(*held[-1], g))
+        ref.append(jax.jit(step)(*ref[-1], g))
+    for h, w in zip(held, ref):  # checked after all calls: none was written over
+        _close(h, w, 1e-5)
 
 
 @gpu

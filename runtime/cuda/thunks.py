@@ -91,9 +91,10 @@ class KernelThunk(SlotThunk):
         # output's own index (buffer assignment let the fusion write over a dying operand):
         # a parallel kernel could overwrite an element another program has yet to read, so
         # these go to a private scratch buffer and are copied over after the launch.
+        single_pass = getattr(kernel, "template", None) == "loop"
         self.unsafe_outputs = [k for k, o in enumerate(outputs)
-                               if any(overlaps(o, i) and not reads_at_same_index(fusion, j, k)
-                                      for j, i in enumerate(inputs))]
+                               if any(overlaps(o, i) and not reads_at_same_index(
+                                   fusion, j, k, single_pass) for j, i in enumerate(inputs))]
         self._scratch: dict[int, Any] = {}
 
     def _outs(self, mem: Memory) -> tuple[list, list]:
