@@ -290,7 +290,8 @@ def _close(got, want, tol):
 
 @gpu
 @pytest.mark.parametrize("name", ["giou_boxes", "softmax_f32", "layer_norm_bf16",
-                                  "mlp_train_step", "transformer_block"])
+                                  "mlp_train_step", "transformer_block", "bf16_matmul_f32_acc",
+                                  "bf16_matmul_bf16_out"])
 def test_native_path_equals_jax_jit_and_the_python_path_bitwise(name):
     from runtime.cuda import executable_of
     from tests.zoo import by_name
@@ -351,6 +352,25 @@ def test_donation_reuses_the_buffers_and_held_results_are_never_overwritten():
         ref.append(jax.jit(step)(*ref[-1], g))
     for h, w in zip(held, ref):  # checked after all calls: none was written over
         _close(h, w, 1e-5)
+
+
+@gpu
+def test_results_written_by_copies_follow_the_output_addresses():
+    # The same value returned twice: the second result is a copy (a memcpy node in the
+    # graph), re-pointed every call while earlier results stay alive.
+    import runtime
+    from runtime.cuda import executable_of
+    dev = _jax_gpu()
+    fn = lambda x: (x * 3.0, x * 3.0 + 0.0, jnp.cumsum(x))  # noqa: E731
+    c = runtime.jit(fn, backend="cuda").lower(jax.ShapeDtypeStruct((4096,), jnp.float32)).compile()
+    xs = [jax.device_put(np.arange(4096, dtype=np.float32) * k, dev) for k in range(1, 6)]
+    held = [c(x) for x in xs]
+    exe = executable_of(c)
+    for x, h in zip(xs, held):
+        _close(h, jax.jit(fn)(x), 1e-5)
+    kinds = {n.kind for n in exe.native.nodes} if exe.native is not None else set()
+    assert exe.native is not None, exe.native_reason
+    print(exe.report(), kinds)
 
 
 @gpu
