@@ -38,13 +38,22 @@ def kernel(blob: bytes, key: bytes = b"k", name: str = "fusion_1") -> NodeInfo:
 
 # --- the capture diff ------------------------------------------------------------------------
 def test_diff_finds_each_address_word_with_its_offset_into_the_buffer():
-    a = [kernel(words(A[0], 16, A[1] + 128, FIXED)), NodeInfo("empty", b"", b""),
-         NodeInfo("memcpy", b"", words(0, 0, A[1] + 256, FIXED, 64))]
-    b = [kernel(words(B[0], 16, B[1] + 128, FIXED)), NodeInfo("empty", b"", b""),
-         NodeInfo("memcpy", b"", words(0, 0, B[1] + 256, FIXED, 64))]
+    copy = NodeInfo("memcpy", b"", words(0, 0, FIXED + 64, FIXED, 64))   # arena to arena
+    a = [kernel(words(A[0], 16, A[1] + 128, FIXED)), NodeInfo("empty", b"", b""), copy,
+         kernel(words(A[1] + 256), name="k2")]
+    b = [kernel(words(B[0], 16, B[1] + 128, FIXED)), NodeInfo("empty", b"", b""), copy,
+         kernel(words(B[1] + 256), name="k2")]
     sites = patch_sites(a, b, A, B, SIZES)
     # one past the end of buffer 1 (256 bytes) is still buffer 1: a loop's end pointer
-    assert sites == [PatchSite(0, 0, 0, 0), PatchSite(0, 16, 1, 128), PatchSite(2, 16, 1, 256)]
+    assert sites == [PatchSite(0, 0, 0, 0), PatchSite(0, 16, 1, 128), PatchSite(3, 0, 1, 256)]
+
+
+def test_a_copy_or_fill_touching_an_argument_or_result_is_not_patchable():
+    for kind in ("memcpy", "memset"):
+        a = [NodeInfo(kind, b"", words(0, A[0] + 8, 64))]
+        b = [NodeInfo(kind, b"", words(0, B[0] + 8, 64))]
+        with pytest.raises(NotPatchable, match=f"node 0 \\({kind}\\) reads or writes an argument"):
+            patch_sites(a, b, A, B, SIZES)
 
 
 def test_identical_captures_need_no_patching():
@@ -356,21 +365,21 @@ def test_donation_reuses_the_buffers_and_held_results_are_never_overwritten():
 
 @gpu
 def test_results_written_by_copies_follow_the_output_addresses():
-    # The same value returned twice: the second result is a copy (a memcpy node in the
-    # graph), re-pointed every call while earlier results stay alive.
+    # The same value returned twice: the second result is a copy, captured as a kernel (a
+    # memcpy node could not be re-pointed), re-pointed every call while earlier results
+    # stay alive.
     import runtime
     from runtime.cuda import executable_of
     dev = _jax_gpu()
-    fn = lambda x: (x * 3.0, x * 3.0 + 0.0, jnp.cumsum(x))  # noqa: E731
+    fn = lambda x: (x * 3.0, x * 3.0 + 0.0, x[::-1] - 1.0)  # noqa: E731
     c = runtime.jit(fn, backend="cuda").lower(jax.ShapeDtypeStruct((4096,), jnp.float32)).compile()
     xs = [jax.device_put(np.arange(4096, dtype=np.float32) * k, dev) for k in range(1, 6)]
     held = [c(x) for x in xs]
     exe = executable_of(c)
     for x, h in zip(xs, held):
         _close(h, jax.jit(fn)(x), 1e-5)
-    kinds = {n.kind for n in exe.native.nodes} if exe.native is not None else set()
     assert exe.native is not None, exe.native_reason
-    print(exe.report(), kinds)
+    assert {n.kind for n in exe.native.nodes} == {"kernel"}, exe.report()
 
 
 @gpu

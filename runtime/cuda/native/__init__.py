@@ -1,8 +1,8 @@
 """The native launcher: a compiled CUDA executable called at JAX's own dispatch speed.
 
-The Python path of the CUDA backend (``CudaExecutable.run``) costs ~200 µs of host time per
-call on the H200 host plus ~30 µs per argument or result (DLPack exports, PJRT imports,
-torch ops from Python: benchmarks/NOTES.md runs 13-15). Here the whole executable is ONE
+The Python path of the CUDA backend (``CudaExecutable.run``) costs ~90 µs of host time per
+call on the H200 host plus ~30-45 µs per argument or result (DLPack exports, PJRT imports,
+torch ops from Python: benchmarks/host_overhead.md). Here the whole executable is ONE
 CUDA graph, launched by an XLA FFI custom call (``graph_launch.cc``) inside a ``jax.jit``
 of a tiny wrapper, so that JAX's C++ dispatch flattens the pytrees, checks the arguments,
 allocates the results (fresh ``jax.Array``s, donation through ``input_output_aliases``)

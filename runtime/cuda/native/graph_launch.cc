@@ -5,6 +5,7 @@
 // writes those that changed since the last call into the graph's kernel parameters (and
 // memcpy/memset node parameters) at the places the capture diff found (patch.py), and
 // launches the graph. Nothing here allocates, synchronizes or calls back into Python.
+// Memcpy/memset nodes are read (so that the diff sees what they touch) but never patched.
 //
 // The CUDA driver API is resolved from libcuda.so.1 at run time (no CUDA headers or
 // libraries are needed to build this file); every call's status is checked and turned into
@@ -79,8 +80,6 @@ struct Driver {
   CUresult (*GraphExecDestroy)(CUgraphExec);
   CUresult (*GraphLaunch)(CUgraphExec, CUstream);
   CUresult (*GraphExecKernelNodeSetParams)(CUgraphExec, CUgraphNode, const KernelNodeParams*);
-  CUresult (*GraphExecMemcpyNodeSetParams)(CUgraphExec, CUgraphNode, const void*, CUcontext);
-  CUresult (*GraphExecMemsetNodeSetParams)(CUgraphExec, CUgraphNode, const void*, CUcontext);
   CUresult (*CtxGetCurrent)(CUcontext*);
   CUresult (*CtxPushCurrent)(CUcontext);
   CUresult (*CtxPopCurrent)(CUcontext*);
@@ -149,8 +148,6 @@ bool LoadDriver(std::string* error) {
       {"cuGraphExecDestroy", reinterpret_cast<void**>(&g_cu.GraphExecDestroy), true},
       {"cuGraphLaunch", reinterpret_cast<void**>(&g_cu.GraphLaunch), true},
       {"cuGraphExecKernelNodeSetParams_v2", reinterpret_cast<void**>(&g_cu.GraphExecKernelNodeSetParams), true},
-      {"cuGraphExecMemcpyNodeSetParams", reinterpret_cast<void**>(&g_cu.GraphExecMemcpyNodeSetParams), true},
-      {"cuGraphExecMemsetNodeSetParams", reinterpret_cast<void**>(&g_cu.GraphExecMemsetNodeSetParams), true},
       {"cuCtxGetCurrent", reinterpret_cast<void**>(&g_cu.CtxGetCurrent), true},
       {"cuCtxPushCurrent_v2", reinterpret_cast<void**>(&g_cu.CtxPushCurrent), true},
       {"cuCtxPopCurrent_v2", reinterpret_cast<void**>(&g_cu.CtxPopCurrent), true},
@@ -421,14 +418,7 @@ struct Exec {
         uint64_t v = last[s.buffer] + static_cast<uint64_t>(s.delta);
         std::memcpy(pn.blob.data() + s.offset, &v, 8);
       }
-      if (exec == nullptr) continue;
-      if (pn.type == kKernel) {
-        HK_CHECK(g_cu.GraphExecKernelNodeSetParams(exec, pn.node, &pn.kernel));
-      } else if (pn.type == kMemcpy) {
-        HK_CHECK(g_cu.GraphExecMemcpyNodeSetParams(exec, pn.node, pn.blob.data(), ctx));
-      } else if (pn.type == kMemset) {
-        HK_CHECK(g_cu.GraphExecMemsetNodeSetParams(exec, pn.node, pn.blob.data(), ctx));
-      }
+      if (exec != nullptr) HK_CHECK(g_cu.GraphExecKernelNodeSetParams(exec, pn.node, &pn.kernel));
     }
     stats.nodes_patched += dirty.size();
     auto t2 = std::chrono::steady_clock::now();
@@ -629,13 +619,12 @@ HK_EXPORT int64_t hk_exec_create(uint64_t graph, int32_t device, int32_t n_buffe
       if (pn.sites.empty()) continue;
       hk::NodeView v = hk::Read(nodes[n]);
       pn.blob = std::move(v.blob);
-      if (pn.type == hk::kKernel) {
-        pn.kernel = v.kernel;
-        pn.extra_size = v.extra_size;
-        for (size_t off : v.offsets) pn.param_ptrs.push_back(pn.blob.data() + off);
-      } else if (pn.type != hk::kMemcpy && pn.type != hk::kMemset) {
-        throw hk::Failure("patch sites on a node that is not a kernel, memcpy or memset");
-      }
+      // Only kernel nodes: the driver refuses to re-point memcpy nodes at XLA's buffers
+      // (cuGraphExecMemcpyNodeSetParams: CUDA_ERROR_INVALID_VALUE), see patch.py.
+      if (pn.type != hk::kKernel) throw hk::Failure("patch sites on a node that is not a kernel");
+      pn.kernel = v.kernel;
+      pn.extra_size = v.extra_size;
+      for (size_t off : v.offsets) pn.param_ptrs.push_back(pn.blob.data() + off);
     }
     e->Build(n_buffers, ret_buffer, n_rets, n_args);
     HK_CHECK(hk::g_cu.GraphInstantiateWithFlags(&e->exec, reinterpret_cast<hk::CUgraph>(graph), 0));

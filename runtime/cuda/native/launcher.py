@@ -130,8 +130,7 @@ class NativeGraph:
         # Warm-up, eagerly on torch's stream: Triton compiles (and tunes) on a first launch,
         # which must not happen inside a capture. Zeros are valid input to every kernel
         # (indices in range).
-        from ..thunks import RunContext
-        ctx = RunContext(exe._eval_context(), {})
+        ctx = self._context()
         mem_a = self._memory(staging_a)
         for t in self.thunks:
             t.run(mem_a, ctx)
@@ -176,15 +175,20 @@ class NativeGraph:
             raise NotPatchable(f"allocations {missing} are neither fixed nor arguments/results")
         return Memory(buffers, frozenset(exe.fixed), exe._view_cache)
 
+    def _context(self) -> Any:
+        from ..thunks import RunContext
+        ctx = RunContext(self.exe._eval_context(), {})
+        ctx.kernel_copies = True      # type: ignore[attr-defined]  (see thunks.copy_bytes)
+        return ctx
+
     def _capture(self, mem: Any) -> Any:
         import torch
-        from ..thunks import RunContext
         try:
             graph = torch.cuda.CUDAGraph(keep_graph=True)
         except TypeError:
             raise NotPatchable(f"torch {torch.__version__} cannot keep a captured graph "
                                "(CUDAGraph(keep_graph=True) needs torch >= 2.8)") from None
-        ctx = RunContext(self.exe._eval_context(), {})
+        ctx = self._context()
         current = torch.cuda.current_stream(self.exe.device)
         self.stream.wait_stream(current)
         with torch.cuda.stream(self.stream):
