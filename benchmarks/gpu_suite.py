@@ -97,6 +97,18 @@ def programs():
         loss, g = jax.value_and_grad(loss_fn)(p)
         return jax.tree.map(lambda w, gw: w - 0.01 * gw, p, g), loss
 
+    def adam_step(params, grads, m, v, step):
+        # One Adam update over a pytree (optax.adam's arithmetic, bias-corrected): the
+        # optimizer step every training loop calls, many arrays of mixed sizes.
+        b1, b2, lr, eps = 0.9, 0.999, 1e-3, 1e-8
+        step = step + 1
+        m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
+        v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, grads)
+        c1, c2 = 1 - b1 ** step, 1 - b2 ** step
+        params = jax.tree.map(lambda p, m, v: p - lr * (m / c1) / (jnp.sqrt(v / c2) + eps),
+                              params, m, v)
+        return params, m, v, step
+
     r = np.random.default_rng(0)
 
     def f32(*s, scale=1.0):
@@ -118,6 +130,13 @@ def programs():
     mparams = {"w1": f32(1024, 4096, scale=1024 ** -0.5), "b1": f32(4096, scale=0.1),
                "w2": f32(4096, 4096, scale=4096 ** -0.5), "b2": f32(4096, scale=0.1),
                "w3": f32(4096, 1000, scale=4096 ** -0.5), "b3": f32(1000, scale=0.1)}
+    adam_shapes = adam_param_shapes()
+    adam_params = {k: f32(*s, scale=0.02) for k, s in adam_shapes.items()}
+    adam_args = (adam_params, {k: f32(*s, scale=1e-3) for k, s in adam_shapes.items()},
+                 {k: f32(*s, scale=1e-4) for k, s in adam_shapes.items()},
+                 {k: np.abs(f32(*s, scale=1e-6)) for k, s in adam_shapes.items()},
+                 np.float32(10.0))
+    adam_elems = sum(int(np.prod(s)) for s in adam_shapes.values())
     mlp_flops = 3 * 2 * 2048 * (1024 * 4096 + 4096 * 4096 + 4096 * 1000)
     tf_flops = 8 * 1024 * (2 * D * D * 4 + 2 * 2 * D * 4 * D) * 2 + 8 * 16 * 2 * 2 * 1024 * 1024 * 64
     # (name, label, fn, args, min bytes, flops, flop kind, tolerance)
@@ -143,7 +162,21 @@ def programs():
         ("mlp_train", "MLP training step f32 1024-4096-4096-1000, batch 2048, SGD", mlp_train,
          (mparams, f32(2048, 1024), r.integers(0, 1000, (2048,)).astype(np.int32)),
          4 * 2 * sum(v.size for v in mparams.values()) + 2048 * 1024 * 4, mlp_flops, "tf32", 2e-2),
+        ("adam_step", f"Adam step f32, {len(adam_shapes)} params ({adam_elems / 1e6:.1f}M) + "
+         f"grads, m, v, step: {4 * len(adam_shapes) + 1} arrays in, "
+         f"{3 * len(adam_shapes) + 1} out", adam_step, adam_args, 7 * 4 * adam_elems, 0, "",
+         1e-5),
     ]
+
+
+def adam_param_shapes() -> dict:
+    """24 parameters of a small transformer-like model, 3 K to 2.4 M elements each."""
+    shapes = {}
+    for b in range(4):
+        shapes.update({f"b{b}.qkv": (1536, 1536), f"b{b}.qkv_bias": (3072,),
+                       f"b{b}.out": (1536, 768), f"b{b}.mlp": (768, 1536),
+                       f"b{b}.mlp_bias": (6144,), f"b{b}.ln": (3072,)})
+    return shapes
 
 
 # --- measuring ------------------------------------------------------------------------------
@@ -210,7 +243,10 @@ def xla_kernels(text: str) -> int:
 
 
 def device_ms(exe) -> float:
-    """Sum of the captured graphs' replay times (the last graph of each segment)."""
+    """The executable's device time: its native graph's replay (over staging buffers), or
+    the sum of the captured segments' replay times (the last graph of each segment)."""
+    if getattr(exe, "native", None) is not None:
+        return bench(exe.native.replay_on_staging(), rep=100)
     total, missing = 0.0, 0
     for seg in exe.graph_segments():
         if not seg.graphs:
@@ -274,6 +310,7 @@ def run_one(prog, ceil, autotune: bool) -> dict:
     exe.graphs.enabled = False
     row["nograph_ms"] = bench(lambda: jax.block_until_ready(hc(*dev_args)), rep=100)
     exe.graphs.enabled = True
+    row["host_path"] = "native" if exe.native is not None else f"python ({exe.native_reason})"
     row["kernels"] = exe.kernel_count()
     row["segments"] = len(exe.graph_segments())
     row["host_fallbacks"] = len(exe.host_fallbacks())
@@ -338,11 +375,11 @@ def main() -> None:
              "| program | ok (max rel err) | hlotk ms | XLA ms | ratio | cold wall hlotk / XLA "
              "(ratio) | device ms | no-graph ms | "
              "XLA ms (issue) | compile s hlotk (+first call) / XLA | kernels hlotk / XLA | "
-             "temp bytes hlotk / XLA | achieved |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "temp bytes hlotk / XLA | achieved | host path |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "failed" in r:
-            lines.append(f"| {r['label']} | FAILED: {r['failed']} |" + " |" * 11)
+            lines.append(f"| {r['label']} | FAILED: {r['failed']} |" + " |" * 12)
             continue
         k = r["kernels"]
         ks = "+".join(f"{v} {n}" for n, v in sorted(k.items()))
@@ -352,7 +389,8 @@ def main() -> None:
             f"{r['xla_wall']:.3f} ({r['hlotk_wall'] / r['xla_wall']:.2f}) | {r['device_ms']:.3f} | "
             f"{r['nograph_ms']:.3f} | {ISSUE_XLA_MS.get(r['name'], float('nan')):.3f} | "
             f"{r['hlotk_compile_s']:.1f} (+{r['hlotk_first_call_s']:.1f}) / {r['xla_compile_s']:.1f} | "
-            f"{ks} / {r['xla_kernels']} | {r['temp']} / {r['xla_temp']} | {r['achieved']} |")
+            f"{ks} / {r['xla_kernels']} | {r['temp']} / {r['xla_temp']} | {r['achieved']} | "
+            f"{r['host_path'][:90]} |")
     lines += ["", "Executable reports:", ""]
     for r in rows:
         if "report" in r:

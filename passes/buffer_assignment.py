@@ -25,8 +25,8 @@ from hlo.ir import Instruction, Module
 from hlo.shape import subshape
 
 from .base import PassError
-from .dataflow import BufferSet, Dataflow, Index, defines_value, in_place_operand_candidates, \
-    output_aliases
+from .dataflow import BufferSet, Dataflow, Index, donated_output_writer, \
+    in_place_operand_candidates, output_aliases
 from .heap_simulator import ALIGNMENT, HeapBuffer, HeapResult, align, lower_bound, simulate
 from .liveness import Interval, Liveness
 
@@ -288,9 +288,7 @@ def assign_buffers(module: Module, *, share_in_place: bool = True) -> BufferAssi
     # control edges so that it is written after every read of the parameter).
     aliased: dict[Index, int] = {}
     for ix, pnum in output_aliases(module).items():
-        from .dataflow import _leaf_value
-        v, vix = _leaf_value(entry.root, ix)
-        if vix or not defines_value(v) or v.opcode in ("parameter", "constant"):
+        if donated_output_writer(entry, ix) is None:
             continue
         out_set = flow.buffer_set(entry.root, ix)
         p_set = flow.buffer_set(entry.parameters[pnum], ())

@@ -278,12 +278,18 @@ def same_iteration_space(a: AnyShape, b: AnyShape) -> bool:
             and _layout_of(a) == _layout_of(b))
 
 
-def reads_at_same_index(fusion: Instruction, param: int, output: int) -> bool:
+def reads_at_same_index(fusion: Instruction, param: int, output: int,
+                        single_pass: bool = False) -> bool:
     """Whether fused parameter ``param`` reaches fused output ``output``, and no other
     output, only through elementwise ops (and as operand 0 of a dynamic-update-slice), with
     the same dims and layout as the output: then each output element is written by the
     program that read the same element of the parameter, after reading it, so the output may
-    be written over the parameter's buffer by a parallel kernel."""
+    be written over the parameter's buffer by a parallel kernel.
+
+    ``single_pass``: the kernel computes every output in the one pass that reads the
+    parameter (a loop kernel), so other outputs the parameter reaches elementwise do not
+    read it again after ``output`` was written: they may share its index too (an optimizer
+    step's moment feeds both the new moment and the new parameter)."""
     comp = fusion.attrs["calls"]
     root = comp.root
     outs = list(root.operands) if root.opcode == "tuple" else [root]
@@ -312,7 +318,7 @@ def reads_at_same_index(fusion: Instruction, param: int, output: int) -> bool:
             if id(u) not in seen:
                 seen.add(id(u))
                 stack.append(u)
-    return reached == {output}
+    return reached == {output} or (single_pass and output in reached)
 
 
 def can_share_operand_buffer(user: Instruction, operand_number: int, user_index: Index = ()) -> bool:
@@ -580,14 +586,28 @@ def _depends_on(a: Instruction, b: Instruction) -> bool:
     return False
 
 
+def donated_output_writer(entry: Computation, ix: Index) -> Optional[Instruction]:
+    """The instruction that writes entry output ``ix`` into its donated parameter's buffer:
+    the output's own defining instruction, or the multi-output fusion whose element it is
+    (an optimizer step updates parameter, moments... in one fusion). None where the output
+    cannot take the parameter's buffer (a view, a parameter, a constant, an element of
+    another tuple-producing op)."""
+    v, vix = _leaf_value(entry.root, ix)
+    if not defines_value(v) or v.opcode in ("parameter", "constant"):
+        return None
+    if vix and (v.opcode != "fusion" or len(vix) != 1):
+        return None
+    return v
+
+
 def _copy_entry_root(entry: Computation, aliased: dict[Index, int]) -> bool:
     """Entry outputs own their buffers: no parameter, constant or repeated value, except
     for outputs aliased with a donated parameter, which are written last into it."""
     changed = _copy_root_leaves(entry, lambda v, ix: False)
     for ix, pnum in aliased.items():
         param = entry.parameters[pnum]
-        v, vix = _leaf_value(entry.root, ix)
-        if vix or not defines_value(v) or v.opcode in ("parameter", "constant"):
+        v = donated_output_writer(entry, ix)
+        if v is None:
             continue
         for r in _readers(entry, (param, ())):
             if r is not v and r not in v.control_predecessors and not _depends_on(r, v):

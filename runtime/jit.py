@@ -118,6 +118,9 @@ class Compiled:
         self.executable = executable
         self.in_tree = lowered.in_tree
         self.out_tree = lowered.out_tree
+        # cuda: the call through the executable's native graph (runtime/cuda/native), made
+        # on the first call; False where there is none.
+        self._native: Any = None
 
     @property
     def module(self) -> hlo.Module:
@@ -188,6 +191,20 @@ class Compiled:
         return [b.to_numpy() for b in self.executable.execute(buffers)]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        native = self._native
+        if native is None:
+            native = self._native = self._native_caller()
+        if native:
+            return native(args, kwargs)
+        return self._call_checked(args, kwargs)
+
+    def _native_caller(self) -> Any:
+        if self.lowered.backend != "cuda":
+            return False
+        from .cuda.native.front import compiled_caller, disabled
+        return False if disabled() else compiled_caller(self)
+
+    def _call_checked(self, args: tuple, kwargs: dict) -> Any:
         import jax
         outs = self.call_flat(self._flat_inputs(args, kwargs))
         if len(outs) != self.out_tree.num_leaves:
@@ -295,6 +312,9 @@ class Jitted:
         self._cache: dict[_Signature, Compiled] = {}
         self._hits = 0
         self._misses = 0
+        # cuda: one jax.jit whose trace compiles with hlotk and emits the native graph's FFI
+        # call (runtime/cuda/native/front.py), made on the first call; False: none.
+        self._front: Any = None
         try:
             params = inspect.signature(fn).parameters.values()
             self._arg_names = [p.name for p in params
@@ -358,6 +378,9 @@ class Jitted:
                           pipeline=self.pipeline, arg_names=self._arg_names,
                           static_argnums=self.static_argnums, num_dynamic_args=num_dynamic)
         lowered.donated_leaves = self._donated_leaves(sig)
+        positions = [i for i in range(num_dynamic + len(sig.static)) if i not in self.static_argnums]
+        lowered.donate_dynamic = tuple(k for k, i in enumerate(positions)
+                                       if i in self.donate_argnums)
         lowered.poison = self.poison
         lowered.target = self.target
         return lowered
@@ -382,15 +405,32 @@ class Jitted:
         return self._lower(sig, len(dynamic))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        front = self._front
+        if front is None:
+            front = self._front = self._native_front()
+        if front:
+            return front(args, kwargs)
+        return self._call_checked(args, kwargs)
+
+    def _native_front(self) -> Any:
+        if self.backend != "cuda":
+            return False
+        from .cuda.native.front import jitted_front
+        return jitted_front(self)
+
+    def _call_checked(self, args: tuple, kwargs: dict) -> Any:
         sig, dynamic = self._signature(args, kwargs)
+        return self._compiled_for(sig, len(dynamic))(*dynamic, **kwargs)
+
+    def _compiled_for(self, sig: _Signature, num_dynamic: int) -> Compiled:
         compiled = self._cache.get(sig)
         if compiled is None:
             self._misses += 1
-            compiled = self._lower(sig, len(dynamic)).compile()
+            compiled = self._lower(sig, num_dynamic).compile()
             self._cache[sig] = compiled
         else:
             self._hits += 1
-        return compiled(*dynamic, **kwargs)
+        return compiled
 
     def cache_info(self) -> CacheInfo:
         """Hits and misses of the compile cache (a miss is one lower + compile)."""
@@ -398,6 +438,7 @@ class Jitted:
 
     def clear_cache(self) -> None:
         self._cache.clear()
+        self._front = None      # jax.jit's own cache holds the native calls of the old ones
 
     def __repr__(self) -> str:
         return f"Jitted({self.__name__}, backend={self.backend!r})"

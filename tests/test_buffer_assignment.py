@@ -394,3 +394,22 @@ def test_dump_report_has_the_buffer_assignment_section(tmp_path):
     page = (tmp_path / "index.html").read_text()
     assert "<h2>Buffer assignment</h2>" in page and "preallocated-temp" in page
     assert (tmp_path / "memory_timeline.svg").read_text().startswith("<svg")
+
+
+def test_donated_parameters_alias_the_elements_of_a_multi_output_fusion():
+    # An optimizer step: new parameter and new moment come out of one multi-output fusion;
+    # both donated inputs take their outputs' buffers (no fresh output allocation).
+    def step(p, m, g):
+        m2 = 0.9 * m + g
+        return p - 0.1 * m2, m2
+    p, m, g = (np.full((4, 8), v, np.float32) for v in (1.0, 2.0, 3.0))
+    compiled = runtime.jit(step, donate_argnums=(0, 1)).lower(p, m, g).compile()
+    root = compiled.module.entry.root
+    fused = {o.operands[0].name for o in root.operands if o.opcode == "get-tuple-element"}
+    assert fused, "expected a multi-output fusion at the root"
+    assignment = compiled.buffer_assignment()
+    assert assignment.aliased_outputs == {(0,): 0, (1,): 1}
+    assert compiled.memory_analysis().alias_size_in_bytes == 2 * 4 * 8 * 4
+    got = compiled(p, m, g)
+    np.testing.assert_allclose(got[1], 0.9 * 2 + 3, rtol=1e-6)
+    np.testing.assert_allclose(got[0], 1 - 0.1 * (0.9 * 2 + 3), rtol=1e-6)

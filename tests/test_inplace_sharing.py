@@ -436,3 +436,31 @@ def test_cuda_runtime_uses_the_analysis_rule():
     pytest.importorskip("torch")
     from runtime.cuda import thunks
     assert thunks.reads_at_same_index is reads_at_same_index
+
+
+def test_a_parameter_feeding_two_outputs_shares_only_in_a_single_pass_kernel():
+    # Adam's moment: m feeds the new moment and, through it, the new parameter. A kernel
+    # that computes both outputs in the pass that reads m (a loop kernel) may write the new
+    # moment over m; one that might re-read m for the second output may not.
+    m = hlo.parse_hlo("""HloModule adam_like
+%fc (p: f32[8], m: f32[8], g: f32[8]) -> (f32[8], f32[8]) {
+  %p = f32[8] parameter(0)
+  %m = f32[8] parameter(1)
+  %g = f32[8] parameter(2)
+  %m2 = f32[8] add(%m, %g)
+  %p2 = f32[8] subtract(%p, %m2)
+  ROOT %t = (f32[8], f32[8]) tuple(%p2, %m2)
+}
+ENTRY %main (x: f32[8], y: f32[8], z: f32[8]) -> (f32[8], f32[8]) {
+  %x = f32[8] parameter(0)
+  %y = f32[8] parameter(1)
+  %z = f32[8] parameter(2)
+  ROOT %f = (f32[8], f32[8]) fusion(%x, %y, %z), kind=kLoop, calls=%fc
+}
+""")
+    f = m.entry.get("f")
+    assert reads_at_same_index(f, 0, 0)                  # p reaches p2 only
+    assert not reads_at_same_index(f, 1, 1)              # m reaches m2 and p2
+    assert reads_at_same_index(f, 1, 1, single_pass=True)
+    assert reads_at_same_index(f, 1, 0, single_pass=True)   # p2 reads m at its own index too
+    assert not reads_at_same_index(f, 2, 0)              # g also reaches both outputs

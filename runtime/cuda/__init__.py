@@ -8,6 +8,8 @@ Triton runs the generated kernels (``codegen.triton``). Modules:
 - ``thunks``: kernel launches, library calls, copies, host-driven control flow, host
   fallbacks;
 - ``graphs``: straight-line thunk runs captured as CUDA graphs and replayed;
+- ``native``: the whole executable as one CUDA graph launched from an XLA FFI custom call
+  inside ``jax.jit`` (JAX's C++ dispatch; addresses patched per call by a small C++ file);
 - ``backend``: ``CudaExecutable`` (build + run + reports) and ``CudaBackend``
   (``runtime.client.BACKENDS["cuda"]``).
 
@@ -16,7 +18,7 @@ Importing this package needs neither torch nor a GPU; building an executable doe
 from __future__ import annotations
 
 from .errors import (CudaBackendError, DeviceMemoryError, KernelCompileError,  # noqa: F401
-                     NoCudaDeviceError)
+                     NativeLauncherError, NoCudaDeviceError)
 
 
 def __getattr__(name: str):

@@ -19,6 +19,14 @@ Options (keyword arguments, or environment for ``runtime.jit``): ``cuda_graphs``
 (``HLOTK_CUDA_GRAPHS``, default on), ``autotune`` (``HLOTK_AUTOTUNE``, default off: Triton
 configs from the heuristics; on: tuned on first launch, persisted), ``poison``
 (``HLOTK_POISON_ARENA``: 0xFF bytes in the arena and outputs before every run).
+
+Two host paths (``report()`` says which one an executable takes, and why):
+- native (``runtime/cuda/native``): the whole executable is one CUDA graph launched by an XLA
+  FFI custom call inside ``jax.jit``; ``runtime.jit`` and ``Compiled`` calls use it where
+  every thunk can be captured (``HLOTK_NATIVE=0`` turns it off);
+- Python (``run``): memory binding, thunks (straight-line runs replayed as CUDA graphs),
+  results handed to JAX through DLPack. Host-driven loops and branches, host fallbacks,
+  torch/numpy outputs and ``poison`` take it.
 """
 from __future__ import annotations
 
@@ -178,6 +186,14 @@ class CudaExecutable:
         self._outputs = ar.OutputPool({al.index: al.size for al in a.allocations
                                        if al.kind == "output"}, self.device) \
             if self.graphs.enabled else None
+        # The native path (native_graph()): built on first use; why not, where not.
+        self.native: Optional[Any] = None
+        self.native_reason = "not tried (the first runtime.jit / Compiled call decides)"
+        self._native_tried = False
+        self.native_timing = [0, 0.0]      # [calls, host seconds] of native calls
+        # Host time of the Python path's steps: calls, then seconds per step.
+        self.host_time = {"calls": 0, "memory": 0.0, "thunks": 0.0, "results": 0.0,
+                          "keep-alive": 0.0}
 
     @classmethod
     def build(cls, module: Module, **options: Any) -> "CudaExecutable":
@@ -421,14 +437,46 @@ class CudaExecutable:
                                        f"arguments, got {len(args)}")
         if output not in ("jax", "torch", "numpy"):
             raise InvalidArgumentError(f"output must be 'jax', 'torch' or 'numpy', got {output!r}")
+        if self.native is not None:       # the native path's launches share the arena
+            __import__("torch").cuda.synchronize(self.device)
+        clock = time.perf_counter
+        t0 = clock()
         mem = self.memory(list(args))
         ctx = RunContext(self._eval_context(), self.stats)
         ctx.graphs = self.graphs          # type: ignore[attr-defined]
         self.stats["runs"] = self.stats.get("runs", 0) + 1
+        t1 = clock()
         self.sequence.run(mem, ctx)
+        t2 = clock()
         results, event = ar.output_values(mem, self.output_slots, output, self.device)
+        t3 = clock()
         self._keep_alive(mem, event)
+        t4 = clock()
+        h = self.host_time
+        h["calls"] += 1
+        h["memory"] += t1 - t0
+        h["thunks"] += t2 - t1
+        h["results"] += t3 - t2
+        h["keep-alive"] += t4 - t3
+        if self.native is not None:
+            __import__("torch").cuda.synchronize(self.device)
         return results
+
+    def native_graph(self) -> Optional[Any]:
+        """The executable as one patched CUDA graph (runtime/cuda/native), built on the first
+        call; None where it keeps the Python path (``native_reason`` says why)."""
+        if self._native_tried:
+            return self.native
+        self._native_tried = True
+        from .native import front, launcher
+        reason = front.disabled() or launcher.eligibility(self) or front.jax_sees(self.device)
+        if reason is None:
+            try:
+                self.native = launcher.NativeGraph(self)
+            except Exception as e:  # noqa: BLE001  (never worse than the Python path)
+                reason = f"{type(e).__name__}: {e}"
+        self.native_reason = reason or "native"
+        return self.native
 
     def _eval_context(self) -> EvalContext:
         """The interpreter context of host fallbacks: this GPU's partition of the run."""
@@ -530,7 +578,31 @@ class CudaExecutable:
                          f"{ar.DLPACK_FALLBACK['fast']})")
         for f in self.graphs.failures:
             lines.append(f"graph capture failed: {f}")
+        lines += self.host_report()
         return "\n".join(lines)
+
+    def host_report(self) -> list[str]:
+        """Which host path calls take, and the mean host time per call of its steps."""
+        lines = []
+        if self.native is not None:
+            s = self.native.stats()
+            calls, seconds = self.native_timing
+            handler = s["gather_us"] + s["patch_us"] + s["launch_us"]
+            lines.append(f"host path: native: {self.native.describe()}")
+            if calls:
+                total = seconds / calls * 1e6
+                lines.append(
+                    f"host us per call ({calls} calls): {total:.1f} in all = jax.jit dispatch "
+                    f"+ XLA {total - handler:.1f}, FFI handler {handler:.1f} (gather addresses "
+                    f"{s['gather_us']:.2f}, patch {s['nodes_patched'] / max(s['calls'], 1):.1f} "
+                    f"nodes {s['patch_us']:.2f}, cuGraphLaunch {s['launch_us']:.2f})")
+        else:
+            lines.append(f"host path: python ({self.native_reason})")
+        h = self.host_time
+        if h["calls"]:
+            steps = ", ".join(f"{k} {v / h['calls'] * 1e6:.1f}" for k, v in h.items() if k != "calls")
+            lines.append(f"python path host us per call ({h['calls']} calls): {steps}")
+        return lines
 
 
 def _f32_dot(fusion: Instruction) -> bool:

@@ -18,3 +18,8 @@ class DeviceMemoryError(CudaBackendError):
 
 class KernelCompileError(CudaBackendError):
     """Triton could not compile (or launch) the kernel generated for a fusion."""
+
+
+class NativeLauncherError(CudaBackendError):
+    """The native launcher (runtime/cuda/native) could not be built or loaded, or a launch
+    through it failed; the message names the compiler, the driver call or the argument."""

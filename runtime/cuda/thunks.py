@@ -91,9 +91,10 @@ class KernelThunk(SlotThunk):
         # output's own index (buffer assignment let the fusion write over a dying operand):
         # a parallel kernel could overwrite an element another program has yet to read, so
         # these go to a private scratch buffer and are copied over after the launch.
+        single_pass = getattr(kernel, "template", None) == "loop"
         self.unsafe_outputs = [k for k, o in enumerate(outputs)
-                               if any(overlaps(o, i) and not reads_at_same_index(fusion, j, k)
-                                      for j, i in enumerate(inputs))]
+                               if any(overlaps(o, i) and not reads_at_same_index(
+                                   fusion, j, k, single_pass) for j, i in enumerate(inputs))]
         self._scratch: dict[int, Any] = {}
 
     def _outs(self, mem: Memory) -> tuple[list, list]:
@@ -181,7 +182,9 @@ class CopyThunk(SlotThunk):
     def run(self, mem: Memory, ctx: RunContext) -> None:
         for src, dst in zip(self.inputs, self.outputs):
             same = (src.allocation, src.offset) == (dst.allocation, dst.offset)
-            if same and src.shape.layout == dst.shape.layout:
+            if src.shape.layout == dst.shape.layout:
+                if not same:
+                    copy_bytes(mem.raw(dst), mem.raw(src), ctx)
                 continue
             v = mem.view(src)
             if overlaps(src, dst):      # a transpose in place: read everything first
@@ -197,7 +200,24 @@ class BytesCopyThunk(SlotThunk):
         src, dst = self.inputs[0], self.outputs[0]
         n = min(src.nbytes, dst.nbytes)
         if n:
-            mem.raw(dst)[:n].copy_(mem.raw(src)[:n])
+            copy_bytes(mem.raw(dst)[:n], mem.raw(src)[:n], ctx)
+
+
+def copy_bytes(dst: Any, src: Any, ctx: RunContext) -> None:
+    """``dst[:] = src`` for flat uint8 tensors: ``copy_`` (cudaMemcpy), or, where the run is
+    captured for the native launcher (``ctx.kernel_copies``), an elementwise kernel: the
+    driver refuses to re-point a captured memcpy node at XLA's memory, a kernel's
+    parameters it re-points (runtime/cuda/native)."""
+    if not getattr(ctx, "kernel_copies", False):
+        dst.copy_(src)
+        return
+    import torch
+    n = src.numel()
+    for dtype, width in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        if n % width == 0 and src.data_ptr() % width == 0 and dst.data_ptr() % width == 0:
+            src, dst = src.view(dtype), dst.view(dtype)
+            break
+    torch.bitwise_or(src, 0, out=dst)
 
 
 class HostThunk(Thunk):

@@ -1,0 +1,296 @@
+"""A CudaExecutable as one patchable CUDA graph, called through ``jax.ffi.ffi_call``.
+
+    reason = eligibility(exe)          # None, or why the executable keeps the Python path
+    graph = NativeGraph(exe)           # warm up, capture twice, diff, instantiate
+    outs = graph.call(*leaves)         # inside jax.jit: one FFI custom call
+
+Buffers, as the handler numbers them: the entry parameters in order (one allocation each),
+then each result that is not an alias of a donated parameter, in result order. The arena,
+the constants and the split-GEMM scratch buffers stay at the addresses they were captured
+with: the graph owns them, and launches of one graph are ordered (CUDA orders each launch
+of a graph exec behind the previous ones), so one arena serves every call.
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Any, Optional
+
+from hlo.layout_util import is_default
+from passes.dataflow import array_leaves
+
+from . import DRY_RUN_TARGET, TARGET, _ERRBUF, check, driver_library, int_array
+from .patch import NotPatchable, PatchSite, parse_nodes, patch_sites
+
+
+def eligibility(exe: Any) -> Optional[str]:
+    """Why ``exe`` cannot run as one patched graph (None: it can)."""
+    if not exe.on_gpu:
+        return "not on a GPU"
+    if exe.poison:
+        return "poison mode fills the arena before every run"
+    if not exe.graphs.enabled:
+        return "CUDA graphs are off"
+    return program_reason(exe)
+
+
+def program_reason(exe: Any) -> Optional[str]:
+    """What in the program itself keeps it off the native path (None: nothing): thunks
+    that cannot be captured, arguments or results that are not plain arrays."""
+    from ..graphs import GraphSegment
+    from ..thunks import SequenceThunk
+    if exe.comm is not None:
+        return "one GPU of a partitioned program (collectives through torch.distributed)"
+    thunks = flat_thunks(exe)
+    if not thunks:
+        return "no device work to capture"
+    blocking = [t for t in exe.sequence.walk()
+                if not isinstance(t, (GraphSegment, SequenceThunk)) and not t.capturable]
+    if blocking:
+        return "host control flow or host fallbacks: " + "; ".join(
+            f"{t.kind} {t.label()}" for t in blocking[:4]) + (" ..." if len(blocking) > 4 else "")
+    try:
+        io_plan(exe)
+    except NotPatchable as e:
+        return str(e)
+    return None
+
+
+def flat_thunks(exe: Any) -> list[Any]:
+    """The entry sequence's thunks in order, graph segments opened."""
+    from ..graphs import GraphSegment
+    out: list[Any] = []
+    for t in exe.sequence.thunks:
+        out.extend(t.thunks if isinstance(t, GraphSegment) else [t])
+    return out
+
+
+def io_plan(exe: Any) -> tuple[list[int], list[int], dict[int, int]]:
+    """(allocation of each buffer, result j -> buffer or -1, parameter -> result aliases),
+    or NotPatchable when an argument or result is not a plain dense row-major array with
+    an allocation of its own."""
+    a = exe.assignment
+    entry = exe.module.entry
+    buffers: list[int] = []
+    for p, param in enumerate(entry.parameters):
+        leaves = list(array_leaves(param.shape))
+        if param.shape.is_tuple or len(leaves) != 1:
+            raise NotPatchable(f"parameter {p} is a tuple")
+        _plain(leaves[0][1], f"parameter {p}")
+        slot = exe.table[param.uid][()]
+        if a.allocations[slot.allocation].kind != "parameter" or slot.offset:
+            raise NotPatchable(f"parameter {p} does not own its allocation")
+        buffers.append(slot.allocation)
+    ret_buffer: list[int] = []
+    aliases: dict[int, int] = {}
+    seen: set[int] = set()
+    for j, (ix, shape) in enumerate(array_leaves(entry.root.shape)):
+        _plain(shape, f"result {j}")
+        slot = exe.output_slots[j]
+        alloc = a.allocations[slot.allocation]
+        if slot.offset or slot.allocation in seen:
+            raise NotPatchable(f"result {j} shares an allocation with another result")
+        seen.add(slot.allocation)
+        if alloc.kind == "parameter" and a.aliased_outputs.get(ix) == alloc.parameter:
+            aliases[alloc.parameter] = j           # donated: the parameter's buffer
+            ret_buffer.append(-1)
+        elif alloc.kind == "output":
+            ret_buffer.append(len(buffers))
+            buffers.append(slot.allocation)
+        else:
+            raise NotPatchable(f"result {j} lives in a {alloc.kind} allocation")
+    return buffers, ret_buffer, aliases
+
+
+def _plain(shape: Any, what: str) -> None:
+    if not shape.is_array:
+        raise NotPatchable(f"{what} is not an array")
+    if shape.byte_size == 0:
+        raise NotPatchable(f"{what} has no elements (XLA may pass no address for it)")
+    if not is_default(shape.layout):
+        raise NotPatchable(f"{what} has a non-default layout {shape.layout}")
+
+
+class NativeGraph:
+    """One executable, captured once (twice, to find its address words), launched per call
+    by the FFI handler with XLA's buffers patched in."""
+
+    def __init__(self, exe: Any):
+        import torch
+        self.lib = driver_library()
+        self.exe = exe
+        self.id = 0
+        t0 = time.perf_counter()
+        self.buffers, self.ret_buffer, self.aliases = io_plan(exe)
+        self.sizes = [exe.assignment.allocations[k].size for k in self.buffers]
+        self.num_args = len(exe.module.entry.parameters)
+        self.thunks = flat_thunks(exe)
+        device = exe.device
+        staging_a, staging_b = self.staging(), self.staging()
+        # Warm-up, eagerly on torch's stream: Triton compiles (and tunes) on a first launch,
+        # which must not happen inside a capture. Zeros are valid input to every kernel
+        # (indices in range).
+        ctx = self._context()
+        mem_a = self._memory(staging_a)
+        for t in self.thunks:
+            t.run(mem_a, ctx)
+        torch.cuda.synchronize(device)
+        fell_back = [t for t in self.thunks if not t.capturable]
+        if fell_back:
+            raise NotPatchable("kernels fell back to the host on their first launch: " +
+                               "; ".join(t.label() for t in fell_back[:4]))
+        self.stream = torch.cuda.Stream(device)
+        self.pool = torch.cuda.graph_pool_handle()
+        # Capture A is kept and instantiated; capture B, into the same pool (so that what
+        # the thunks allocate during capture lands where it did in A), only for the diff.
+        self._graph = self._capture(mem_a)
+        graph_b = self._capture(self._memory(staging_b))
+        self.nodes = self._describe(self._graph.raw_cuda_graph())
+        nodes_b = self._describe(graph_b.raw_cuda_graph())
+        self.sites: list[PatchSite] = patch_sites(
+            self.nodes, nodes_b, [t.data_ptr() for t in staging_a],
+            [t.data_ptr() for t in staging_b], self.sizes)
+        del graph_b
+        self.id = self._create(self._graph.raw_cuda_graph(), device.index or 0)
+        torch.cuda.synchronize(device)
+        self.build_seconds = time.perf_counter() - t0
+        self._calls_at_reset = [0] * 6
+
+    # --- building ------------------------------------------------------------------------
+    def staging(self) -> list[Any]:
+        import torch
+        return [torch.zeros(max(n, 1), dtype=torch.uint8, device=self.exe.device)
+                for n in self.sizes]
+
+    def _memory(self, staging: list[Any]) -> Any:
+        from ..arena import Memory
+        exe = self.exe
+        buffers: list[Any] = [None] * (len(exe.assignment.allocations) + len(exe.scratch_sizes))
+        for k, t in exe.fixed.items():
+            buffers[k] = t
+        for alloc, t in zip(self.buffers, staging):
+            buffers[alloc] = t
+        missing = [k for k, b in enumerate(buffers) if b is None]
+        if missing:
+            raise NotPatchable(f"allocations {missing} are neither fixed nor arguments/results")
+        return Memory(buffers, frozenset(exe.fixed), exe._view_cache)
+
+    def _context(self) -> Any:
+        from ..thunks import RunContext
+        ctx = RunContext(self.exe._eval_context(), {})
+        ctx.kernel_copies = True      # type: ignore[attr-defined]  (see thunks.copy_bytes)
+        return ctx
+
+    def _capture(self, mem: Any) -> Any:
+        import torch
+        try:
+            graph = torch.cuda.CUDAGraph(keep_graph=True)
+        except TypeError:
+            raise NotPatchable(f"torch {torch.__version__} cannot keep a captured graph "
+                               "(CUDAGraph(keep_graph=True) needs torch >= 2.8)") from None
+        ctx = self._context()
+        current = torch.cuda.current_stream(self.exe.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            try:
+                for t in self.thunks:
+                    t.run(mem, ctx)       # recorded, not run
+            finally:
+                graph.capture_end()
+        current.wait_stream(self.stream)
+        return graph
+
+    def _describe(self, graph: int) -> list:
+        err = ctypes.create_string_buffer(_ERRBUF)
+        size = ctypes.c_uint64(0)
+        status = self.lib.hk_graph_describe(graph, None, ctypes.byref(size), err, _ERRBUF)
+        check(status, err, "reading the captured graph")
+        buf = ctypes.create_string_buffer(max(size.value, 1))
+        status = self.lib.hk_graph_describe(graph, buf, ctypes.byref(size), err, _ERRBUF)
+        check(status, err, "reading the captured graph")
+        return parse_nodes(buf.raw[:size.value])
+
+    def _create(self, graph: int, device: int) -> int:
+        err = ctypes.create_string_buffer(_ERRBUF)
+        s = self.sites
+        c = ctypes
+        exe_id = self.lib.hk_exec_create(
+            graph, device, len(self.buffers), self.num_args, len(self.ret_buffer),
+            int_array(self.ret_buffer, c.c_int32), len(s),
+            int_array((x.node for x in s), c.c_int32), int_array((x.offset for x in s), c.c_int64),
+            int_array((x.buffer for x in s), c.c_int32), int_array((x.delta for x in s), c.c_int64),
+            err, _ERRBUF)
+        check(exe_id, err, "instantiating the captured graph")
+        return exe_id
+
+    def __del__(self) -> None:
+        if getattr(self, "id", 0) > 0:
+            self.lib.hk_exec_destroy(self.id)   # waits for queued launches first
+            self.id = 0
+
+    # --- calling ---------------------------------------------------------------------------
+    def call(self, *leaves: Any) -> list[Any]:
+        """Inside a jax trace: the FFI custom call running the graph on ``leaves`` (one per
+        entry parameter); returns one traced array per result leaf."""
+        return ffi_call(self.id, self.exe.module, self.aliases)(*leaves)
+
+    def launch(self, addresses: list[int], stream: int) -> None:
+        """Patch to ``addresses`` (one per buffer) and launch on ``stream`` (a raw handle)."""
+        err = ctypes.create_string_buffer(_ERRBUF)
+        status = self.lib.hk_exec_launch(self.id, int_array(addresses, ctypes.c_uint64),
+                                         len(addresses), stream, err, _ERRBUF)
+        check(status, err, "launching the graph")
+
+    def replay_on_staging(self) -> Any:
+        """A function launching the graph on torch's current stream over fresh zeroed
+        staging buffers (device time of the graph alone; the next FFI call patches back)."""
+        import torch
+        staging = self.staging()
+        addresses = [t.data_ptr() for t in staging]
+
+        def replay() -> None:
+            staging  # noqa: B018  (kept alive with the closure)
+            self.launch(addresses, torch.cuda.current_stream(self.exe.device).cuda_stream)
+        return replay
+
+    def stats(self) -> dict[str, float]:
+        """Counters of the handler since the last ``reset_stats``: calls, nodes patched,
+        address changes, and the mean µs per call of its steps."""
+        raw = (ctypes.c_uint64 * 6)()
+        self.lib.hk_exec_stats(self.id, raw)
+        vals = [v - b for v, b in zip(raw, self._calls_at_reset)]
+        calls = max(vals[0], 1)
+        return {"calls": vals[0], "nodes_patched": vals[1], "address_changes": vals[2],
+                "gather_us": vals[3] / calls / 1e3, "patch_us": vals[4] / calls / 1e3,
+                "launch_us": vals[5] / calls / 1e3}
+
+    def reset_stats(self) -> None:
+        raw = (ctypes.c_uint64 * 6)()
+        self.lib.hk_exec_stats(self.id, raw)
+        self._calls_at_reset = list(raw)
+
+    def describe(self) -> str:
+        patched = len({s.node for s in self.sites})
+        kinds: dict[str, int] = {}
+        for n in self.nodes:
+            kinds[n.kind] = kinds.get(n.kind, 0) + 1
+        return (f"one CUDA graph of {len(self.nodes)} nodes ("
+                + ", ".join(f"{v} {k}" for k, v in sorted(kinds.items()))
+                + f"), {len(self.sites)} address words in {patched} nodes patched per moved "
+                f"buffer; {len(self.buffers)} buffers ({self.num_args} arguments); built in "
+                f"{self.build_seconds:.2f} s")
+
+
+def ffi_call(exe_id: int, module: Any, aliases: dict[int, int], dry_run: bool = False) -> Any:
+    """``jax.ffi.ffi_call`` of the launcher for executable ``exe_id``: one operand per entry
+    parameter, one result per result leaf of ``module``; donated parameters alias their
+    results (``input_output_aliases``)."""
+    import jax
+    import numpy as np
+    outs = [jax.ShapeDtypeStruct(tuple(s.dims), s.dtype.np_dtype)
+            for _, s in array_leaves(module.entry.root.shape)]
+    call = jax.ffi.ffi_call(DRY_RUN_TARGET if dry_run else TARGET, outs,
+                            input_output_aliases=dict(aliases) or None)
+    attr = np.int64(exe_id)
+    return lambda *leaves: call(*leaves, exe=attr)

@@ -1,0 +1,145 @@
+"""Where a captured graph holds its argument and result addresses: the capture diff.
+
+The executable is captured twice, each time with its arguments and results in a different
+set of staging buffers (the arena and the constants stay where they are). Every node's
+parameters are read back from both graphs (``graph_launch.cc``: kernel parameters laid out
+by ``cuFuncGetParamInfo``; memcpy/memset nodes as their parameter structs) and compared as
+8-byte words:
+
+- a word equal in both captures is not an I/O address (it may be a fixed address: arena,
+  constants, workspaces; or a size, a stride, a scalar);
+- a word that differs must be ``staging_a[i] + d`` in one capture and ``staging_b[i] + d``
+  in the other, for one buffer ``i`` and the same ``d`` in ``[0, size_i]``: it is then a
+  patch site ``(node, byte offset, i, d)``, and each call writes ``address_i + d`` there;
+- anything else (a differing word that is not such a pair, different kernels or launch
+  geometry, a memcpy/memset node or another kind whose parameters the driver will not
+  re-point at XLA's buffers) makes the executable not
+  patchable: ``NotPatchable`` says which node and why, and the executable keeps the Python
+  path.
+"""
+from __future__ import annotations
+
+import bisect
+import struct
+from dataclasses import dataclass
+from typing import Sequence
+
+# CUgraphNodeType values (cuda.h) and what the launcher can do with each.
+NODE_KINDS = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "child graph", 5: "empty",
+              6: "event wait", 7: "event record", 8: "semaphore signal", 9: "semaphore wait",
+              10: "memory alloc", 11: "memory free", 12: "batch memop", 13: "conditional"}
+PATCHABLE = {"kernel"}                          # parameters rewritten per call
+PASSIVE = {"empty"}                             # no parameters
+# Read and compared, but never re-pointed: cuGraphExecMemcpyNodeSetParams refused XLA's
+# buffers (CUDA_ERROR_INVALID_VALUE, benchmarks/NOTES.md run 17), so a copy or fill of an
+# argument or result keeps the executable on the Python path (copies are captured as
+# kernels for the native launcher: runtime/cuda/thunks.copy_bytes).
+FIXED_ONLY = {"memcpy", "memset"}
+
+
+class NotPatchable(Exception):
+    """The capture diff found something a per-call address patch cannot reproduce."""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node of a captured graph, as ``hk_graph_describe`` serializes it."""
+    kind: str
+    key: bytes      # must be equal between the two captures
+    blob: bytes     # the bytes whose 8-byte words are compared
+    name: str = ""  # the kernel's name, for messages
+
+    def label(self) -> str:
+        return f"{self.kind} {self.name}".strip()
+
+
+@dataclass(frozen=True)
+class PatchSite:
+    node: int       # index in the graph's node list
+    offset: int     # byte offset of the 8-byte word in the node's parameter bytes
+    buffer: int     # argument/result buffer number
+    delta: int      # the word is the buffer's address + delta
+
+
+def parse_nodes(raw: bytes) -> list[NodeInfo]:
+    """The nodes serialized by ``hk_graph_describe`` (int32 type, three uint32 lengths,
+    then key, blob and name bytes, per node)."""
+    out: list[NodeInfo] = []
+    pos = 0
+    while pos < len(raw):
+        kind, nk, nb, nn = struct.unpack_from("<iIII", raw, pos)
+        pos += 16
+        key = raw[pos:pos + nk]
+        blob = raw[pos + nk:pos + nk + nb]
+        name = raw[pos + nk + nb:pos + nk + nb + nn].decode("utf-8", "replace")
+        pos += nk + nb + nn
+        out.append(NodeInfo(NODE_KINDS.get(kind, f"type {kind}"), key, blob, name))
+    return out
+
+
+class _Ranges:
+    """Staging buffers by start address, for finding which one holds a word."""
+
+    def __init__(self, starts: Sequence[int], sizes: Sequence[int]):
+        self.order = sorted(range(len(starts)), key=lambda i: starts[i])
+        self.starts = [starts[i] for i in self.order]
+        self.sizes = sizes
+        for a, b in zip(self.order, self.order[1:]):
+            if starts[a] + sizes[a] > starts[b]:
+                raise ValueError(f"staging buffers {a} and {b} overlap")
+
+    def find(self, word: int) -> tuple[int, int] | None:
+        """(buffer, offset) with start <= word <= start + size (one past the end counts),
+        or None."""
+        k = bisect.bisect_right(self.starts, word) - 1
+        if k < 0:
+            return None
+        i = self.order[k]
+        d = word - self.starts[k]
+        return (i, d) if d <= self.sizes[i] else None
+
+
+def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
+                staging_a: Sequence[int], staging_b: Sequence[int],
+                sizes: Sequence[int]) -> list[PatchSite]:
+    """The patch sites of capture A (buffers at ``staging_a``) given capture B of the same
+    executable (buffers at ``staging_b``); raises NotPatchable."""
+    if not (len(staging_a) == len(staging_b) == len(sizes)):
+        raise ValueError("one staging address and size per buffer in each capture")
+    if set(staging_a) & set(staging_b):
+        raise ValueError("the two captures must use different staging buffers")
+    ranges_a, ranges_b = _Ranges(staging_a, sizes), _Ranges(staging_b, sizes)
+    if len(nodes_a) != len(nodes_b):
+        raise NotPatchable(f"the two captures have {len(nodes_a)} and {len(nodes_b)} nodes")
+    sites: list[PatchSite] = []
+    for n, (a, b) in enumerate(zip(nodes_a, nodes_b)):
+        where = f"node {n} ({a.label()})"
+        if a.kind != b.kind or a.key != b.key or len(a.blob) != len(b.blob):
+            raise NotPatchable(f"{where}: the two captures differ in kernel, launch geometry "
+                               "or parameter layout")
+        if a.kind in PASSIVE:
+            continue
+        if a.kind not in PATCHABLE | FIXED_ONLY:
+            raise NotPatchable(f"{where}: a {a.kind} node (only kernel nodes can be "
+                               "re-pointed)")
+        if a.blob == b.blob:
+            continue
+        if a.kind in FIXED_ONLY:
+            raise NotPatchable(f"{where} reads or writes an argument or result (the driver "
+                               f"does not re-point {a.kind} nodes at XLA's buffers)")
+        n_words = len(a.blob) // 8
+        if a.blob[8 * n_words:] != b.blob[8 * n_words:]:
+            raise NotPatchable(f"{where}: parameter bytes past the last whole word differ")
+        words_a = struct.unpack_from(f"<{n_words}Q", a.blob)
+        words_b = struct.unpack_from(f"<{n_words}Q", b.blob)
+        for k, (wa, wb) in enumerate(zip(words_a, words_b)):
+            if wa == wb:
+                continue
+            hit_a, hit_b = ranges_a.find(wa), ranges_b.find(wb)
+            if hit_a is None or hit_a != hit_b:
+                raise NotPatchable(
+                    f"{where}: the word at byte {8 * k} is {wa:#x} in one capture and {wb:#x} "
+                    "in the other, which is not the same place in one argument or result "
+                    "buffer (an address the launcher cannot re-point)")
+            sites.append(PatchSite(n, 8 * k, hit_a[0], hit_a[1]))
+    return sites

@@ -1,0 +1,415 @@
+"""The native launcher (runtime/cuda/native): capture diff, build, FFI argument mapping.
+
+On any machine: the capture diff on synthetic parameter blobs (patch.py), the build of
+graph_launch.cc with the system compiler, and the FFI handler's argument/result mapping and
+patching through ``jax.jit`` on the CPU (the dry-run target: the same code without CUDA).
+With torch and Triton's interpreter: which programs may take the native path. On a GPU
+(``gpu`` marks): results against jax.jit and the Python path, donation, held outputs, the
+fallback, the ``runtime.jit`` front.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from runtime.cuda.native import patch
+from runtime.cuda.native.patch import NodeInfo, NotPatchable, PatchSite, patch_sites
+
+A = [0x7F00_0000_0000, 0x7F00_0010_0000]      # capture A's staging buffers
+B = [0x7E00_0000_0000, 0x7E00_0020_0000]      # capture B's
+SIZES = [4096, 256]
+FIXED = 0x7D00_0000_1000                       # an arena address: the same in both
+
+
+def words(*ws: int) -> bytes:
+    return struct.pack(f"<{len(ws)}Q", *ws)
+
+
+def kernel(blob: bytes, key: bytes = b"k", name: str = "fusion_1") -> NodeInfo:
+    return NodeInfo("kernel", key, blob, name)
+
+
+# --- the capture diff ------------------------------------------------------------------------
+def test_diff_finds_each_address_word_with_its_offset_into_the_buffer():
+    copy = NodeInfo("memcpy", b"", words(0, 0, FIXED + 64, FIXED, 64))   # arena to arena
+    a = [kernel(words(A[0], 16, A[1] + 128, FIXED)), NodeInfo("empty", b"", b""), copy,
+         kernel(words(A[1] + 256), name="k2")]
+    b = [kernel(words(B[0], 16, B[1] + 128, FIXED)), NodeInfo("empty", b"", b""), copy,
+         kernel(words(B[1] + 256), name="k2")]
+    sites = patch_sites(a, b, A, B, SIZES)
+    # one past the end of buffer 1 (256 bytes) is still buffer 1: a loop's end pointer
+    assert sites == [PatchSite(0, 0, 0, 0), PatchSite(0, 16, 1, 128), PatchSite(3, 0, 1, 256)]
+
+
+def test_a_copy_or_fill_touching_an_argument_or_result_is_not_patchable():
+    for kind in ("memcpy", "memset"):
+        a = [NodeInfo(kind, b"", words(0, A[0] + 8, 64))]
+        b = [NodeInfo(kind, b"", words(0, B[0] + 8, 64))]
+        with pytest.raises(NotPatchable, match=f"node 0 \\({kind}\\) reads or writes an argument"):
+            patch_sites(a, b, A, B, SIZES)
+
+
+def test_identical_captures_need_no_patching():
+    n = [kernel(words(FIXED, 3, 4))]
+    assert patch_sites(n, n, A, B, SIZES) == []
+
+
+@pytest.mark.parametrize("wa, wb, why", [
+    (A[0] + 8, B[1] + 8, "not the same place"),          # buffer 0 in A, buffer 1 in B
+    (A[0] + 8, B[0] + 16, "not the same place"),         # different offsets
+    (A[1] + 300, B[1] + 300, "not the same place"),      # past the end of buffer 1
+    (5, 6, "not the same place"),                        # a scalar that changed
+])
+def test_a_differing_word_that_is_no_address_pair_is_not_patchable(wa, wb, why):
+    with pytest.raises(NotPatchable, match=rf"node 0 \(kernel fusion_1\): the word at byte 8 .*{why}"):
+        patch_sites([kernel(words(FIXED, wa))], [kernel(words(FIXED, wb))], A, B, SIZES)
+
+
+def test_different_kernels_node_counts_and_node_kinds_are_not_patchable():
+    with pytest.raises(NotPatchable, match="differ in kernel, launch geometry"):
+        patch_sites([kernel(words(A[0]), key=b"f1")], [kernel(words(B[0]), key=b"f2")], A, B, SIZES)
+    with pytest.raises(NotPatchable, match="2 and 1 nodes"):
+        patch_sites([kernel(b""), kernel(b"")], [kernel(b"")], A, B, SIZES)
+    host = NodeInfo("host", b"", b"")
+    with pytest.raises(NotPatchable, match="a host node"):
+        patch_sites([host], [host], A, B, SIZES)
+    with pytest.raises(NotPatchable, match="past the last whole word"):
+        patch_sites([kernel(words(1) + b"\x01")], [kernel(words(1) + b"\x02")], A, B, SIZES)
+
+
+def test_staging_sets_must_be_disjoint_and_not_overlap():
+    with pytest.raises(ValueError, match="different staging"):
+        patch_sites([], [], A, A, SIZES)
+    with pytest.raises(ValueError, match="overlap"):
+        patch_sites([], [], [0x1000, 0x1800], B, SIZES)
+
+
+def test_parse_nodes_reads_what_the_library_serializes():
+    raw = (struct.pack("<iIII", 0, 2, 8, 3) + b"ky" + words(7) + b"abc"
+           + struct.pack("<iIII", 2, 0, 0, 0) + struct.pack("<iIII", 99, 0, 0, 0))
+    nodes = patch.parse_nodes(raw)
+    assert nodes == [NodeInfo("kernel", b"ky", words(7), "abc"), NodeInfo("memset", b"", b""),
+                     NodeInfo("type 99", b"", b"")]
+
+
+# --- the library -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    from runtime.cuda import native
+    if native.compiler() is None:
+        pytest.skip("no C++ compiler on this machine (the Python path is used)")
+    os.environ.setdefault("HLOTK_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    return native.library()
+
+
+def test_library_builds_and_says_clearly_when_the_driver_is_missing(lib):
+    from runtime.cuda import native
+    assert lib.hk_version() == 1
+    err = ctypes.create_string_buffer(512)
+    status = lib.hk_init(err, 512)
+    if status != 0:              # no GPU driver here: the message names the library
+        assert b"libcuda.so.1" in err.value or b"cuInit" in err.value
+    assert native.build() == native.build()      # cached: the same file, not rebuilt
+
+
+def test_a_failing_build_names_the_compiler_and_leaves_no_file(tmp_path, monkeypatch):
+    from runtime.cuda import native
+    from runtime.cuda.errors import NativeLauncherError
+    monkeypatch.setenv("CXX", "false")           # a "compiler" that always fails
+    with pytest.raises(NativeLauncherError, match="false .* failed"):
+        native.build(tmp_path)
+    assert list((tmp_path / "native").iterdir()) == []
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(NativeLauncherError, match="no-such-compiler"):
+        native.build(tmp_path)
+
+
+def _dry_exec(lib, blobs, sites, n_buffers, n_args, ret_buffer):
+    from runtime.cuda.native import int_array
+    c = ctypes
+    bufs = [c.create_string_buffer(b, len(b)) for b in blobs]
+    ptrs = (c.c_void_p * len(bufs))(*[c.cast(b, c.c_void_p) for b in bufs])
+    err = c.create_string_buffer(512)
+    exe_id = lib.hk_exec_create_dry(
+        len(blobs), int_array([0] * len(blobs), c.c_int32), ptrs,
+        int_array([len(b) for b in blobs], c.c_uint64), n_buffers, n_args, len(ret_buffer),
+        int_array(ret_buffer, c.c_int32), len(sites), int_array([s.node for s in sites], c.c_int32),
+        int_array([s.offset for s in sites], c.c_int64), int_array([s.buffer for s in sites], c.c_int32),
+        int_array([s.delta for s in sites], c.c_int64), err, 512)
+    assert exe_id > 0, err.value
+    return exe_id
+
+
+def _blob_words(lib, exe_id, node, n):
+    out = ctypes.create_string_buffer(8 * n)
+    size = ctypes.c_uint64(8 * n)
+    assert lib.hk_exec_blob(exe_id, node, out, ctypes.byref(size)) == 0
+    return struct.unpack(f"<{n}Q", out.raw[:8 * n])
+
+
+def _stats(lib, exe_id):
+    raw = (ctypes.c_uint64 * 6)()
+    assert lib.hk_exec_stats(exe_id, raw) == 0
+    return list(raw)
+
+
+def test_ffi_handler_patches_jax_buffer_addresses_through_jax_jit(lib):
+    """Three buffers: arguments x, p (donated, aliased to result 1) and result 0. Node 0
+    reads x and p, node 1 writes result 0 at an offset; the dry-run handler (the real
+    handler's mapping and patching, no CUDA) writes XLA's addresses into the blobs."""
+    from runtime.cuda.native import DRY_RUN_TARGET
+    sites = [PatchSite(0, 0, 0, 0), PatchSite(0, 16, 1, 0), PatchSite(1, 8, 2, 64)]
+    exe_id = _dry_exec(lib, [words(0, 7, 0), words(9, 0)], sites, n_buffers=3, n_args=2,
+                       ret_buffer=[2, -1])
+    out_types = [jax.ShapeDtypeStruct((64,), jnp.float32), jax.ShapeDtypeStruct((8,), jnp.float32)]
+    call = jax.ffi.ffi_call(DRY_RUN_TARGET, out_types, input_output_aliases={1: 1})
+    f = jax.jit(lambda x, p: call(x, p, exe=np.int64(exe_id)), donate_argnums=(1,))
+    x = jnp.arange(16, dtype=jnp.float32) + 1
+    p = jnp.zeros(8, jnp.float32) + 2
+    x_addr, p_addr = x.unsafe_buffer_pointer(), p.unsafe_buffer_pointer()
+    r0, r1 = f(x, p)
+    assert p.is_deleted()                        # donated
+    assert r1.unsafe_buffer_pointer() == p_addr  # the result is the donated buffer
+    assert _blob_words(lib, exe_id, 0, 3) == (x_addr, 7, p_addr)
+    assert _blob_words(lib, exe_id, 1, 2) == (9, r0.unsafe_buffer_pointer() + 64)
+    calls, patched, changes = _stats(lib, exe_id)[:3]
+    assert (calls, patched, changes) == (1, 2, 3)
+    # Same x, another p: node 0 is patched again (p moved), x's word written unchanged.
+    p2 = jnp.zeros(8, jnp.float32) + 3
+    p2_addr = p2.unsafe_buffer_pointer()
+    r0b, _ = f(x, p2)
+    assert _blob_words(lib, exe_id, 0, 3) == (x_addr, 7, p2_addr)
+    assert _blob_words(lib, exe_id, 1, 2) == (9, r0b.unsafe_buffer_pointer() + 64)
+    assert _stats(lib, exe_id)[0] == 2
+    lib.hk_exec_destroy(exe_id)
+    with pytest.raises(Exception, match="executable .* is gone"):
+        jax.block_until_ready(f(x, jnp.zeros(8, jnp.float32)))
+
+
+def test_ffi_handler_rejects_a_call_with_the_wrong_number_of_operands(lib):
+    from runtime.cuda.native import DRY_RUN_TARGET
+    exe_id = _dry_exec(lib, [words(0)], [PatchSite(0, 0, 0, 0)], n_buffers=2, n_args=1,
+                       ret_buffer=[1])
+    call = jax.ffi.ffi_call(DRY_RUN_TARGET, [jax.ShapeDtypeStruct((4,), jnp.float32)])
+    x = jnp.ones(4)
+    with pytest.raises(Exception, match="called with 2 operands and 1 results; compiled for 1 and 1"):
+        jax.block_until_ready(jax.jit(lambda a, b: call(a, b, exe=np.int64(exe_id)))(x, x))
+    lib.hk_exec_destroy(exe_id)
+
+
+def test_bad_patch_plans_are_refused_by_the_library(lib):
+    from runtime.cuda.native import int_array
+    c = ctypes
+    err = c.create_string_buffer(512)
+    blob = c.create_string_buffer(8)
+    ptrs = (c.c_void_p * 1)(c.cast(blob, c.c_void_p))
+    one = int_array([0], c.c_int32)
+
+    def create(site_offset, site_buffer, ret_buffer):
+        return lib.hk_exec_create_dry(1, one, ptrs, int_array([8], c.c_uint64), 2, 1, 1,
+                                      int_array([ret_buffer], c.c_int32), 1, one,
+                                      int_array([site_offset], c.c_int64),
+                                      int_array([site_buffer], c.c_int32),
+                                      int_array([0], c.c_int64), err, 512)
+    assert create(8, 0, 1) == -1 and b"outside" in err.value       # past the blob
+    assert create(0, 5, 1) == -1 and b"out of range" in err.value  # no such buffer
+    assert create(0, 0, 0) == -1 and b"result 0 maps to buffer 0" in err.value
+
+
+# --- which programs may take the native path (the CUDA executable, built on any machine) -----
+try:
+    import torch
+    HAS_CUDA = bool(torch.cuda.is_available())
+except ImportError:
+    torch, HAS_CUDA = None, False
+if torch is not None and not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")     # before triton is imported
+needs_torch = pytest.mark.skipif(torch is None, reason="the CUDA executable needs torch")
+
+
+def _exe(fn, *args, **kw):
+    pytest.importorskip("triton")
+    import runtime
+    from runtime.cuda import executable_of
+    return executable_of(runtime.jit(fn, backend="cuda", **kw).lower(*args).compile())
+
+
+@needs_torch
+def test_straight_line_programs_qualify_and_their_buffers_are_numbered():
+    from runtime.cuda.native import launcher
+    x = np.ones((4, 8), np.float32)
+    exe = _exe(lambda a, b: (jnp.sin(a) * 2, a + b), x, x)
+    assert launcher.program_reason(exe) is None
+    buffers, ret_buffer, aliases = launcher.io_plan(exe)
+    params = [exe.table[p.uid][()].allocation for p in exe.module.entry.parameters]
+    assert buffers[:2] == params and len(buffers) == 4
+    assert ret_buffer == [2, 3] and aliases == {}
+    assert [exe.output_slots[j].allocation for j in (0, 1)] == buffers[2:]
+    if not HAS_CUDA:
+        assert launcher.eligibility(exe) == "not on a GPU"
+
+
+@needs_torch
+def test_donated_parameter_is_its_result_buffer():
+    from runtime.cuda.native import launcher
+    x = np.ones(64, np.float32)
+    exe = _exe(lambda p, g: (p - 0.1 * g, g * 2), x, x, donate_argnums=(0,))
+    buffers, ret_buffer, aliases = launcher.io_plan(exe)
+    assert aliases == {0: 0} and ret_buffer == [-1, 2] and len(buffers) == 3
+
+
+@needs_torch
+def test_host_control_flow_keeps_the_python_path():
+    from jax import lax
+    from runtime.cuda.native import launcher
+    x = np.ones(8, np.float32)
+    exe = _exe(lambda v: lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2),
+                                        (0, v))[1], x)
+    assert "host control flow" in launcher.program_reason(exe)
+    assert "while" in launcher.program_reason(exe)
+
+
+# --- on a GPU ------------------------------------------------------------------------------------
+gpu = pytest.mark.gpu
+
+
+def _jax_gpu():
+    try:
+        return jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("JAX has no GPU backend here (set JAX_PLATFORMS=cuda,cpu)")
+
+
+def _close(got, want, tol):
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert isinstance(g, jax.Array) and g.shape == np.shape(w) and g.dtype == np.asarray(w).dtype
+        g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        if g.dtype == jnp.bfloat16:       # one rounding apart anywhere: compare norms
+            assert np.linalg.norm(g64 - w64) <= 2e-2 * np.linalg.norm(w64)
+        else:
+            np.testing.assert_allclose(g64, w64, rtol=tol, atol=tol)
+
+
+@gpu
+@pytest.mark.parametrize("name", ["giou_boxes", "softmax_f32", "layer_norm_bf16",
+                                  "mlp_train_step", "transformer_block", "bf16_matmul_f32_acc",
+                                  "bf16_matmul_bf16_out"])
+def test_native_path_equals_jax_jit_and_the_python_path_bitwise(name):
+    from runtime.cuda import executable_of
+    from tests.zoo import by_name
+    import runtime
+    prog = by_name(name)
+    dev = _jax_gpu()
+    with jax.default_matmul_precision("highest"):
+        args = jax.device_put(prog.args(), dev)
+        c = runtime.jit(prog.fn, backend="cuda").lower(*args).compile()
+        want = jax.jit(prog.fn)(*args)
+        got = [c(*args) for _ in range(3)]
+    exe = executable_of(c)
+    if exe.native is None:
+        pytest.skip(f"{name} keeps the Python path: {exe.native_reason}")
+    for g in got:
+        _close(g, want, max(prog.rtol, prog.atol, 1e-4))
+    python = exe.run(jax.tree_util.tree_leaves(args), output="numpy")
+    for a, b in zip(jax.tree_util.tree_leaves(got[-1]), python):
+        np.testing.assert_array_equal(np.asarray(a), b)     # the same kernels, bit for bit
+    assert "host path: native" in exe.report()
+
+
+@gpu
+def test_donation_reuses_the_buffers_and_held_results_are_never_overwritten():
+    import runtime
+    from runtime.cuda import executable_of
+    dev = _jax_gpu()
+
+    def step(p, m, g):      # momentum SGD: new p and new m from one multi-output fusion
+        m2 = jax.tree.map(lambda a, b: 0.9 * a + b, m, g)
+        return jax.tree.map(lambda a, b: a - 0.5 * b, p, m2), m2
+    f = runtime.jit(step, backend="cuda", donate_argnums=(0, 1))
+    r = np.random.default_rng(0)
+    shapes = {"w": (64, 32), "b": (32,)}
+    p = jax.device_put({k: r.standard_normal(s).astype(np.float32) for k, s in shapes.items()}, dev)
+    m = jax.device_put({k: r.standard_normal(s).astype(np.float32) for k, s in shapes.items()}, dev)
+    g = jax.device_put({k: np.ones(s, np.float32) for k, s in shapes.items()}, dev)
+    want = jax.jit(step)(p, m, g)
+    addrs = (p["w"].unsafe_buffer_pointer(), m["w"].unsafe_buffer_pointer())
+    out = f(p, m, g)
+    assert p["w"].is_deleted() and m["w"].is_deleted()
+    assert (out[0]["w"].unsafe_buffer_pointer(), out[1]["w"].unsafe_buffer_pointer()) == addrs
+    _close(out, want, 1e-6)
+    state = out
+    for _ in range(3):                 # a training loop: results fed back, donated again
+        want = jax.jit(step)(*jax.tree.map(jnp.copy, state), g)
+        state = f(*state, g)
+        _close(state, want, 1e-5)
+    exe = executable_of(f._cache[next(iter(f._cache))])
+    assert exe.native is not None and exe.native.aliases, exe.native_reason
+    assert f._front, "runtime.jit's call is the jitted native front"
+    text = f._front_jit.lower(*state, g).compile().as_text()
+    assert " copy(" not in text, "XLA copied donated buffers around the FFI call"
+    keep = runtime.jit(step, backend="cuda")        # no donation: every result is kept
+    held, ref = [keep(*state, g)], [jax.jit(step)(*state, g)]
+    for _ in range(3):          # each call's inputs are the previous, still held, results
+        held.append(keep(*held[-1], g))
+        ref.append(jax.jit(step)(*ref[-1], g))
+    for h, w in zip(held, ref):  # checked after all calls: none was written over
+        _close(h, w, 1e-5)
+
+
+@gpu
+def test_results_written_by_copies_follow_the_output_addresses():
+    # The same value returned twice: the second result is a copy, captured as a kernel (a
+    # memcpy node could not be re-pointed), re-pointed every call while earlier results
+    # stay alive.
+    import runtime
+    from runtime.cuda import executable_of
+    dev = _jax_gpu()
+    fn = lambda x: (x * 3.0, x * 3.0 + 0.0, x[::-1] - 1.0)  # noqa: E731
+    c = runtime.jit(fn, backend="cuda").lower(jax.ShapeDtypeStruct((4096,), jnp.float32)).compile()
+    xs = [jax.device_put(np.arange(4096, dtype=np.float32) * k, dev) for k in range(1, 6)]
+    held = [c(x) for x in xs]
+    exe = executable_of(c)
+    for x, h in zip(xs, held):
+        _close(h, jax.jit(fn)(x), 1e-5)
+    assert exe.native is not None, exe.native_reason
+    assert {n.kind for n in exe.native.nodes} == {"kernel"}, exe.report()
+
+
+@gpu
+def test_runtime_jit_front_with_static_and_keyword_arguments_and_bad_arguments():
+    import runtime
+    from hlo.errors import InvalidArgumentError
+    dev = _jax_gpu()
+    f = runtime.jit(lambda x, n, *, scale: {"y": x * n * scale, "s": (x * scale).sum()},
+                    backend="cuda", static_argnums=(1,))
+    x = jax.device_put(np.arange(12, dtype=np.float32).reshape(3, 4), dev)
+    s = jax.device_put(np.float32(0.5), dev)
+    out = f(x, 3, scale=s)
+    _close(out, {"s": np.float32(33.0), "y": np.asarray(x) * 1.5}, 1e-6)
+    f(x, 4, scale=s)
+    assert f.cache_info().misses == 2
+    with pytest.raises(InvalidArgumentError, match="argument 0"):
+        f("not an array", 3, scale=s)
+
+
+@gpu
+def test_host_control_flow_takes_the_python_path_with_the_same_answer():
+    from jax import lax
+    import runtime
+    from runtime.cuda import executable_of
+    dev = _jax_gpu()
+    fn = lambda v: lax.fori_loop(0, 3, lambda i, c: c * 2 + i, v)  # noqa: E731
+    x = jax.device_put(np.ones(8, np.float32), dev)
+    f = runtime.jit(fn, backend="cuda")
+    _close(f(x), jax.jit(fn)(x), 1e-6)
+    exe = executable_of(f._cache[next(iter(f._cache))])
+    assert exe.native is None and "while" in exe.native_reason
+    assert "host path: python" in exe.report()
+    _close(f(x), jax.jit(fn)(x), 1e-6)      # later calls: the checked path, still right
