@@ -170,3 +170,74 @@ def test_gradient_matches_jax_and_says_what_was_not_fused():
         np.testing.assert_allclose(a, b, rtol=5e-5, atol=5e-5)
     report = report_for(jf.lower(q, k, v).compile().module)
     assert any("flash-attention" in n for n in report.pattern_notes()), report.table()
+
+
+# --- the Triton kernel: TRITON_INTERPRET=1 on the CPU, the real thing on a GPU -------------
+def _triton_case(f, args, tol):
+    import os
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    from codegen.triton.attention import flash_attention
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    c = runtime.jit(f, target="h200").lower(*args).compile()
+    (fa,) = _attention_fusions(c)
+    # The fusion's operand values, from the interpreter run of the compiled module.
+    from hlo.evaluator.core import EvalContext, Evaluator
+    by_name = {p.name: np.asarray(a) for p, a in zip(c.module.entry.parameters, args)}
+    ev = Evaluator(trace=lambda i, val: by_name.__setitem__(i.name, val))
+    ev.run_computation(c.module.entry, [np.asarray(a) for a in args], EvalContext(ev))
+    ins = [torch.from_numpy(np.asarray(by_name[o.name]).astype(np.float32)).to(dev)
+           .to(torch.bfloat16 if o.shape.dtype.name == "bf16" else
+               torch.float16 if o.shape.dtype.name == "f16" else
+               torch.bool if o.shape.dtype.name == "pred" else torch.float32)
+           for o in fa.operands]
+    got = flash_attention(fa, ins).float().cpu().numpy()
+    want = cpu_attention.AttentionKernel(fa)(*[np.asarray(by_name[o.name]) for o in fa.operands])
+    np.testing.assert_allclose(got, np.asarray(want, np.float32), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("case", ["causal_f32", "bias_mask_f32", "gqa_f32"])
+def test_triton_flash_attention_kernel(case):
+    if case == "causal_f32":
+        _triton_case(_attention(causal=True), _inputs((1, 37, 2, 16)), 1e-4)
+    elif case == "bias_mask_f32":
+        q, k, v = _inputs((1, 2, 24, 16))
+        bias = np.random.default_rng(1).standard_normal((1, 2, 24, 24)).astype(np.float32)
+        mask = np.random.default_rng(2).random((1, 1, 1, 24)) > 0.3
+        mask[..., 0] = True
+        _triton_case(_attention(bias=True, mask=True, heads_first=True),
+                     (q, k, v, bias, mask), 1e-4)
+    else:
+        rng = np.random.default_rng(4)
+        q = rng.standard_normal((1, 40, 4, 32)).astype(np.float32)
+        k, v = (rng.standard_normal((1, 40, 2, 32)).astype(np.float32) for _ in range(2))
+        base = _attention(causal=True)
+        _triton_case(lambda q, k, v: base(q, jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)),
+                     (q, k, v), 1e-4)
+
+
+# Triton's interpreter (3.9) miscomputes bf16 tl.dot (a 16x16 product is off by 1e10), so
+# the half-precision kernels are checked on a GPU only.
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,d,s", [("bf16", 128, 200), ("f16", 64, 129), ("bf16", 256, 70)])
+def test_triton_flash_attention_half_precision_gpu(dtype, d, s):
+    import ml_dtypes
+    dt = ml_dtypes.bfloat16 if dtype == "bf16" else np.float16
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, s, 3, d)).astype(dt) for _ in range(3))
+    _triton_case(_attention(causal=True), (q, k, v), 2e-2)
+
+
+@pytest.mark.gpu
+def test_flash_attention_end_to_end_cuda():
+    import ml_dtypes
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((2, 300, 4, 64)).astype(ml_dtypes.bfloat16) for _ in range(3))
+    f = _attention(causal=True)
+    jf = runtime.jit(f, backend="cuda")
+    assert len(_attention_fusions(jf.lower(q, k, v).compile())) == 1
+    got = np.asarray(jf(q, k, v), np.float32)
+    np.testing.assert_allclose(got, np.asarray(jax.jit(f)(q, k, v), np.float32),
+                               rtol=2e-2, atol=2e-2)
