@@ -28,6 +28,7 @@ import numpy as np
 
 from hlo.ir import Instruction
 
+from .rewrite import _unique
 from .views import trace_view
 
 FLASH_ATTENTION = "__flash_attention"
@@ -447,16 +448,6 @@ def match_attention(pv: Instruction) -> Optional[AttentionMatch]:
                           f"{list(i.shape.dims)} intermediate (a gradient or returned weights "
                           "need it)")
     return m
-
-
-def _unique(items: list[Instruction]) -> list[Instruction]:
-    seen: set[int] = set()
-    out = []
-    for i in items:
-        if id(i) not in seen:
-            seen.add(id(i))
-            out.append(i)
-    return out
 
 
 def _find(instructions: list[Instruction]) -> tuple[list[AttentionMatch],
