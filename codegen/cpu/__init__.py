@@ -70,6 +70,10 @@ def compile_fusion(fusion_inst: Instruction) -> Kernel:
         raise InvalidArgumentError(f"compile_fusion needs a fusion instruction with a fused "
                                    f"computation; got %{fusion_inst.name} ({fusion_inst.opcode})")
     comp: Computation = fusion_inst.attrs["calls"]
+    from passes.fusion.kinds import fusion_kind
+    if fusion_kind(fusion_inst) == "attention":
+        from .attention import AttentionKernel
+        return AttentionKernel(fusion_inst)    # type: ignore[return-value]
     memo = _BY_INST.get(fusion_inst)
     if memo is not None and memo[0] is comp:
         return memo[1]

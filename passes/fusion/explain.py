@@ -88,7 +88,14 @@ class FusionReport:
         widths = [max(len(str(r[k])) for r in [head] + body) for k in range(5)]
         lines = ["  ".join(str(c).ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5]
                  for r in [head] + body]
-        return self.summary() + "\n" + "\n".join(lines)
+        return self.summary() + "\n" + "\n".join(lines + self.pattern_notes())
+
+    def pattern_notes(self) -> list[str]:
+        """Pattern fusions (attention, normalization) tried at an instruction and not
+        formed, with the reason: they belong to no single edge."""
+        notes = {f"%{d.producer}: {d.reason}" for d in self.decisions
+                 if d.consumer == "-" and not d.fused}
+        return ["", "patterns not fused:"] + sorted(notes) if notes else []
 
     def edge_styles(self) -> dict:
         """For ``hlo.render.to_dot(unfused_module, edge_styles=...)``: green fused, red

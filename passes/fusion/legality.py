@@ -46,6 +46,11 @@ class Decision:
 YES = Decision(True, "legal")
 
 
+# A flash-attention group is one hand-shaped kernel (passes/fusion/attention.py).
+ATTENTION = "attention"
+ATTENTION_FINAL = ("a flash-attention fusion is one fixed kernel: nothing fuses into, after "
+                   "or beside it")
+
 def no(reason: str) -> Decision:
     return Decision(False, reason)
 
@@ -222,6 +227,8 @@ def check_group(state: FusionState, instances: list[Instruction], members: list[
 def can_merge(state: FusionState, producer: Group, consumer: Group,
               max_operands: int = 96, max_size: int = 256) -> Decision:
     """May ``producer`` be fused into ``consumer`` (multi-output if it is read elsewhere)?"""
+    if ATTENTION in (producer.kind, consumer.kind):
+        return no(ATTENTION_FINAL)
     if consumer.kind == "normalization" or producer.kind == "normalization":
         norm, other = (consumer, producer) if consumer.kind == "normalization" else (producer, consumer)
         if norm is producer:
@@ -249,6 +256,8 @@ def can_merge(state: FusionState, producer: Group, consumer: Group,
 def can_duplicate(state: FusionState, producer: Group, consumer: Group,
                   max_operands: int = 96, max_size: int = 256) -> Decision:
     """May ``producer`` be recomputed inside ``consumer`` (the original stays for others)?"""
+    if ATTENTION in (producer.kind, consumer.kind):
+        return no(ATTENTION_FINAL)
     costly = [i for i in producer.instances() if expensive(i)]
     if costly:
         return no(f"%{costly[0].name} ({costly[0].opcode}) is expensive and is not duplicated "
@@ -274,6 +283,8 @@ def can_fuse_siblings(state: FusionState, a: Group, b: Group,
     """May two groups that read the same input become one multi-output fusion?"""
     if "normalization" in (a.kind, b.kind):
         return no("normalization fusions are not merged with siblings")
+    if ATTENTION in (a.kind, b.kind):
+        return no(ATTENTION_FINAL)
     if any(i.opcode == "dot" for i in a.instances() + b.instances()):
         return no("GEMM fusions are not merged with siblings")
     members = a.members + b.members

@@ -110,7 +110,7 @@ def form_groups(state: FusionState, report: Optional[FusionReport] = None,
     made: list[Group] = []
     for inst in list(state.comp.instructions):
         g0 = state.group_of(inst)
-        if g0 is None or g0.kind == "normalization":
+        if g0 is None or g0.kind in ("normalization", "attention"):
             continue
         shape = row_reduction(inst)
         if shape is None:

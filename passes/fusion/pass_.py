@@ -19,6 +19,7 @@ from hlo.ir import Computation, Instruction, Module
 from ..base import PassError, register_pass
 from . import greedy, priority  # noqa: F401  (register the built-in policies)
 from .cost_model import count_kernels, get_device, predict
+from .attention import find_attention, form_attention_group
 from .explain import FusionDecision, FusionReport, attach
 from .legality import Decision, can_duplicate, can_fuse_siblings, can_merge, fusible
 from .normalization import form_groups
@@ -134,13 +135,19 @@ def library_dot_rule(library_dots: frozenset[str]) -> Callable[[Instruction], De
 def fuse_computation(comp: Computation, policy: FusionPolicy, target: str, report: FusionReport,
                      max_operands: int = 96, max_size: int = 256,
                      normalization: bool = True,
-                     library_dots: frozenset[str] = frozenset()) -> int:
+                     library_dots: frozenset[str] = frozenset(), attention: bool = True) -> int:
     spec = get_device(target)
     may_fuse = library_dot_rule(library_dots)
-    state = FusionState(comp, spec, fusible=lambda i: bool(may_fuse(i)))
+    matches = find_attention(comp.instructions, report) if attention else []
+    # Dots of an attention are one kernel with it, whatever library_dots says.
+    in_attention = {id(i) for m in matches for i in m.members}
+    state = FusionState(comp, spec,
+                        fusible=lambda i: id(i) in in_attention or bool(may_fuse(i)))
     for inst in comp.instructions:
         for o in inst.operands:
             report.edges[(o.name, inst.name)] = False
+            if id(o) in in_attention and id(inst) in in_attention:
+                continue
             d, who = may_fuse(o), o
             if d:
                 d, who = may_fuse(inst), inst
@@ -148,6 +155,8 @@ def fuse_computation(comp: Computation, policy: FusionPolicy, target: str, repor
                 report.record(FusionDecision(o.name, inst.name, False, "none",
                                              f"%{who.name} is not fusible: {d.reason}",
                                              computation=comp.name))
+    for m in matches:
+        form_attention_group(state, m, report)
     if normalization and getattr(policy, "normalization", True):
         form_groups(state, report, max_operands=max_operands, max_size=max_size)
     run_policy(state, policy, report, max_operands, max_size)
@@ -174,6 +183,8 @@ class Fusion:
     max_operands: int = 96
     max_size: int = 256
     normalization: bool = True
+    # Scaled dot-product attention as one flash-attention fusion (passes/fusion/attention.py).
+    attention: bool = True
     # Operand types ('+'-separated, e.g. f32+f64) whose dots stay unfused library calls.
     library_dots: str = ""
 
@@ -192,7 +203,8 @@ class Fusion:
         made = 0
         for comp in fusion_roots(module):
             made += fuse_computation(comp, policy, spec.key, report, self.max_operands,
-                                     self.max_size, self.normalization, library)
+                                     self.max_size, self.normalization, library,
+                                     self.attention)
             # Small constants are copied into every fusion that reads them (XLA does the
             # same); the originals left without readers go.
             comp.remove_dead()

@@ -20,7 +20,7 @@ from hlo.ir import Computation, Instruction
 from hlo.shape import TupleShape
 
 from .cost_model import DeviceSpec, Estimate, elements, estimate_kernel, is_free
-from .kinds import TRITON_GEMM, TRITON_NORMALIZATION
+from .kinds import FLASH_ATTENTION_CONFIG, TRITON_GEMM, TRITON_NORMALIZATION
 
 _gids = itertools.count(1)
 
@@ -35,7 +35,8 @@ class Group:
     cheap producers recomputed here whose original lives elsewhere (or nowhere)."""
     members: list[Instruction]
     copies: list[Instruction] = field(default_factory=list)
-    kind: str = ""            # "" (derived from the contents) or "normalization"
+    kind: str = ""            # "" (derived from the contents), "normalization", "attention"
+    config: str = ""          # backend_config text of a kCustom group that carries one
     id: int = field(default_factory=lambda: next(_gids))
 
     def instances(self) -> list[Instruction]:
@@ -253,6 +254,8 @@ def group_kind(g: Group) -> tuple[str, Optional[str]]:
     """(XLA fusion kind, backend_config text or None) for a group."""
     if g.kind == "normalization":
         return "kCustom", TRITON_NORMALIZATION
+    if g.kind == "attention":
+        return "kCustom", g.config or FLASH_ATTENTION_CONFIG
     insts = g.instances()
     if any(i.opcode == "dot" for i in insts):
         return "kCustom", TRITON_GEMM

@@ -41,6 +41,7 @@ from hlo.errors import InvalidArgumentError
 from hlo.ir import Computation, Instruction, Module
 from passes.buffer_assignment import BufferAssignment, assign_buffers
 from passes.dataflow import array_leaves
+from passes.fusion.kinds import fusion_kind
 from runtime.thunks import Slot
 
 from . import arena as ar
@@ -254,6 +255,8 @@ class CudaExecutable:
         t = device_op_thunk(inst, self.leaves) if op in DEVICE_OPS else None
         if t is not None:
             return [t]
+        if op == "fusion" and fusion_kind(inst) == "attention":
+            return [self._flash_attention(inst)]
         if op == "fusion":
             t = self._kernel(inst, inst, wrapped=False)
             return list(t.thunks) if isinstance(t, SplitThunk) else [t]
@@ -278,6 +281,19 @@ class CudaExecutable:
         if op in _HOST_ONLY or inst.is_side_effecting:
             return [self._host(inst, "no kernel generator for this op")]
         return [self._kernel(inst, one_instruction_fusion(inst), wrapped=True)]
+
+    def _flash_attention(self, inst: Instruction) -> Thunk:
+        """A flash-attention fusion: its Triton kernel (codegen/triton/attention.py)."""
+        from codegen.triton.attention import Unsupported, flash_attention, plan_for
+        ins = [self._array_slot(o) for o in inst.operands]
+        out = self._array_slot(inst)
+        try:
+            plan_for(inst)
+        except Unsupported as e:
+            return self._host(inst, f"flash attention: {e}")
+        if out is None or any(s is None for s in ins):
+            return self._host(inst, "flash attention: a tuple operand")
+        return LibraryThunk(inst, flash_attention, ins, [out])  # type: ignore[arg-type]
 
     def _kernel(self, inst: Instruction, fusion: Instruction, wrapped: bool) -> Thunk:
         """A Triton kernel thunk for ``fusion`` (the instruction itself, or its one-op

@@ -1,0 +1,197 @@
+"""The CPU kernel of a flash-attention fusion: blocked online softmax in numpy.
+
+The fusion body is matched again (``passes.fusion.attention.match_attention``); then the
+keys are walked in blocks of ``BLOCK_K``. For each block the score function (scale, bias,
+masks: whatever instructions lie between the first dot and the softmax) is evaluated on
+that slice of the key axis only, by ``_Slicer``: every instruction of the body knows how
+to produce its value restricted to a range of one dimension (a dot with a slice of k, an
+iota with a slice of its range, a broadcast of a sliced operand, ...). The running row
+maximum, row sum and output accumulator are rescaled as the maximum grows, so the
+``[batch, rows, keys]`` scores exist one block at a time, as in the GPU kernel.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+from hlo.errors import InvalidArgumentError
+from hlo.evaluator.core import EvalContext, Evaluator
+from hlo.evaluator.linalg import accumulation_dtype, dot_general, to_result
+from hlo.ir import Instruction
+
+BLOCK_K = 128
+
+
+class _Slicer:
+    """Values of body instructions, whole (``dim=None``) or restricted to ``ks`` along one
+    dimension of the scores' shape."""
+
+    def __init__(self, params: dict[int, np.ndarray], qk: Instruction, ctx: EvalContext):
+        self.params, self.qk, self.ctx = params, qk, ctx
+        self.whole: dict[int, np.ndarray] = {}
+        self.block: dict[tuple[int, Optional[int]], np.ndarray] = {}
+        self.ks = slice(0, 0)
+
+    def full(self, inst: Instruction) -> np.ndarray:
+        v = self.whole.get(id(inst))
+        if v is None:
+            if inst.opcode == "parameter":
+                v = self.params[id(inst)]
+            elif inst.opcode == "constant":
+                v = np.asarray(inst.literal)
+            else:
+                v = inst.op.evaluate(inst, [self.full(o) for o in inst.operands], self.ctx)
+            self.whole[id(inst)] = v
+        return v
+
+    def at(self, inst: Instruction, dim: Optional[int]) -> np.ndarray:
+        """``inst``'s value with dimension ``dim`` restricted to the current key block."""
+        if dim is None:
+            return self.full(inst)
+        key = (id(inst), dim)
+        v = self.block.get(key)
+        if v is None:
+            v = self._at(inst, dim)
+            self.block[key] = v
+        return v
+
+    def _shape(self, inst: Instruction, dim: int) -> tuple[int, ...]:
+        dims = list(inst.shape.dims)
+        dims[dim] = len(range(*self.ks.indices(dims[dim])))
+        return tuple(dims)
+
+    def _at(self, inst: Instruction, dim: int) -> np.ndarray:
+        op = inst.opcode
+        if inst is self.qk:
+            a = inst.attrs
+            lb, lc = list(a.get("lhs_batch_dims", ())), list(a.get("lhs_contracting_dims", ()))
+            rb, rc = list(a.get("rhs_batch_dims", ())), list(a.get("rhs_contracting_dims", ()))
+            lhs, rhs = self.full(inst.operands[0]), self.full(inst.operands[1])
+            lf = [d for d in range(lhs.ndim) if d not in lb and d not in lc]
+            rf = [d for d in range(rhs.ndim) if d not in rb and d not in rc]
+            cut = lambda x, d: x[(slice(None),) * d + (self.ks,)]  # noqa: E731
+            if dim >= len(lb):          # a free dim: slice the operand it comes from
+                if dim < len(lb) + len(lf):
+                    lhs = cut(lhs, lf[dim - len(lb)])
+                else:
+                    rhs = cut(rhs, rf[dim - len(lb) - len(lf)])
+                res = inst.shape.dtype
+                out = dot_general(lhs, rhs, a.get("lhs_batch_dims", ()), rb,
+                                  a.get("lhs_contracting_dims", ()), rc,
+                                  accumulation_dtype(res, lhs, rhs))
+                return to_result(out, res)
+        elif op in ("parameter", "constant") or (inst.op.category != "elementwise"
+                                                  and op not in ("broadcast", "iota",
+                                                                 "transpose", "select")):
+            pass
+        elif op == "iota":
+            d = inst.attrs.get("iota_dimension", 0)
+            n = inst.shape.dims[d]
+            r = np.arange(n)[self.ks] if d == dim else np.arange(n)
+            shape = self._shape(inst, dim)
+            r = r.reshape([-1 if i == d else 1 for i in range(len(shape))])
+            return np.broadcast_to(r, shape).astype(inst.shape.dtype.np_dtype)
+        elif op == "broadcast":
+            dims = list(inst.attrs.get("dimensions", ()))
+            src = inst.operands[0]
+            j = dims.index(dim) if dim in dims else None
+            v = self.at(src, j)
+            order = sorted(range(len(dims)), key=lambda i: dims[i])
+            v = np.transpose(v, order)
+            shape = self._shape(inst, dim)
+            expand = [1] * len(shape)
+            for i in order:
+                expand[dims[i]] = v.shape[order.index(i)]
+            return np.broadcast_to(v.reshape(expand), shape)
+        elif op == "transpose":
+            perm = list(inst.attrs["dimensions"])
+            return np.transpose(self.at(inst.operands[0], perm[dim]), perm)
+        else:   # elementwise (select, compare, convert, arithmetic)
+            ops = [self.at(o, dim if o.shape.rank == inst.shape.rank else None)
+                   for o in inst.operands]
+            return inst.op.evaluate(inst, ops, self.ctx)
+        return np.take(self.full(inst), np.arange(inst.shape.dims[dim])[self.ks], axis=dim)
+
+
+def run_attention(comp, operands: list[np.ndarray], block_k: Optional[int] = None,
+                  ctx: Optional[EvalContext] = None) -> np.ndarray:
+    """Evaluate a flash-attention fused computation on ``operands``."""
+    from passes.fusion.attention import NoMatch, match_attention
+    try:
+        m = match_attention(comp.root)
+    except NoMatch as e:
+        raise InvalidArgumentError(f"{comp.name}: not a flash-attention body: {e}") from None
+    if m is None:
+        raise InvalidArgumentError(f"{comp.name}: not a flash-attention body (its root "
+                                   f"%{comp.root.name} is not softmax·v)")
+    ctx = ctx or EvalContext(Evaluator())
+    params = {id(p): operands[p.attrs.get("parameter_number", k)]
+              for k, p in enumerate(comp.parameters)}
+    sl = _Slicer(params, m.qk, ctx)
+    scores = m.logits.shape.dims        # [batch..., rows..., keys] (rows maybe transposed)
+    last = len(scores) - 1
+    n_keys = scores[last]
+    nb = m.n_batch
+    pv = m.pv
+    # The probabilities' path: sub = x - max, its operand x (the score function's result).
+    div = _strip(pv.operands[0 if m.p_is_lhs else 1])
+    ex = _strip(div.operands[0])
+    sub = _strip(ex.operands[0])
+    x_inst = sub.operands[0]
+    acc_t = np.float64 if "f64" in (pv.shape.dtype.name, sub.shape.dtype.name) else np.float32
+    p_dtype = pv.operands[0 if m.p_is_lhs else 1].shape.dtype.np_dtype
+    a = pv.attrs
+    vside = "rhs" if m.p_is_lhs else "lhs"
+    v = sl.full(m.v)
+    vb = list(a.get(f"{vside}_batch_dims", ()))
+    vc = list(a.get(f"{vside}_contracting_dims", ()))
+    vf = [d for d in range(v.ndim) if d not in vb and d not in vc]
+    vc_t = np.transpose(v, vb + vc + vf)                   # [batch..., keys, dv]
+    rows = scores[nb:last]
+    bshape = scores[:nb]
+    flat_rows = math.prod(rows)
+    m_run = np.full(bshape + (flat_rows,), -np.inf, acc_t)
+    l_run = np.zeros(bshape + (flat_rows,), acc_t)
+    acc = np.zeros(bshape + (flat_rows, vc_t.shape[-1]), acc_t)
+    step = block_k or BLOCK_K
+    for start in range(0, n_keys, step):
+        sl.ks = slice(start, min(start + step, n_keys))
+        sl.block.clear()
+        x = sl.at(x_inst, last).astype(acc_t).reshape(bshape + (flat_rows, -1))
+        m_new = np.maximum(m_run, x.max(axis=-1))
+        # A row with nothing unmasked so far keeps 0 as its shift (exp(-inf) = 0, not NaN).
+        shift = np.where(np.isneginf(m_new), 0, m_new)
+        with np.errstate(invalid="ignore", over="ignore"):
+            e = np.exp(x - shift[..., None])
+            alpha = np.exp(m_run - shift)
+        p = e.astype(p_dtype).astype(acc_t)
+        vblk = vc_t[..., sl.ks, :].astype(acc_t)
+        acc = acc * alpha[..., None] + np.matmul(p, vblk)
+        l_run = l_run * alpha + e.sum(axis=-1)
+        m_run = m_new
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = acc / l_run[..., None]
+    out = out.reshape(bshape + tuple(rows) + (out.shape[-1],))
+    if not m.p_is_lhs:      # dot(v, p): [batch..., dv, rows...]
+        out = np.moveaxis(out, -1, nb)
+    return out.astype(pv.shape.dtype.np_dtype)
+
+
+def _strip(inst: Instruction) -> Instruction:
+    from passes.fusion.views import trace_view
+    return trace_view(inst, converts=True)[0]
+
+
+class AttentionKernel:
+    """``kernel(*operands)`` for a flash-attention fusion (the CPU backend's kernel)."""
+    name = "flash_attention_reference"
+
+    def __init__(self, fusion_inst: Instruction):
+        self.fusion = fusion_inst
+        self.comp = fusion_inst.attrs["calls"]
+        self.block_k: Optional[int] = None
+
+    def __call__(self, *operands: np.ndarray) -> np.ndarray:
+        return run_attention(self.comp, list(operands), self.block_k)

@@ -1,0 +1,285 @@
+"""The CUDA kernel of a flash-attention fusion: one Triton program per query block.
+
+``flash_attention(inst, operands, out=None)`` launches it for a ``__flash_attention``
+fusion whose operands are torch tensors (arena views). The fusion body is matched again
+(``passes.fusion.attention``); q, k, v, bias and mask are read in place through their
+strides after a permute into ``[z, h, rows, d]`` (a copy only where a layout cannot be
+viewed that way, e.g. grouped query heads). The kernel streams key blocks: s = q·kᵀ in
+f32, the score steps (scale, bias, causal/boolean masks), an online softmax (running max
+and sum, a row with nothing kept yet shifts by 0), acc += p·v; with a causal mask that
+keeps k <= q + c (c <= 0) it stops at the block row's last visible key.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import triton
+import triton.language as tl
+
+_DIRS = {"GE": 0, "GT": 1, "LE": 2, "LT": 3, "EQ": 4, "NE": 5}
+
+
+@triton.jit
+def _flash_fwd(Q, K, V, O, Bias, Mask,
+               sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
+               soz, soh, som, sod, sbz, sbh, sbm, sbn, smz, smh, smm, smn,
+               H, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
+               CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr,
+               IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               BD: tl.constexpr, BDV: tl.constexpr):
+    pid_m = tl.program_id(0)
+    zh = tl.program_id(1)
+    z = zh // H
+    h = zh % H
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, BD)
+    offs_dv = tl.arange(0, BDV)
+    q = tl.load(Q + z * sqz + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                mask=(offs_m[:, None] < M) & (offs_d[None, :] < D), other=0.0)
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, BDV], tl.float32)
+    qpos = offs_m % Q_LEN
+    hi = N
+    if SKIP:
+        last_q = tl.minimum(pid_m * BM + BM, M) - 1
+        if DIR == 0:
+            hi = tl.minimum(N, last_q - DELTA + 1)
+        else:
+            hi = tl.minimum(N, last_q - DELTA)
+    for start in range(0, hi, BN):
+        offs_n = start + tl.arange(0, BN)
+        k = tl.load(K + z * skz + h * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
+                    mask=(offs_n[None, :] < N) & (offs_d[:, None] < D), other=0.0)
+        if IEEE:
+            s = tl.dot(q, k.to(q.dtype), input_precision="ieee")
+        else:
+            s = tl.dot(q, k.to(q.dtype))
+        s = s * SCALE1
+        if HAS_BIAS:
+            b = tl.load(Bias + z * sbz + h * sbh + offs_m[:, None] * sbm + offs_n[None, :] * sbn,
+                        mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0)
+            s = s + BIAS_SIGN * b.to(tl.float32)
+        s = s * SCALE2
+        if CAUSAL:
+            kq = offs_n[None, :] + DELTA
+            qq = qpos[:, None]
+            if DIR == 0:
+                keep = qq >= kq
+            elif DIR == 1:
+                keep = qq > kq
+            elif DIR == 2:
+                keep = qq <= kq
+            elif DIR == 3:
+                keep = qq < kq
+            elif DIR == 4:
+                keep = qq == kq
+            else:
+                keep = qq != kq
+            s = tl.where(keep, s, FILL_C)
+        if HAS_MASK:
+            mk = tl.load(Mask + z * smz + h * smh + offs_m[:, None] * smm + offs_n[None, :] * smn,
+                         mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0)
+            s = tl.where((mk != 0) == MASK_KEEP, s, FILL_M)
+        s = tl.where(offs_n[None, :] < N, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - shift[:, None])
+        alpha = tl.exp(m_i - shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = tl.load(V + z * svz + h * svh + offs_n[:, None] * svn + offs_dv[None, :] * svd,
+                    mask=(offs_n[:, None] < N) & (offs_dv[None, :] < DV), other=0.0)
+        if IEEE:
+            acc += tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc += tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    o = acc / l_i[:, None]
+    tl.store(O + z * soz + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
+             o.to(O.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_dv[None, :] < DV))
+
+
+class Unsupported(Exception):
+    """A matched attention this kernel does not run (the reason); the host runs it."""
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def _zh(t: Any, nb: int) -> Any:
+    """[batch..., rows..., x] -> [z, h, rows, x] (a view where strides allow)."""
+    shape = list(t.shape)
+    batch, rest = shape[:nb], shape[nb:]
+    z = math.prod(batch[:-1]) if nb >= 2 else 1
+    h = batch[-1] if nb >= 1 else 1
+    return t.reshape(z, h, math.prod(rest[:-1]), rest[-1])
+
+
+class Plan:
+    """Everything the launch needs that depends only on the fusion body."""
+
+    def __init__(self, comp):
+        from passes.fusion.attention import NoMatch, match_attention, score_dims
+        try:
+            m = match_attention(comp.root)
+        except NoMatch as e:
+            raise Unsupported(str(e)) from None
+        if m is None:
+            raise Unsupported("the root is not softmax·v")
+        self.m = m
+        params = {id(p): p.attrs.get("parameter_number", k) for k, p in enumerate(comp.parameters)}
+
+        def param(i):
+            if id(i) not in params:
+                raise Unsupported(f"%{i.name} ({i.opcode}) is computed inside the fusion; the "
+                                  "kernel reads q, k, v, bias and mask as operands")
+            return params[id(i)]
+        self.q, self.k, self.v = param(m.q), param(m.k), param(m.v)
+        nb = self.nb = m.n_batch
+        qk = m.qk
+        a = qk.attrs
+        rank = m.logits.shape.rank
+        where = score_dims(m.logits, qk)           # score dim -> qk dim
+        lb, lc = list(a["lhs_batch_dims"]), list(a["lhs_contracting_dims"])
+        rb, rc = list(a["rhs_batch_dims"]), list(a["rhs_contracting_dims"])
+        lf = [d for d in range(qk.operands[0].shape.rank) if d not in lb + lc]
+        rf = [d for d in range(qk.operands[1].shape.rank) if d not in rb + rc]
+        # qk dim -> (side, operand dim)
+        src = [(0, lb[i]) for i in range(nb)] + [(0, d) for d in lf] + [(1, d) for d in rf]
+        qside = 1 if m.k_is_lhs else 0
+        qb, qc = (rb, rc) if m.k_is_lhs else (lb, lc)
+        kb, kc = (lb, lc) if m.k_is_lhs else (rb, rc)
+        rows = [src[where[d]][1] for d in range(nb, rank - 1)]
+        assert all(src[where[d]][0] == qside for d in range(nb, rank - 1))
+        self.q_perm = qb + rows + qc
+        self.k_perm = kb + [src[where[rank - 1]][1]] + kc
+        b = m.pv.attrs
+        vs = "rhs" if m.p_is_lhs else "lhs"
+        vb, vc = list(b[f"{vs}_batch_dims"]), list(b[f"{vs}_contracting_dims"])
+        vf = [d for d in range(m.v.shape.rank) if d not in vb + vc]
+        self.v_perm = vb + vc + vf
+        out_rank = m.pv.shape.rank
+        # pv output: [batch, rows..., dv] (p lhs) or [batch, dv, rows...] (v lhs)
+        self.o_perm = list(range(out_rank)) if m.p_is_lhs else \
+            list(range(nb)) + list(range(nb + 1, out_rank)) + [nb]
+        self.score_shape = tuple(m.logits.shape.dims)
+        self.q_len = self.score_shape[-2]
+        self.multi_rows = rank - nb - 1 > 1
+        self.scale1, self.scale2, self.bias, self.sign = 1.0, 1.0, None, 1.0
+        self.causal = self.mask = None
+        fills = []
+        for s in m.steps:
+            if s.kind == "scale":
+                if self.causal is not None or self.mask is not None:
+                    raise Unsupported("a scale after a mask")
+                if self.bias is None:
+                    self.scale1 *= s.value
+                else:
+                    self.scale2 *= s.value
+            elif s.kind == "bias":
+                if self.bias is not None or self.causal is not None or self.mask is not None:
+                    raise Unsupported("two biases, or a bias after a mask")
+                self.bias, self.sign = (param(s.tensor), s.where), s.value
+            elif s.kind == "causal":
+                self.causal = s
+                fills.append(s.fill)
+            elif s.kind == "mask":
+                if self.mask is not None:
+                    raise Unsupported("two boolean masks")
+                self.mask = (param(s.tensor), s.where, s.keep_if_true, s.fill)
+                fills.append(s.fill)
+        if len(set(fills)) > 1:
+            raise Unsupported("a causal and a boolean mask with different fill values")
+        c = self.causal
+        self.skip = c is not None and not self.multi_rows and (
+            (c.direction == "GE" and c.delta <= 0) or (c.direction == "GT" and c.delta < 0))
+
+
+def _scores_view(t: Any, where: tuple, shape: tuple) -> Any:
+    """A bias/mask tensor seen with the scores' shape (stride 0 where it broadcasts)."""
+    import torch
+    strides = [t.stride(w) if w is not None else 0 for w in where]
+    return torch.as_strided(t, shape, strides, t.storage_offset())
+
+
+def _blocks(dtype_bytes: int, d: int) -> tuple[int, int, int, int]:
+    """(BM, BN, warps, stages) for one H100/H200 SM's shared memory."""
+    if dtype_bytes >= 4:
+        return (64, 32, 4, 2) if d <= 128 else (32, 32, 4, 1)
+    if d <= 64:
+        return 128, 64, 4, 3
+    if d <= 128:
+        return 128, 64, 8, 3
+    return 64, 32, 8, 2
+
+
+_PLANS: dict[int, tuple[Any, Plan]] = {}
+
+
+def plan_for(inst) -> Plan:
+    comp = inst.attrs["calls"]
+    hit = _PLANS.get(id(inst))
+    if hit is not None and hit[0] is comp:
+        return hit[1]
+    p = Plan(comp)
+    _PLANS[id(inst)] = (comp, p)
+    return p
+
+
+def flash_attention(inst, operands: list, out: Optional[Any] = None) -> Any:
+    """Run the flash-attention fusion ``inst`` on torch tensors; writes ``out`` if given."""
+    import torch
+    p = plan_for(inst)
+    m = p.m
+    nb = p.nb
+    q = _zh(operands[p.q].permute(p.q_perm), nb)
+    k = _zh(operands[p.k].permute(p.k_perm), nb)
+    v = _zh(operands[p.v].permute(p.v_perm), nb)
+    if k.shape[1] != q.shape[1] or k.shape[0] != q.shape[0]:
+        raise Unsupported("q and k batch/head counts differ")
+    Z, H, M, D = q.shape
+    N, DV = k.shape[2], v.shape[3]
+    if out is None:
+        out = torch.empty(tuple(m.pv.shape.dims), dtype=v.dtype, device=v.device)
+    o_view = out.permute(p.o_perm)
+    o = o_view.reshape(Z, H, M, DV)
+    copy_back = o.data_ptr() != o_view.data_ptr() or not _same_storage_view(o, o_view)
+    if copy_back:
+        o = torch.empty((Z, H, M, DV), dtype=out.dtype, device=out.device)
+    dummy = q
+    bias = mask = dummy
+    bstr = mstr = (0, 0, 0, 0)
+    if p.bias is not None:
+        bias = _zh(_scores_view(operands[p.bias[0]], p.bias[1], p.score_shape), nb)
+        bstr = bias.stride()
+    keep, fill_m = True, 0.0
+    if p.mask is not None:
+        t = operands[p.mask[0]]
+        if t.dtype == torch.bool:
+            t = t.view(torch.uint8)
+        mask = _zh(_scores_view(t, p.mask[1], p.score_shape), nb)
+        mstr = mask.stride()
+        keep, fill_m = p.mask[2], p.mask[3]
+    c = p.causal
+    bm, bn, warps, stages = _blocks(q.element_size(), D)
+    grid = (triton.cdiv(M, bm), Z * H)
+    _flash_fwd[grid](
+        q, k, v, o, bias, mask, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        *bstr, *mstr, H, M, N, D, DV, p.q_len, p.scale1, p.scale2, p.sign,
+        c.delta if c else 0, c.fill if c else 0.0, fill_m,
+        HAS_BIAS=p.bias is not None, HAS_MASK=p.mask is not None, MASK_KEEP=keep,
+        CAUSAL=c is not None, DIR=_DIRS[c.direction] if c else 0, SKIP=p.skip,
+        IEEE=q.element_size() >= 4, BM=bm, BN=bn, BD=_pow2(D), BDV=_pow2(DV),
+        num_warps=warps, num_stages=stages)
+    if copy_back:
+        o_view.copy_(o.reshape(o_view.shape))
+    return out
+
+
+def _same_storage_view(a: Any, b: Any) -> bool:
+    """Whether reshape ``a`` of ``b`` is a view (shares its storage) rather than a copy."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()

@@ -1,0 +1,516 @@
+"""Flash-attention fusion: scaled dot-product attention recognized in plain HLO.
+
+JAX writes attention as two dots around a softmax::
+
+    s = dot(q, k)                      # [batch..., rows..., k]   (any head layout)
+    x = score(s)                       # scale, additive bias, mask: select(pred, s, fill)
+    m = reduce-max(x)  e = exp(x - broadcast(m))  l = reduce-add(e)
+    p = e / broadcast(l)               # with or without an f32 upcast around it
+    o = dot(p, v)  (or dot(v, p))
+
+``match_attention(pv)`` starts from the second dot and walks that graph down to the first;
+the instructions between them (and the mask's iota/constant cone) become one ``kCustom``
+fusion whose ``backend_config`` names ``__flash_attention``. Its kernel never writes the
+``[batch, rows, k]`` scores: it streams key blocks with an online softmax (running maximum
+and sum), so no B·H·S·S buffer exists. When a dot looks like the end of an attention but
+the match fails, the reason (which instruction, why) goes into the fusion report.
+
+The match is recomputed from the fusion body by the kernels (the body is the source of
+truth: its parameters are q, k, v and the bias/mask tensors), so the text round-trips.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from hlo.ir import Instruction
+
+from .rewrite import _unique
+from .views import trace_view
+
+FLASH_ATTENTION = "__flash_attention"
+
+# Ops the mask's generated cone (iota compares, constant masks) may hold.
+_GENERATED = frozenset({"iota", "constant", "broadcast", "reshape", "transpose", "bitcast",
+                        "copy", "compare", "select", "and", "or", "not", "convert", "add",
+                        "subtract"})
+_VIEWS = frozenset({"broadcast", "reshape", "transpose", "bitcast", "copy"})
+
+
+@dataclass
+class ScoreStep:
+    """One step of the score function, applied in order from the dot outwards.
+
+    kind: scale (value), bias (tensor, sign), mask (tensor, fill, keep_if_true),
+    causal (fill, q_side_lhs, direction, delta: keep iff (q + a) DIR (k + b), delta = b - a),
+    convert (dtype name)."""
+    kind: str
+    inst: Instruction
+    value: float = 1.0
+    tensor: Optional[Instruction] = None     # the bias / mask source (outside the views)
+    where: tuple = ()                        # score dim -> tensor dim (None: broadcast)
+    fill: float = 0.0
+    keep_if_true: bool = True
+    direction: str = ""
+    delta: int = 0
+    dtype: str = ""
+
+
+@dataclass
+class AttentionMatch:
+    qk: Instruction                 # dot(q, k): scores [batch..., rows..., k]
+    pv: Instruction                 # dot(p, v) or dot(v, p)
+    p_is_lhs: bool
+    logits: Instruction             # the softmax input x
+    k_is_lhs: bool
+    steps: list[ScoreStep]
+    members: list[Instruction] = field(default_factory=list)
+
+    @property
+    def q(self) -> Instruction:
+        return self.qk.operands[1 if self.k_is_lhs else 0]
+
+    @property
+    def k(self) -> Instruction:
+        return self.qk.operands[0 if self.k_is_lhs else 1]
+
+    @property
+    def v(self) -> Instruction:
+        return self.pv.operands[1 if self.p_is_lhs else 0]
+
+    @property
+    def n_batch(self) -> int:
+        return len(self.qk.attrs.get("lhs_batch_dims", ()))
+
+    @property
+    def causal(self) -> Optional[ScoreStep]:
+        return next((s for s in self.steps if s.kind == "causal"), None)
+
+    @property
+    def scale(self) -> float:
+        return float(np.prod([s.value for s in self.steps if s.kind == "scale"]))
+
+    def summary(self) -> dict:
+        """What the backend config says about the match (for people; kernels re-match)."""
+        c = self.causal
+        return {"causal": c is not None, "scale": round(self.scale, 8),
+                "bias": any(s.kind == "bias" for s in self.steps),
+                "mask": any(s.kind == "mask" for s in self.steps),
+                "q": str(self.q.shape), "k": str(self.k.shape), "v": str(self.v.shape)}
+
+
+def backend_config(m: AttentionMatch) -> str:
+    return json.dumps({"fusion_backend_config": {"kind": FLASH_ATTENTION,
+                                                 "flash_attention": m.summary()}},
+                      separators=(",", ":"))
+
+
+class NoMatch(Exception):
+    """An attention-shaped subgraph that cannot be one flash-attention kernel (the reason)."""
+
+
+# --- small helpers ----------------------------------------------------------------------------
+def _reducer(inst: Instruction) -> str:
+    body = inst.attrs.get("to_apply")
+    return body.root.opcode if body is not None and body.root is not None else ""
+
+
+def _scalar_constant(inst: Instruction) -> Optional[float]:
+    """The value of a constant (or broadcast/reshape of one) whose elements are all equal."""
+    src, _ = trace_view(inst, converts=True)
+    if src.opcode != "constant" or src.literal is None:
+        return None
+    try:    # bf16/f8 literals are numpy "V" kinds: compare them as f64
+        arr = np.asarray(src.literal).astype(np.float64)
+    except (TypeError, ValueError):
+        return None
+    if arr.size == 0 or not np.all((arr == arr.flat[0]) | np.isnan(arr)):
+        return None
+    return float(arr.flat[0])
+
+
+def _is_identity(where: tuple, dims: tuple) -> bool:
+    return len(where) == len(dims) and all(w == d or (w is None and dims[d] == 1)
+                                           for d, w in enumerate(where))
+
+
+def _is_row_broadcast(where: tuple, dims: tuple) -> bool:
+    """``where`` maps every dim but the last to itself and the last to nothing: a per-row
+    value broadcast back along the softmax axis."""
+    n = len(dims)
+    return n >= 1 and where[-1] is None and all(
+        w == d or (w is None and dims[d] == 1) for d, w in enumerate(where[:-1]))
+
+
+def _row_reduce(inst: Instruction, reducer: str, over: Instruction) -> bool:
+    """``inst`` reduces ``over`` (through float converts) along its last dim with ``reducer``."""
+    if inst.opcode != "reduce" or len(inst.operands) != 2 or _reducer(inst) != reducer:
+        return False
+    src, where = trace_view(inst.operands[0], converts=True)
+    rank = over.shape.rank
+    return src is over and _is_identity(where, over.shape.dims) and \
+        list(inst.attrs.get("dimensions", ())) == [rank - 1]
+
+
+def _through(inst: Instruction, converts: bool = True) -> tuple[Instruction, tuple, list]:
+    passed: list[Instruction] = []
+    src, where = trace_view(inst, converts=converts, through=passed)
+    return src, where, passed
+
+
+# --- the match ---------------------------------------------------------------------------------
+def _softmax(p_operand: Instruction) -> tuple[Instruction, Instruction, list[Instruction]]:
+    """(exp, logits, softmax instructions) for p = exp(x - max) / sum(exp(x - max))."""
+    div, where, views = _through(p_operand)
+    if div.opcode != "divide":
+        raise NoMatch(f"%{div.name} ({div.opcode}) feeding %{p_operand.name} is not a softmax's "
+                      "divide")
+    if not _is_identity(where, div.shape.dims):
+        raise NoMatch(f"the probabilities %{div.name} reach the second dot through a "
+                      "relayout")
+    e_view, bl = div.operands
+    ex, w_e, e_views = _through(e_view)
+    if ex.opcode != "exponential" or not _is_identity(w_e, div.shape.dims):
+        raise NoMatch(f"the softmax numerator %{ex.name} is a {ex.opcode}, not exp(x - max)")
+    l_red, w_l, l_views = _through(bl)
+    if not _row_reduce(l_red, "add", ex) or not _is_row_broadcast(w_l, div.shape.dims):
+        raise NoMatch(f"the softmax denominator %{l_red.name} is not a sum of %{ex.name} "
+                      "over the last dimension, broadcast back")
+    sub, w_s, s_views = _through(ex.operands[0])
+    if sub.opcode != "subtract" or not _is_identity(w_s, div.shape.dims):
+        raise NoMatch(f"%{ex.name} exponentiates %{sub.name} ({sub.opcode}), not x - max(x): "
+                      "the online softmax needs the max subtracted")
+    x, w_x, x_views = _through(sub.operands[0])
+    m_red, w_m, m_views = _through(sub.operands[1])
+    if not _is_identity(w_x, div.shape.dims) or not _row_reduce(m_red, "maximum", x) or \
+            not _is_row_broadcast(w_m, div.shape.dims):
+        raise NoMatch(f"%{sub.name} does not subtract the row maximum of its input")
+    m_in = _through(m_red.operands[0])[2]
+    l_in = _through(l_red.operands[0])[2]
+    insts = [div, ex, l_red, sub, m_red] + views + e_views + l_views + s_views + x_views + \
+        m_views + m_in + l_in
+    return ex, x, insts
+
+
+def _reaches(inst: Instruction, target: Instruction, depth: int = 24) -> bool:
+    if inst is target:
+        return True
+    if depth == 0:
+        return False
+    return any(_reaches(o, target, depth - 1) for o in inst.operands)
+
+
+def _find_qk(x: Instruction) -> Instruction:
+    """The first dot under the score function (the only one along the operand chain)."""
+    stack, seen = [x], set()
+    while stack:
+        i = stack.pop()
+        if id(i) in seen:
+            continue
+        seen.add(id(i))
+        if i.opcode == "dot" and sorted(i.shape.dims) == sorted(x.shape.dims):
+            return i
+        if i.op.category == "elementwise" or i.opcode in ("convert", "select") or \
+                _row_transpose(i):
+            stack.extend(i.operands)
+    raise NoMatch(f"no dot q·k of shape {list(x.shape.dims)} under the softmax input "
+                  f"%{x.name}")
+
+
+def _row_transpose(inst: Instruction) -> bool:
+    """A transpose between q·k and the score function (a grouped-query einsum may write
+    [b,h,k,q,g] and transpose it to [b,h,g,q,k]); ``_check_dots`` checks where dims go."""
+    if inst.opcode != "transpose":
+        return False
+    return True
+
+
+def _iota_side(inst: Instruction) -> Optional[tuple[int, int, tuple]]:
+    """(iota dim in the compared value's coords, additive offset, where) when ``inst`` is
+    an iota (through views), maybe plus a constant."""
+    offset = 0
+    cur = inst
+    if cur.opcode in ("add", "subtract"):
+        c = _scalar_constant(cur.operands[1])
+        if c is None:
+            return None
+        offset = int(c) if cur.opcode == "add" else -int(c)
+        cur = cur.operands[0]
+    src, where = trace_view(cur)
+    if src.opcode != "iota":
+        return None
+    dim = src.attrs.get("iota_dimension", 0)
+    at = [j for j, w in enumerate(where) if w == dim]
+    return (at[0], offset, where) if len(at) == 1 else None
+
+
+_FLIP = {"GE": "LE", "LE": "GE", "GT": "LT", "LT": "GT", "EQ": "EQ", "NE": "NE"}
+
+
+def _mask_step(sel: Instruction, path: Instruction, fill_inst: Instruction,
+               rank: int) -> tuple[ScoreStep, list[Instruction]]:
+    fill = _scalar_constant(fill_inst)
+    if fill is None:
+        raise NoMatch(f"%{sel.name} selects between the scores and %{fill_inst.name}, "
+                      "which is not a constant fill value")
+    keep_if_true = sel.operands[1] is path
+    pred, where, views = _through(sel.operands[0], converts=False)
+    insts = [fill_inst] + _through(fill_inst)[2] + views
+    q_dim, k_dim = rank - 2, rank - 1
+    # select(c, true, false) is c (the simplifier leaves it when jnp.tril builds the mask).
+    if pred.opcode == "select":
+        t, f = _scalar_constant(pred.operands[1]), _scalar_constant(pred.operands[2])
+        if t is not None and f is not None and t != f:
+            insts += [pred] + _through(pred.operands[1])[2] + _through(pred.operands[2])[2]
+            if t == 0:
+                keep_if_true = not keep_if_true
+            inner, w2, v2 = _through(pred.operands[0], converts=False)
+            where = tuple(None if w is None else w2[w] for w in where)
+            pred, insts = inner, insts + v2
+    if pred.opcode == "compare":
+        a, b = (_iota_side(o) for o in pred.operands)
+        if a is not None and b is not None:
+            score_of = {w: d for d, w in enumerate(where) if w is not None}
+            da, db = score_of.get(a[0]), score_of.get(b[0])
+            if {da, db} == {q_dim, k_dim}:
+                direction = pred.attrs.get("direction", "EQ")
+                direction = str(getattr(direction, "value", direction)).split(".")[-1]
+                if not keep_if_true:
+                    direction = {"GE": "LT", "LT": "GE", "GT": "LE", "LE": "GT",
+                                 "EQ": "NE", "NE": "EQ"}[direction]
+                if da == k_dim:       # written k DIR q: flip to q DIR' k
+                    a, b, direction = b, a, _FLIP[direction]
+                cone = _cone(pred)
+                return (ScoreStep("causal", sel, fill=fill, direction=direction,
+                                  delta=b[1] - a[1]), insts + cone)
+    if pred.opcode == "constant" and pred.literal is not None:
+        arr = np.asarray(pred.literal)
+        sq = [d for d, w in enumerate(where) if w is not None]
+        if arr.ndim == 2 and sq == [q_dim, k_dim] and where[q_dim] == 0:
+            tril = np.tril(np.ones(arr.shape, bool))
+            if np.array_equal(arr, tril if keep_if_true else ~tril):
+                return (ScoreStep("causal", sel, fill=fill, direction="GE", delta=0),
+                        insts + [pred])
+    cone = _cone(pred) if pred.opcode in _GENERATED and pred.opcode != "constant" else []
+    return (ScoreStep("mask", sel, tensor=pred, where=where, fill=fill,
+                      keep_if_true=keep_if_true), insts + cone)
+
+
+def _cone(inst: Instruction) -> list[Instruction]:
+    """``inst`` and everything under it, when all of it is generated (iota/constant/...)."""
+    out, stack, seen = [], [inst], set()
+    while stack:
+        i = stack.pop()
+        if id(i) in seen:
+            continue
+        seen.add(id(i))
+        if i.opcode not in _GENERATED:
+            return []
+        out.append(i)
+        stack.extend(i.operands)
+    return out
+
+
+def _score_steps(x: Instruction, qk: Instruction) -> tuple[list[ScoreStep], list[Instruction]]:
+    """The score function from qk up to x, as steps from the dot outwards."""
+    steps: list[ScoreStep] = []
+    insts: list[Instruction] = []
+    rank = qk.shape.rank
+    cur = x
+    while cur is not qk:
+        op = cur.opcode
+        insts.append(cur)
+        if _row_transpose(cur):
+            cur = cur.operands[0]
+            continue
+        if op == "convert" or (op in _VIEWS and _is_identity(trace_view(cur)[1], cur.shape.dims)
+                               and cur.operands[0].shape.dims == cur.shape.dims):
+            if op == "convert":
+                steps.append(ScoreStep("convert", cur, dtype=cur.shape.dtype.name))
+            cur = cur.operands[0]
+            continue
+        on_path = [o for o in cur.operands if _reaches(o, qk)]
+        if len(on_path) != 1 or (op == "select" and cur.operands[0] is on_path[0]):
+            raise NoMatch(f"%{cur.name} ({op}) combines the scores with themselves")
+        path = on_path[0]
+        others = [o for o in cur.operands if o is not path]
+        if op in ("multiply", "divide") and len(others) == 1:
+            c = _scalar_constant(others[0])
+            if c is None or c == 0 or (op == "divide" and cur.operands[0] is not path):
+                raise NoMatch(f"%{cur.name} ({op}) scales the scores by %{others[0].name}, "
+                              "which is not one constant")
+            steps.append(ScoreStep("scale", cur, value=c if op == "multiply" else 1.0 / c))
+            insts += _through(others[0])[2]
+        elif op in ("add", "subtract") and len(others) == 1:
+            if op == "subtract" and cur.operands[0] is not path:
+                raise NoMatch(f"%{cur.name} subtracts the scores from a tensor")
+            src, where, views = _through(others[0], converts=False)
+            if len(where) != rank:
+                raise NoMatch(f"the bias %{others[0].name} does not index the scores")
+            steps.append(ScoreStep("bias", cur, tensor=src, where=where,
+                                   value=1.0 if op == "add" else -1.0))
+            insts += views
+        elif op == "select":
+            fill_inst = cur.operands[2] if cur.operands[1] is path else cur.operands[1]
+            step, more = _mask_step(cur, path, fill_inst, rank)
+            steps.append(step)
+            insts += more
+        else:
+            raise NoMatch(f"%{cur.name} ({op}) in the score function is not a scale, bias, "
+                          "mask or convert the flash-attention kernel applies")
+        cur = path
+    steps.reverse()
+    return steps, insts
+
+
+def score_dims(x: Instruction, qk: Instruction) -> tuple:
+    """Score dim -> q·k output dim, through the transposes between them."""
+    where = tuple(range(x.shape.rank))
+    cur = x
+    while cur is not qk:
+        if cur.opcode == "transpose":
+            where = tuple(cur.attrs["dimensions"][w] for w in where)
+            cur = cur.operands[0]
+            continue
+        cur = next(o for o in cur.operands if _reaches(o, qk))
+    return where
+
+
+def _check_dots(qk: Instruction, pv: Instruction, p_is_lhs: bool, x: Instruction) -> bool:
+    """Checks the two dots; returns whether k is q·k's lhs."""
+    a = qk.attrs
+    nb = len(a.get("lhs_batch_dims", ()))
+    if len(a.get("lhs_contracting_dims", ())) != 1 or len(a.get("rhs_contracting_dims", ())) != 1:
+        raise NoMatch(f"%{qk.name} contracts {len(a.get('lhs_contracting_dims', ()))} dims; "
+                      "q·k must contract one head dimension")
+    where = score_dims(x, qk)
+    if list(where[:nb]) != list(range(nb)):
+        raise NoMatch(f"the scores' batch dims are not %{qk.name}'s batch dims in order")
+    lhs_free = qk.operands[0].shape.rank - nb - 1
+    k_is_lhs = where[-1] < nb + lhs_free
+    kop = qk.operands[0 if k_is_lhs else 1]
+    if kop.shape.rank - nb - 1 != 1:
+        raise NoMatch(f"%{qk.name}'s key operand %{kop.name} has {kop.shape.rank - nb - 1} free "
+                      "dims; the softmax axis must be its one sequence dim")
+    b = pv.attrs
+    side, other = ("lhs", "rhs") if p_is_lhs else ("rhs", "lhs")
+    rank = x.shape.rank
+    if list(b.get(f"{side}_batch_dims", ())) != list(range(nb)) or \
+            list(b.get(f"{side}_contracting_dims", ())) != [rank - 1]:
+        raise NoMatch(f"%{pv.name} does not contract the probabilities over the key axis "
+                      "with the scores' batch dims as its batch dims")
+    v = pv.operands[1 if p_is_lhs else 0]
+    if len(b.get(f"{other}_contracting_dims", ())) != 1 or v.shape.rank - nb - 1 != 1:
+        raise NoMatch(f"the value operand %{v.name} of %{pv.name} must have one sequence and "
+                      "one head dim besides the batch dims")
+    return k_is_lhs
+
+
+def match_attention(pv: Instruction) -> Optional[AttentionMatch]:
+    """The attention ending at ``pv``, None when ``pv`` is not the end of a softmax·V, or
+    raises NoMatch (with the reason) for a near miss."""
+    if pv.opcode != "dot" or pv.shape.is_tuple:
+        return None
+    for p_side in (0, 1):
+        src = _through(pv.operands[p_side])[0]
+        if src.opcode == "divide":
+            break
+    else:
+        return None
+    p_op = pv.operands[p_side]
+    ex, x, soft = _softmax(p_op)
+    qk = _find_qk(x)
+    k_is_lhs = _check_dots(qk, pv, p_side == 0, x)
+    steps, score = _score_steps(x, qk)
+    members = _unique([qk] + score + soft + _through(p_op)[2] + [pv])
+    # Constants are cloned into the body (or read as operands); a generated mask piece that
+    # other code also reads stays outside and becomes an operand.
+    members = [i for i in members if i.opcode != "constant"]
+    ids = {id(i) for i in members}
+    while True:
+        shared = [i for i in members if i.opcode in _GENERATED and i not in (qk, pv)
+                  and any(id(u) not in ids for u in i.users)]
+        if not shared:
+            break
+        members = [i for i in members if i not in shared]
+        ids = {id(i) for i in members}
+    m = AttentionMatch(qk, pv, p_side == 0, x, k_is_lhs, steps, members)
+    for i in members:
+        if i is pv:
+            continue
+        outside = [u for u in i.users if id(u) not in ids]
+        if outside:
+            raise NoMatch(f"%{i.name} ({i.opcode}, inside the attention) is also read by "
+                          f"%{outside[0].name} outside it: fusing would still write the "
+                          f"{list(i.shape.dims)} intermediate (a gradient or returned weights "
+                          "need it)")
+    return m
+
+
+def _find(instructions: list[Instruction]) -> tuple[list[AttentionMatch],
+                                                  list[tuple[Instruction, str]]]:
+    """Every attention ending at a dot of ``instructions``; near misses with reasons."""
+    found, missed = [], []
+    taken: set[int] = set()
+    for inst in instructions:
+        if inst.opcode != "dot":
+            continue
+        try:
+            m = match_attention(inst)
+        except NoMatch as e:
+            missed.append((inst, str(e)))
+            continue
+        if m is None:
+            continue
+        if any(id(i) in taken for i in m.members):
+            missed.append((inst, "shares instructions with another attention"))
+            continue
+        taken.update(id(i) for i in m.members)
+        found.append(m)
+    return found, missed
+
+
+# --- in the fusion pass ------------------------------------------------------------------------
+REASON = ("flash attention: q·k, softmax and ·v in one kernel with an online softmax; the "
+          "scores never leave the chip")
+
+
+def find_attention(instructions: list[Instruction], report=None) -> list[AttentionMatch]:
+    found, missed = _find(instructions)
+    if report is not None:
+        from .explain import FusionDecision
+        for inst, why in missed:
+            report.record(FusionDecision(inst.name, "-", False, "attention",
+                                         f"no flash-attention fusion: {why}",
+                                         computation=inst.parent.name if inst.parent else ""))
+    return found
+
+
+def form_attention_group(state, m: AttentionMatch, report=None):
+    """Merge the match's instructions into one attention group (they are all fusible and
+    still on their own: attention goes first)."""
+    from .explain import FusionDecision
+    groups = _unique_groups(state.group_of(i) for i in m.members)
+    apart = sum(state.node_estimate(g).time_us for g in groups)
+    g = state.merge_many(groups, "attention")
+    g.config = backend_config(m)
+    if report is not None:
+        est = state.node_estimate(g).time_us
+        for i in m.members:
+            for o in i.operands:
+                if o in g:
+                    report.record(FusionDecision(o.name, i.name, True, "attention", REASON,
+                                                 apart, est, state.comp.name))
+    return g
+
+
+def _unique_groups(groups) -> list:
+    out, seen = [], set()
+    for g in groups:
+        if g is not None and g.id not in seen:
+            seen.add(g.id)
+            out.append(g)
+    return out
