@@ -15,6 +15,7 @@ from ..errors import HloImportError
 from ..ir import Instruction
 from ..shape import Layout, Shape, TupleShape
 from .chlo_math import COMPLEX_RULES, Expr, ExprBuilder, square
+from .chlo_special import SPECIAL_RULES
 from .importer import Importer, Scope, op_rule
 from .ops_table import int_attr, bool_attr, result_shape, results_shape, where
 
@@ -411,5 +412,20 @@ def _not_yet(imp, scope, op):
     raise HloImportError("this CHLO op is not supported yet", op=op.operation.name, location=where(op))
 
 
-for _n in ("lgamma", "digamma", "polygamma", "zeta", "bessel_i1e", "constant_like"):
+def _special_rule(fn: Callable[[ExprBuilder, Expr], Expr]):
+    def rule(imp, scope, op):
+        (x,) = imp.operands(scope, op)
+        if not x.shape.dtype.is_float:
+            raise HloImportError(f"only real floating-point operands are supported "
+                                 f"(got {x.shape.dtype})", op=op.operation.name, location=where(op))
+        b = _expr_builder(imp, scope, op, x)
+        return fn(b, b.wrap(x)).inst
+    return rule
+
+
+for _name, _fn in SPECIAL_RULES.items():
+    op_rule("chlo." + _name)(_special_rule(_fn))
+
+
+for _n in ("polygamma", "zeta", "constant_like"):
     op_rule("chlo." + _n)(_not_yet)
