@@ -49,9 +49,13 @@ def _check_one(path: str) -> tuple[bool, str, float]:
 
 
 def run_suite(files: list[Path], jobs: int) -> dict[str, tuple[bool, str, float]]:
+    """``{file name: (passed, reason, seconds)}``; ``jobs <= 1`` runs in this process."""
     out: dict[str, tuple[bool, str, float]] = {}
+    if jobs <= 1:
+        return {p.name: _check_one(str(p)) for p in files}
     ctx = mp.get_context("spawn")
-    with cf.ProcessPoolExecutor(jobs, mp_context=ctx, max_tasks_per_child=50) as pool:
+    # (No max_tasks_per_child: with it, CPython 3.11's executor can hang replacing workers.)
+    with cf.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
         futs = {pool.submit(_check_one, str(p)): p.name for p in files}
         for fut in cf.as_completed(futs):
             name = futs[fut]

@@ -15,7 +15,7 @@ from ..errors import HloImportError
 from ..ir import Instruction
 from ..shape import Layout, Shape, TupleShape
 from .chlo_math import COMPLEX_RULES, Expr, ExprBuilder, square
-from .chlo_special import SPECIAL_RULES
+from .chlo_special import SPECIAL_RULES, in_f64
 from .importer import Importer, Scope, op_rule
 from .ops_table import int_attr, bool_attr, result_shape, results_shape, where
 
@@ -60,18 +60,19 @@ def _real_unary(fn, complex_fn=None):
         (x,) = imp.operands(scope, op)
         if x.shape.dtype.is_complex and complex_fn is not None:
             b = _expr_builder(imp, scope, op, x)
-            return complex_fn(b, b.wrap(x)).inst
+            return in_f64(complex_fn)(b, b.wrap(x)).inst
         if not x.shape.dtype.is_float:
             kinds = "floating-point or complex" if complex_fn else "real floating-point"
             raise HloImportError(f"only {kinds} operands are supported "
                                  f"(got {x.shape.dtype})", op=op.operation.name, location=where(op))
         g = _G(imp, scope, op)
-        # Narrow floats compute in f32, as XLA's decompositions upcast them.
+        # f32 and narrower compute in f64 and round once (StableHLO's reference interpreter
+        # is that accurate; XLA's f32 graphs are a few ULP off).
         orig = x.shape.dtype
-        if orig.bits < 32:
-            x = g.convert(x, dt.F32)
+        if orig.bits <= 32:
+            x = g.convert(x, dt.F64)
         y = fn(g, x)
-        return g.convert(y, orig) if orig.bits < 32 else y
+        return g.convert(y, orig) if orig.bits <= 32 else y
     return rule
 
 

@@ -233,11 +233,19 @@ def atanh(b: ExprBuilder, z: Expr) -> Expr:
     far = b.select((ay * inv_negeps).lt(ax), 1 / ax, far)
     ratio = b.select(safe, ax / (one_m_ax * one_m_ax + y2), far)
     sign_x = b.select(x.ge(0), b.const(1.0, rd), -1.0)
-    re = sign_x * b.log1p(4 * ratio) * 0.25
+    # Next to the poles +-1, (1-|x|)^2 + y^2 under- or 4|x| / it overflows although the
+    # result is moderate: there log1p(4|x| / d) = log(4|x|) - 2 log(hypot(1-|x|, |y|)) to
+    # within eps (1 - |x| is exact near 1).
+    hyp = b.hypot(b.abs(one_m_ax), ay)
+    at_pole = safe & hyp.lt(float(np.sqrt(eps)))
+    pole_re = b.log(4 * ax) - 2 * b.log(hyp)
+    re = sign_x * b.select(at_pole, pole_re, b.log1p(4 * ratio)) * 0.25
     sign_y = b.select(y.ge(0), b.const(1.0, rd), -1.0)
     im_safe = b.atan2(y + y, one_m_ax * (1 + ax) - y2)
     im = b.select(safe, im_safe, sign_y * math.pi) * 0.5
-    return b.complex(re, im)
+    # NaN + iy is NaN + iNaN unless y is infinite (then +-pi/2, C99 catanh).
+    unknown = (x.ne(x) | y.ne(y)) & ay.ne(math.inf)
+    return b.complex(re, b.select(unknown, x + y, im))
 
 
 def atan(b: ExprBuilder, z: Expr) -> Expr:

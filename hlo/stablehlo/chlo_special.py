@@ -41,10 +41,10 @@ def _lanczos(b: ExprBuilder, z: Expr) -> tuple[Expr, Expr, Expr]:
     return a, da, z + (LANCZOS_G + 0.5)
 
 
-def _distance_to_int(b: ExprBuilder, x: Expr) -> Expr:
-    """|x| reduced to [0, 1): sin(pi x) and tan(pi x) keep their magnitude under it."""
-    ax = b.abs(x)
-    return ax - b.op("floor", ax)
+def _offset_from_int(b: ExprBuilder, x: Expr) -> Expr:
+    """x - round(x), in [-1/2, 1/2] and exact: sin(pi x) and tan(pi x) computed from it keep
+    their accuracy for large |x| and next to the integers."""
+    return x - b.op("round-nearest-even", x)
 
 
 def lgamma(b: ExprBuilder, x: Expr) -> Expr:
@@ -56,9 +56,9 @@ def lgamma(b: ExprBuilder, x: Expr) -> Expr:
         return _HALF_LOG_2PI + (z + 0.5) * log_t - t + b.log(a)
     reflect = x.lt(0.5)
     pos = positive(b.select(reflect, 1.0 - x, x))
-    r = _distance_to_int(b, x)
+    r = _offset_from_int(b, x)
     # log|Gamma(x)| = log(pi) - log|sin(pi x)| - log Gamma(1 - x)   (x < 1/2)
-    sin_pi = b.abs(b.op("sine", math.pi * b.select(r.gt(0.5), 1.0 - r, r)))
+    sin_pi = b.abs(b.op("sine", math.pi * r))
     refl = math.log(math.pi) - b.log(sin_pi) - pos
     out = b.select(reflect, refl, pos)
     pole = reflect & r.eq(0)             # 0, -1, -2, ...: +inf (and -inf: +inf)
@@ -72,9 +72,9 @@ def digamma(b: ExprBuilder, x: Expr) -> Expr:
         return b.log(t) - LANCZOS_G / t + da / a
     reflect = x.lt(0.5)
     pos = positive(b.select(reflect, 1.0 - x, x))
-    r = x - b.op("floor", x)             # tan(pi x) has period 1
+    r = _offset_from_int(b, x)           # tan(pi x) has period 1
     # psi(x) = psi(1 - x) - pi / tan(pi x)   (x < 1/2)
-    refl = pos - math.pi / b.op("tan", math.pi * b.select(r.gt(0.5), r - 1.0, r))
+    refl = pos - math.pi / b.op("tan", math.pi * r)
     out = b.select(reflect, refl, pos)
     pole = (reflect & r.eq(0)) | x.eq(-math.inf)
     return b.select(pole, math.nan, out)
@@ -123,12 +123,13 @@ def bessel_i1e(b: ExprBuilder, x: Expr) -> Expr:
 
 
 def in_f64(fn: Callable[[ExprBuilder, Expr], Expr]) -> Callable[[ExprBuilder, Expr], Expr]:
-    """``fn`` evaluated in f64 and rounded once to the operand's type."""
+    """``fn`` evaluated in f64 (c128 for complex) and rounded once to the operand's type."""
     def wide(b: ExprBuilder, x: Expr) -> Expr:
         orig = x.dtype
-        xw = x if orig == dt.F64 else b.op("convert", x, dtype=dt.F64)
+        wide_type = dt.C128 if orig.is_complex else dt.F64
+        xw = x if orig == wide_type else b.op("convert", x, dtype=wide_type)
         y = fn(b, xw)
-        return y if orig == dt.F64 else b.op("convert", y, dtype=orig)
+        return y if orig == wide_type else b.op("convert", y, dtype=orig)
     return wide
 
 
