@@ -27,7 +27,9 @@ class _G:
         self.imp, self.scope, self.op = imp, scope, op
 
     def e(self, opcode: str, *xs: Instruction, shape: Shape | None = None, **attrs) -> Instruction:
-        return self.imp.emit(self.scope, opcode, list(xs), shape or xs[0].shape, attrs, self.op)
+        # A select's shape is its values', not its predicate's.
+        like = xs[1] if opcode == "select" else xs[0]
+        return self.imp.emit(self.scope, opcode, list(xs), shape or like.shape, attrs, self.op)
 
     def c(self, value: float | int, like: Instruction) -> Instruction:
         s = like.shape
@@ -53,9 +55,11 @@ def _expr_builder(imp: Importer, scope: Scope, op: Any, like: Instruction) -> Ex
                        like.shape.dims)
 
 
-def _real_unary(fn, complex_fn=None):
+def _real_unary(fn, complex_fn=None, wide: bool = True):
     """A rule for a unary chlo op on floats, written with the graph builder; complex
-    operands go to ``complex_fn`` (chlo_math) where the op has a complex form."""
+    operands go to ``complex_fn`` (chlo_math) where the op has a complex form. ``wide``:
+    f32 computes in f64; else only narrow floats widen, to f32 (XLA's graph, whose
+    rounding of x + log(1/2) in sinh/cosh the suites' goldens carry)."""
     def rule(imp, scope, op):
         (x,) = imp.operands(scope, op)
         if x.shape.dtype.is_complex and complex_fn is not None:
@@ -69,10 +73,12 @@ def _real_unary(fn, complex_fn=None):
         # f32 and narrower compute in f64 and round once (StableHLO's reference interpreter
         # is that accurate; XLA's f32 graphs are a few ULP off).
         orig = x.shape.dtype
-        if orig.bits <= 32:
-            x = g.convert(x, dt.F64)
+        compute = (dt.F64 if orig.bits <= 32 else orig) if wide else \
+            (dt.F32 if orig.bits < 32 else orig)
+        if compute != orig:
+            x = g.convert(x, compute)
         y = fn(g, x)
-        return g.convert(y, orig) if orig.bits <= 32 else y
+        return g.convert(y, orig) if compute != orig else y
     return rule
 
 
@@ -190,7 +196,8 @@ def _finfo_max(x: Instruction):
 for _name, _fn in (("asin", _asin), ("acos", _acos), ("atan", _atan), ("sinh", _sinh),
                    ("cosh", _cosh), ("asinh", _asinh), ("acosh", _acosh), ("atanh", _atanh),
                    ("erf_inv", _erf_inv)):
-    op_rule("chlo." + _name)(_real_unary(_fn, COMPLEX_RULES.get(_name)))
+    op_rule("chlo." + _name)(_real_unary(_fn, COMPLEX_RULES.get(_name),
+                                         wide=_name not in ("sinh", "cosh")))
 
 
 @op_rule("chlo.square")
