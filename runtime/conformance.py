@@ -36,6 +36,11 @@ CHECK_TARGETS = ("expect_eq", "expect_eq_const", "expect_almost_eq", "expect_alm
 # Defaults of StableHLO's check dialect (stablehlo/tests/CheckOps.td).
 DEFAULT_TOLERANCE = 1e-4      # expect_almost_eq[_const] ``tolerance``
 DEFAULT_MAX_ULP = 1           # expect_close ``max_ulp_difference``
+# The custom-call spelling (``stablehlo.custom_call @check.expect_close(...)``, testdata's
+# form) has no options; stablehlo-translate --interpret checks it with these bounds
+# (stablehlo/tools/StablehloTranslateMain.cpp), looser than the check ops' defaults.
+CUSTOM_CALL_TOLERANCE = 1e-3
+CUSTOM_CALL_MAX_ULP = 3
 
 
 @dataclass
@@ -156,6 +161,12 @@ def _rewrite_one(kind: str, body: str, n: int) -> str:
         if len(types) == 1:
             types = types * len(operands)
         lines = []
+    # The check op's defaults travel explicitly: a custom-call without them is testdata's
+    # spelling, which has other bounds (CUSTOM_CALL_*).
+    if kind == "expect_close":
+        options.setdefault("max_ulp_difference", str(DEFAULT_MAX_ULP))
+    elif kind.startswith("expect_almost_eq"):
+        options.setdefault("tolerance", repr(DEFAULT_TOLERANCE))
     cfg = ",".join(f"{k}={v}" for k, v in options.items())
     lines.append(f'stablehlo.custom_call @check.{kind}({", ".join(operands)}) '
                  f'{{has_side_effect = true, backend_config = "{cfg}"}} : '
@@ -736,6 +747,7 @@ def compare_almost_eq(actual: np.ndarray, expected: np.ndarray, tol: float) -> O
 
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+UNBOUNDED_ULP = 2**64 - 1     # CheckOps.cpp: the ULP difference of finite vs non-finite
 
 
 def _ulp_difference(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -775,13 +787,17 @@ def compare_close(actual: np.ndarray, expected: np.ndarray, max_ulp: int,
     for idx in np.ndindex(a.shape):
         ds = [d[idx] for d in diffs]
         d = -1 if -1 in ds else max(ds)
-        if d == -1 or d > max_ulp or d < min_ulp:
+        # "Unbounded" is the reference's largest uint64, which a bound may name exactly.
+        value = UNBOUNDED_ULP if d == -1 else d
+        if value > max_ulp or value < min_ulp:
             bad.append((idx, d))
     if bad:
         idx, d = bad[0]
         dtext = "unbounded" if d == -1 else str(d)
-        return (f"got {_fmt(a)}, expected {_fmt(e)} (ULP difference {dtext} at index "
-                f"{list(idx)} outside [{min_ulp}, {max_ulp}]; {len(bad)} element(s) off)")
+        # The first bad element leads: whole arrays of thousands of values say little.
+        return (f"{len(bad)} element(s) off; first at index {list(idx)}: got {a[idx]!r}, "
+                f"expected {e[idx]!r} (ULP difference {dtext} outside [{min_ulp}, {max_ulp}]); "
+                f"got {_fmt(a)}, expected {_fmt(e)}")
     return None
 
 
@@ -875,10 +891,10 @@ def _handlers(state: _CaseState) -> dict:
             err = compare_eq(actual, operands[1])
         elif kind in ("expect_almost_eq", "expect_almost_eq_const"):
             err = compare_almost_eq(actual, operands[1],
-                                    float(opts.get("tolerance", DEFAULT_TOLERANCE)))
+                                    float(opts.get("tolerance", CUSTOM_CALL_TOLERANCE)))
         elif kind == "expect_close":
             err = compare_close(actual, operands[1],
-                                int(opts.get("max_ulp_difference", DEFAULT_MAX_ULP)),
+                                int(opts.get("max_ulp_difference", CUSTOM_CALL_MAX_ULP)),
                                 int(opts.get("min_ulp_difference", 0)))
         else:
             err = f"unknown check {kind}"

@@ -244,6 +244,30 @@ def test_expect_eq_is_ieee_and_expect_close_counts_ulps():
     big = np.array([np.finfo(np.float32).max], np.float32)
     assert compare_close(big, np.float32([np.inf]), 10**9) is not None
     assert compare_close(np.float32([np.inf, np.nan]), np.float32([np.inf, np.nan]), 0) is None
+    # A bound may name "unbounded" itself (stablehlo/tests/math/ulp_difference_*.mlir).
+    from runtime.conformance import UNBOUNDED_ULP
+    assert compare_close(big, np.float32([np.inf]), UNBOUNDED_ULP, min_ulp=UNBOUNDED_ULP) is None
+    assert compare_close(big, big, UNBOUNDED_ULP, min_ulp=UNBOUNDED_ULP) is not None
+
+
+def _expect_close_case(spelling: str) -> str:
+    """1 and 1 + 2 ulp compared by check.expect_close in the op or testdata's custom-call
+    spelling."""
+    check = ("check.expect_close %0, %1 : tensor<1xf32>, tensor<1xf32>" if spelling == "op"
+             else "stablehlo.custom_call @check.expect_close(%0, %1) {has_side_effect = true}"
+                  " : (tensor<1xf32>, tensor<1xf32>) -> ()")
+    return ("func.func @main() {\n"
+            "  %0 = stablehlo.constant dense<1.0> : tensor<1xf32>\n"
+            "  %1 = stablehlo.constant dense<1.00000024> : tensor<1xf32>\n"
+            f"  {check}\n  func.return\n}}\n")
+
+
+def test_custom_call_checks_use_stablehlo_translate_bounds():
+    # stablehlo-translate --interpret checks the custom-call spelling with 3 ULP (and
+    # almost_eq with 1e-3); the check op's default is 1 ULP.
+    from runtime.conformance import run_case
+    assert not run_case("c.mlir", _expect_close_case("op")).passed
+    assert run_case("c.mlir", _expect_close_case("custom_call")).passed
 
 
 # --- the last suite files: printing/FileCheck, --args, quantization, newer collectives -------

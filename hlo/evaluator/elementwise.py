@@ -16,6 +16,7 @@ from ..dtypes import DType
 from ..errors import EvaluationError, UnimplementedError
 from ..ir import Instruction
 from ..ops import rule
+from .complex_math import complex_exp, complex_log1p
 from .reductions import apply_elementwise
 from .numerics import (compute_dtype, float_op, flush_denormals, from_bits, hlo_dtype, int_range,
                        make_complex, reduce_precision, round_half_away, to_bits, widen, wrap_int)
@@ -380,6 +381,8 @@ def _complex_cbrt(z: np.ndarray) -> np.ndarray:
     return make_complex(mag * np.cos(theta), mag * np.sin(theta), np.complex128)
 
 
+# numpy's complex exp/log1p are inaccurate or give other special values (complex_math.py).
+_COMPLEX_FNS = {"exponential": complex_exp, "log-plus-one": complex_log1p}
 rule("evaluate", "cbrt")(_float_unary(np.cbrt, wide=True, complex_fn=_complex_cbrt))
 for _opcode, _fn, _wide in [
         ("cosine", np.cos, False), ("sine", np.sin, False), ("tan", np.tan, False),
@@ -389,7 +392,8 @@ for _opcode, _fn, _wide in [
         ("rsqrt", _rsqrt, True), ("erf", _erf, True),
         ("ceil", np.ceil, False), ("floor", np.floor, False),
         ("round-nearest-even", np.rint, False), ("round-nearest-afz", round_half_away, False)]:
-    rule("evaluate", _opcode)(_float_unary(_fn, wide=_wide))
+    rule("evaluate", _opcode)(_float_unary(_fn, wide=_wide,
+                                           complex_fn=_COMPLEX_FNS.get(_opcode)))
 
 
 @rule("evaluate", "is-finite")
@@ -490,6 +494,10 @@ def convert_array(x: np.ndarray, to: DType, flush: bool = True) -> np.ndarray:
     src = hlo_dtype(x)
     if src == to:
         return x.copy()
+    if src.is_complex and to.is_complex:     # c64 <-> c128: each part on its own
+        part = to.component
+        return make_complex(convert_array(np.real(x), part, flush),
+                            convert_array(np.imag(x), part, flush), to.np_dtype)
     if src.is_complex and not to.is_complex:
         x = np.real(x)
         src = src.component

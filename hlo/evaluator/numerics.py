@@ -100,17 +100,28 @@ def compute_dtype(dtype: DType) -> np.dtype:
     return dtype.np_dtype
 
 
+# numpy's f32 transcendental loops (SIMD) are a few ULP off; the same functions in f64,
+# rounded once to f32, are correctly rounded in practice, which is how StableHLO's reference
+# interpreter computes them. (+ - * / sqrt are already correctly rounded in f32.)
+_WIDE_IN_F64 = frozenset([np.exp, np.expm1, np.log, np.log1p, np.sin, np.cos, np.tan,
+                          np.tanh, np.arctan2, np.power, np.cbrt])
+
+
 def float_op(fn: Callable[..., np.ndarray], dtype: DType, *args: np.ndarray,
              flush: bool = True) -> np.ndarray:
     """Apply ``fn`` in the compute type of ``dtype`` and round the result back (RNE).
 
     ``flush``: treat subnormal inputs and results as zero, as XLA:CPU's arithmetic does.
+    Transcendental functions (``_WIDE_IN_F64``) on f32 and narrower run in f64.
     """
     cd = compute_dtype(dtype)
     with np.errstate(all="ignore"):
         wide = [flush_denormals(np.asarray(a).astype(cd), flush) for a in args]
-        out = flush_denormals(np.asarray(fn(*wide)).astype(cd), flush)
-        return out.astype(dtype.np_dtype)
+        if fn in _WIDE_IN_F64 and cd == np.float32:
+            out = np.asarray(fn(*[w.astype(np.float64) for w in wide])).astype(cd)
+        else:
+            out = np.asarray(fn(*wide)).astype(cd)
+        return flush_denormals(out, flush).astype(dtype.np_dtype)
 
 
 # --- bit views --------------------------------------------------------------------------

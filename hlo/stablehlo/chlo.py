@@ -1,19 +1,21 @@
-"""CHLO ops -> HLO, decomposed the way XLA's CHLO legalization does (real types).
+"""CHLO ops -> HLO, decomposed the way XLA's CHLO legalization does.
 
 Ops with an HLO opcode map to it (erf, tan, top_k -> topk, ragged_dot -> ragged-dot); the
-rest are written as small HLO graphs. Complex inputs to the inverse/hyperbolic functions and
-the special functions not listed here raise ``hlo.ImportError``.
+rest are written as small HLO graphs: real types here, complex types in chlo_math.py. The
+special functions not listed here raise ``hlo.ImportError``.
 """
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 from .. import dtypes as dt
 from ..errors import HloImportError
 from ..ir import Instruction
 from ..shape import Layout, Shape, TupleShape
+from .chlo_math import COMPLEX_RULES, Expr, ExprBuilder, square
+from .chlo_special import SPECIAL_RULES, in_f64
 from .importer import Importer, Scope, op_rule
 from .ops_table import int_attr, bool_attr, result_shape, results_shape, where
 
@@ -25,7 +27,9 @@ class _G:
         self.imp, self.scope, self.op = imp, scope, op
 
     def e(self, opcode: str, *xs: Instruction, shape: Shape | None = None, **attrs) -> Instruction:
-        return self.imp.emit(self.scope, opcode, list(xs), shape or xs[0].shape, attrs, self.op)
+        # A select's shape is its values', not its predicate's.
+        like = xs[1] if opcode == "select" else xs[0]
+        return self.imp.emit(self.scope, opcode, list(xs), shape or like.shape, attrs, self.op)
 
     def c(self, value: float | int, like: Instruction) -> Instruction:
         s = like.shape
@@ -44,20 +48,37 @@ class _G:
         return self.e("convert", x, shape=Shape(dtype, x.shape.dims, x.shape.layout))
 
 
-def _real_unary(fn):
-    """A rule for a unary chlo op on real floats, written with the graph builder."""
+def _expr_builder(imp: Importer, scope: Scope, op: Any, like: Instruction) -> ExprBuilder:
+    return ExprBuilder(lambda opcode, xs, shape, attrs: imp.emit(scope, opcode, xs, shape,
+                                                                 attrs, op),
+                       lambda value, dtype: imp.constant(scope, value, dtype, op),
+                       like.shape.dims)
+
+
+def _real_unary(fn, complex_fn=None, wide: bool = True):
+    """A rule for a unary chlo op on floats, written with the graph builder; complex
+    operands go to ``complex_fn`` (chlo_math) where the op has a complex form. ``wide``:
+    f32 computes in f64; else only narrow floats widen, to f32 (XLA's graph, whose
+    rounding of x + log(1/2) in sinh/cosh the suites' goldens carry)."""
     def rule(imp, scope, op):
         (x,) = imp.operands(scope, op)
+        if x.shape.dtype.is_complex and complex_fn is not None:
+            b = _expr_builder(imp, scope, op, x)
+            return in_f64(complex_fn)(b, b.wrap(x)).inst
         if not x.shape.dtype.is_float:
-            raise HloImportError(f"only real floating-point operands are supported "
+            kinds = "floating-point or complex" if complex_fn else "real floating-point"
+            raise HloImportError(f"only {kinds} operands are supported "
                                  f"(got {x.shape.dtype})", op=op.operation.name, location=where(op))
         g = _G(imp, scope, op)
-        # Narrow floats compute in f32, as XLA's decompositions upcast them.
+        # f32 and narrower compute in f64 and round once (StableHLO's reference interpreter
+        # is that accurate; XLA's f32 graphs are a few ULP off).
         orig = x.shape.dtype
-        if orig.bits < 32:
-            x = g.convert(x, dt.F32)
+        compute = (dt.F64 if orig.bits <= 32 else orig) if wide else \
+            (dt.F32 if orig.bits < 32 else orig)
+        if compute != orig:
+            x = g.convert(x, compute)
         y = fn(g, x)
-        return g.convert(y, orig) if orig.bits < 32 else y
+        return g.convert(y, orig) if compute != orig else y
     return rule
 
 
@@ -71,26 +92,24 @@ op_rule("chlo.erf")(_direct("erf"))
 op_rule("chlo.tan")(_direct("tan"))
 
 
-@op_rule("chlo.atan")
-def _atan(imp, scope, op):
-    (x,) = imp.operands(scope, op)
-    g = _G(imp, scope, op)
+def _atan(g: _G, x):
     return g.e("atan2", x, g.c(1, x))
 
 
 def _asin(g: _G, x):
-    # asin(x) = 2 * atan2(x, 1 + sqrt(1 - x^2))
+    # asin(x) = 2 atan2(x, 1 + sqrt((1 - x)(1 + x))); the product form of 1 - x^2 keeps
+    # accuracy near |x| = 1.
     one = g.c(1, x)
-    root = g.e("sqrt", g.e("subtract", one, g.e("multiply", x, x)))
-    return g.e("multiply", g.c(2, x), g.e("atan2", x, g.e("add", one, root)))
+    root = g.e("sqrt", g.e("multiply", g.e("subtract", one, x), g.e("add", one, x)))
+    half = g.e("atan2", x, g.e("add", one, root))
+    return g.e("add", half, half)
 
 
 def _acos(g: _G, x):
-    # acos(x) = 2 * atan2(sqrt(1 - x^2), 1 + x), and pi at x == -1.
+    # acos(x) = atan2(sqrt((1 - x)(1 + x)), x).
     one = g.c(1, x)
-    root = g.e("sqrt", g.e("subtract", one, g.e("multiply", x, x)))
-    main = g.e("multiply", g.c(2, x), g.e("atan2", root, g.e("add", one, x)))
-    return g.e("select", g.cmp(x, g.c(-1, x), "NE"), main, g.c(math.pi, x))
+    root = g.e("sqrt", g.e("multiply", g.e("subtract", one, x), g.e("add", one, x)))
+    return g.e("atan2", root, x)
 
 
 def _sinh(g: _G, x):
@@ -111,24 +130,28 @@ def _cosh(g: _G, x):
 
 
 def _asinh(g: _G, x):
-    # sign(x) * log1p(a + a^2 / (1 + sqrt(1 + a^2))), a = |x|; log(a) + log(2) for huge a.
+    # sign(x) * log1p(a + a^2 / (1 + sqrt(1 + a^2))), a = |x|; log(2) + log(a) from
+    # a >= sqrt(max), where a^2 overflows.
     a = g.e("abs", x)
     one = g.c(1, x)
     a2 = g.e("multiply", a, a)
     small = g.e("log-plus-one", g.e("add", a, g.e("divide", a2, g.e(
         "add", one, g.e("sqrt", g.e("add", one, a2))))))
-    big = g.e("add", g.e("log", a), g.c(math.log(2), x))
-    limit = g.c(math.sqrt(float(_finfo_max(x))) / 2, x)
+    big = g.e("add", g.e("log", g.c(2, x)), g.e("log", a))
+    limit = g.c(math.sqrt(float(_finfo_max(x))), x)
     r = g.e("select", g.cmp(a, limit, "GE"), big, small)
     return g.e("multiply", g.e("sign", x), r)
 
 
 def _acosh(g: _G, x):
+    # log1p(sqrt(x - 1) (sqrt(x + 1) + sqrt(x - 1))): no cancellation near 1, NaN below 1;
+    # log(2) + log(x) from max / 2 on.
     one = g.c(1, x)
-    main = g.e("log", g.e("add", x, g.e("multiply", g.e("sqrt", g.e("add", x, one)),
-                                        g.e("sqrt", g.e("subtract", x, one)))))
-    big = g.e("add", g.e("log", x), g.c(math.log(2), x))
-    limit = g.c(math.sqrt(float(_finfo_max(x))) / 2, x)
+    sm1 = g.e("sqrt", g.e("subtract", x, one))
+    main = g.e("log-plus-one", g.e("multiply", sm1, g.e("add", g.e("sqrt", g.e("add", x, one)),
+                                                            sm1)))
+    big = g.e("add", g.e("log", g.c(2, x)), g.e("log", x))
+    limit = g.c(float(_finfo_max(x)) / 2, x)
     return g.e("select", g.cmp(x, limit, "GE"), big, main)
 
 
@@ -170,10 +193,44 @@ def _finfo_max(x: Instruction):
         return ml_dtypes.finfo(d).max
 
 
-for _name, _fn in (("asin", _asin), ("acos", _acos), ("sinh", _sinh), ("cosh", _cosh),
-                   ("asinh", _asinh), ("acosh", _acosh), ("atanh", _atanh),
+for _name, _fn in (("asin", _asin), ("acos", _acos), ("atan", _atan), ("sinh", _sinh),
+                   ("cosh", _cosh), ("asinh", _asinh), ("acosh", _acosh), ("atanh", _atanh),
                    ("erf_inv", _erf_inv)):
-    op_rule("chlo." + _name)(_real_unary(_fn))
+    op_rule("chlo." + _name)(_real_unary(_fn, COMPLEX_RULES.get(_name),
+                                         wide=_name not in ("sinh", "cosh")))
+
+
+@op_rule("chlo.square")
+def _square(imp, scope, op):
+    (x,) = imp.operands(scope, op)
+    b = _expr_builder(imp, scope, op, x)
+    return square(b, b.wrap(x)).inst
+
+
+@op_rule("chlo.conj")
+def _conj(imp, scope, op):
+    (x,) = imp.operands(scope, op)
+    if not x.shape.dtype.is_complex:
+        return x
+    b = _expr_builder(imp, scope, op, x)
+    z = b.wrap(x)
+    return b.complex(b.real(z), -b.imag(z)).inst
+
+
+def _is_inf_rule(test: Callable[[ExprBuilder, Expr], Expr]):
+    def rule(imp, scope, op):
+        (x,) = imp.operands(scope, op)
+        if not x.shape.dtype.is_float:
+            raise HloImportError(f"needs a floating-point operand (got {x.shape.dtype})",
+                                 op=op.operation.name, location=where(op))
+        b = _expr_builder(imp, scope, op, x)
+        return test(b, b.wrap(x)).inst
+    return rule
+
+
+op_rule("chlo.is_inf")(_is_inf_rule(lambda b, x: b.abs(x).eq(math.inf)))
+op_rule("chlo.is_pos_inf")(_is_inf_rule(lambda b, x: x.eq(math.inf)))
+op_rule("chlo.is_neg_inf")(_is_inf_rule(lambda b, x: x.eq(-math.inf)))
 
 
 @op_rule("chlo.next_after")
@@ -363,6 +420,20 @@ def _not_yet(imp, scope, op):
     raise HloImportError("this CHLO op is not supported yet", op=op.operation.name, location=where(op))
 
 
-for _n in ("lgamma", "digamma", "polygamma", "zeta", "bessel_i1e", "conj", "is_inf",
-           "is_neg_inf", "is_pos_inf", "square", "constant_like"):
+def _special_rule(fn: Callable[[ExprBuilder, Expr], Expr]):
+    def rule(imp, scope, op):
+        (x,) = imp.operands(scope, op)
+        if not x.shape.dtype.is_float:
+            raise HloImportError(f"only real floating-point operands are supported "
+                                 f"(got {x.shape.dtype})", op=op.operation.name, location=where(op))
+        b = _expr_builder(imp, scope, op, x)
+        return fn(b, b.wrap(x)).inst
+    return rule
+
+
+for _name, _fn in SPECIAL_RULES.items():
+    op_rule("chlo." + _name)(_special_rule(_fn))
+
+
+for _n in ("polygamma", "zeta", "constant_like"):
     op_rule("chlo." + _n)(_not_yet)
