@@ -73,11 +73,12 @@ def test_complex128_dot_rounds_each_product_and_sums_in_order():
     assert float(exact) != got[0, 0].real
 
 
-def test_complex64_dot_rounds_in_f32_not_wider():
+@pytest.mark.parametrize("m,k,n", [(6, 5, 7), (16, 9, 20)])   # few outputs / >= 256 of them
+def test_complex64_dot_rounds_in_f32_not_wider(m, k, n):
     rng = np.random.RandomState(7)
-    a = rng.uniform(-8, 8, (6, 5)).astype(np.float32).astype(np.complex64)  # real lhs
-    b = (rng.uniform(-5, 5, (5, 7)) + 1j * rng.uniform(-5, 5, (5, 7))).astype(np.complex64)
-    got = _run_both(_dot_program(6, 5, 7, "f32"), [a, b])
+    a = rng.uniform(-8, 8, (m, k)).astype(np.float32).astype(np.complex64)  # real lhs
+    b = (rng.uniform(-5, 5, (k, n)) + 1j * rng.uniform(-5, 5, (k, n))).astype(np.complex64)
+    got = _run_both(_dot_program(m, k, n, "f32"), [a, b])
     want = _dot_by_hand(a, b, np.float32)
     assert got.tobytes() == want.tobytes()
     wide = (a.astype(np.complex128) @ b.astype(np.complex128)).astype(np.complex64)

@@ -86,6 +86,8 @@ def dot_general(lhs: np.ndarray, rhs: np.ndarray, lb: Sequence[int], rb: Sequenc
 _IN_ORDER_BLOCK = 1 << 21
 # Complex dots with at most this many products (batch * m * k * n) are summed in order.
 IN_ORDER_MAX_TERMS = 1 << 20
+# From this many outputs on, matmul_in_order steps through k over all of them at once.
+_IN_ORDER_STEP_MIN_OUTPUTS = 256
 
 
 def complex_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -100,14 +102,16 @@ def matmul_in_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     computes it: every product rounded on its own (four real multiplies, a subtract and an
     add, each in the element type) and the k products added left to right.
 
-    Vectorised over blocks of the contraction dimension: one block's products are formed
-    at once and summed in order with ``np.add.accumulate`` (a running sum, never pairwise),
-    starting from the previous block's total."""
+    With many outputs, one step per k updates all of them in place; with few, a block of k
+    is formed at once and summed in order with ``np.add.accumulate`` (a running sum, never
+    pairwise) from the previous block's total, so Python's loop stays short either way."""
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    if k == 0 or int(np.prod(batch + (m, n), dtype=np.int64)) == 0:
+        return np.zeros(batch + (m, n), a.dtype)
+    if m * n * int(np.prod(batch, dtype=np.int64)) >= _IN_ORDER_STEP_MIN_OUTPUTS:
+        return _in_order_by_step(a, b, batch + (m, n))
     out = np.zeros(batch + (m, 1, n), a.dtype)
-    if k == 0 or out.size == 0:
-        return out.reshape(batch + (m, n))
     step = max(1, _IN_ORDER_BLOCK // out.size)
     ar, ai = a.real[..., :, :, None], a.imag[..., :, :, None]      # [..., m, k, 1]
     br, bi = b.real[..., None, :, :], b.imag[..., None, :, :]      # [..., 1, k, n]
@@ -119,6 +123,26 @@ def matmul_in_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         terms = np.concatenate([out, _complex(re, im)], axis=-2)
         out = np.add.accumulate(terms, axis=-2)[..., -1:, :]
     return out.reshape(batch + (m, n))
+
+
+def _in_order_by_step(a: np.ndarray, b: np.ndarray, shape: tuple) -> np.ndarray:
+    """``matmul_in_order`` as k in-place steps over all outputs (real arrays, no temps)."""
+    real = a.real.dtype
+    re, im = np.zeros(shape, real), np.zeros(shape, real)
+    t1, t2 = np.empty(shape, real), np.empty(shape, real)
+    ar, ai, br, bi = a.real, a.imag, b.real, b.imag
+    for p in range(a.shape[-1]):
+        xr, xi = ar[..., :, p:p + 1], ai[..., :, p:p + 1]         # [..., m, 1]
+        yr, yi = br[..., p:p + 1, :], bi[..., p:p + 1, :]         # [..., 1, n]
+        np.multiply(xr, yr, out=t1)
+        np.multiply(xi, yi, out=t2)
+        np.subtract(t1, t2, out=t1)
+        np.add(re, t1, out=re)
+        np.multiply(xr, yi, out=t1)
+        np.multiply(xi, yr, out=t2)
+        np.add(t1, t2, out=t1)
+        np.add(im, t1, out=im)
+    return _complex(re, im)
 
 
 def _complex(re: np.ndarray, im: np.ndarray) -> np.ndarray:
