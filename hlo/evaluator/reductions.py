@@ -275,8 +275,16 @@ def _reduce_window(inst: Instruction, operands: list, ctx: EvalContext) -> Any:
         out_dims = _window_out_dims(padded.shape, dims)
         uf = _ufunc_for(opcode, cdt)
         acc = np.broadcast_to(inits[0].astype(cdt), out_dims).copy()
+        # Narrow floats (bf16, f16, f8) are computed in f32 but every step's result is
+        # rounded back to the element type, as XLA:CPU and the reference interpreter do (a
+        # bf16 cumsum is a running bf16 sum). One f32 add of two narrow floats rounded to
+        # them is their correctly rounded sum: f32 has more than 2p+2 bits for p <= 11.
+        step_type = dtypes[0] if _is_low_float(np.dtype(dtypes[0])) else None
         for w, (_, view) in enumerate(_window_views(padded, dims, out_dims)):
-            acc = uf(acc, view) if not skip else np.where(valid_views[w], uf(acc, view), acc)
+            new = uf(acc, view)
+            if step_type is not None:
+                new = new.astype(step_type).astype(cdt)
+            acc = new if not skip else np.where(valid_views[w], new, acc)
         return cast_wrapping(acc, dtypes[0]).reshape(out_shapes[0].dims)
     padded = [_pad_dilate(x, dims, i.astype(x.dtype)) for x, i in zip(inputs, inits)]
     out_dims = _window_out_dims(padded[0].shape, dims)

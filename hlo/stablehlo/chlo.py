@@ -25,6 +25,7 @@ class _G:
 
     def __init__(self, imp: Importer, scope: Scope, op: Any):
         self.imp, self.scope, self.op = imp, scope, op
+        self.orig_dtype: dt.DType | None = None   # the op's element type, before any widening
 
     def e(self, opcode: str, *xs: Instruction, shape: Shape | None = None, **attrs) -> Instruction:
         # A select's shape is its values', not its predicate's.
@@ -70,6 +71,7 @@ def _real_unary(fn, complex_fn=None, wide: bool = True):
             raise HloImportError(f"only {kinds} operands are supported "
                                  f"(got {x.shape.dtype})", op=op.operation.name, location=where(op))
         g = _G(imp, scope, op)
+        g.orig_dtype = x.shape.dtype
         # f32 and narrower compute in f64 and round once (StableHLO's reference interpreter
         # is that accurate; XLA's f32 graphs are a few ULP off).
         orig = x.shape.dtype
@@ -183,6 +185,58 @@ def _erf_inv(g: _G, x):
     return g.e("select", is_one, g.e("multiply", x, g.c(float("inf"), x)), result)
 
 
+# Giles' double-precision erfinv: p(w) * x with w = -log((1 - x)(1 + x)), one polynomial
+# per range of w (in u = w - 3.125 below 6.25, else u = sqrt(w) - 3.25 below 16, else
+# sqrt(w) - 5), highest degree first. The single-precision pair above is only ~1e-7 relative.
+_ERFINV64 = (
+    (6.25, lambda g, w: g.e("subtract", w, g.c(3.125, w)), (
+        -3.6444120640178196996e-21, -1.685059138182016589e-19, 1.2858480715256400167e-18,
+        1.115787767802518096e-17, -1.333171662854620906e-16, 2.0972767875968561637e-17,
+        6.6376381343583238325e-15, -4.0545662729752068639e-14, -8.1519341976054721522e-14,
+        2.6335093153082322977e-12, -1.2975133253453532498e-11, -5.4154120542946279317e-11,
+        1.051212273321532285e-09, -4.1126339803469836976e-09, -2.9070369957882005086e-08,
+        4.2347877827932403518e-07, -1.3654692000834678645e-06, -1.3882523362786468719e-05,
+        0.0001867342080340571352, -0.00074070253416626697512, -0.0060336708714301490533,
+        0.24015818242558961693, 1.6536545626831027356)),
+    (16.0, lambda g, w: g.e("subtract", g.e("sqrt", w), g.c(3.25, w)), (
+        2.2137376921775787049e-09, 9.0756561938885390979e-08, -2.7517406297064545428e-07,
+        1.8239629214389227755e-08, 1.5027403968909827627e-06, -4.013867526981545969e-06,
+        2.9234449089955446044e-06, 1.2475304481671778723e-05, -4.7318229009055733981e-05,
+        6.8284851459573175448e-05, 2.4031110387097893999e-05, -0.0003550375203628474796,
+        0.00095328937973738049703, -0.0016882755560235047313, 0.0024914420961078508066,
+        -0.0037512085075692412107, 0.005370914553590063617, 1.0052589676941592334,
+        3.0838856104922207635)),
+    (math.inf, lambda g, w: g.e("subtract", g.e("sqrt", w), g.c(5.0, w)), (
+        -2.7109920616438573243e-11, -2.5556418169965252055e-10, 1.5076572693500548083e-09,
+        -3.7894654401267369937e-09, 7.6157012080783393804e-09, -1.4960026627149240478e-08,
+        2.9147953450901080826e-08, -6.7711997758452339498e-08, 2.2900482228026654717e-07,
+        -9.9298272942317002539e-07, 4.5260625972231537039e-06, -1.9681778105531670567e-05,
+        7.5995277030017761139e-05, -0.00021503011930044477347, -0.00013871931833623122026,
+        1.0103004648645343977, 4.8499064014085844221)),
+)
+
+
+def _erf_inv64(g: _G, x):
+    """erfinv on f64 to ~1 ULP (f32 and narrower keep the single-precision graph above,
+    computed in f64: XLA's f32 goldens carry that polynomial's rounding)."""
+    one = g.c(1, x)
+    w = g.e("negate", g.e("log", g.e("multiply", g.e("subtract", one, x), g.e("add", one, x))))
+    result = None
+    for bound, arg, coeffs in reversed(_ERFINV64):     # the last range is the fallback
+        u = arg(g, w)
+        p = g.c(coeffs[0], x)
+        for c in coeffs[1:]:
+            p = g.e("add", g.c(c, x), g.e("multiply", p, u))
+        result = p if result is None else g.e("select", g.cmp(w, g.c(bound, x), "LT"), p, result)
+    result = g.e("multiply", result, x)
+    is_one = g.cmp(g.e("abs", x), one, "EQ")
+    return g.e("select", is_one, g.e("multiply", x, g.c(float("inf"), x)), result)
+
+
+def _erf_inv_any(g: _G, x):
+    return _erf_inv64(g, x) if g.orig_dtype == dt.F64 else _erf_inv(g, x)
+
+
 def _finfo_max(x: Instruction):
     import numpy as np
     import ml_dtypes
@@ -195,7 +249,7 @@ def _finfo_max(x: Instruction):
 
 for _name, _fn in (("asin", _asin), ("acos", _acos), ("atan", _atan), ("sinh", _sinh),
                    ("cosh", _cosh), ("asinh", _asinh), ("acosh", _acosh), ("atanh", _atanh),
-                   ("erf_inv", _erf_inv)):
+                   ("erf_inv", _erf_inv_any)):
     op_rule("chlo." + _name)(_real_unary(_fn, COMPLEX_RULES.get(_name),
                                          wide=_name not in ("sinh", "cosh")))
 
