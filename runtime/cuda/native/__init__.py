@@ -31,10 +31,11 @@ import os
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import NativeLauncherError
+from ..errors import NativeLauncherError, NativeLauncherWarning
 
 SOURCE = Path(__file__).with_name("graph_launch.cc")
 TARGET = "hlotk_graph_launch"         # the FFI target on CUDA
@@ -151,6 +152,17 @@ def driver_library() -> Any:
             _DRIVER_OK = True
             return lib
     raise NativeLauncherError(_DRIVER_ERROR)
+
+
+_WARNED: set[str] = set()
+
+
+def warn_fallback(key: str, message: str) -> None:
+    """Warn (once per ``key``) that calls take the Python path, and why."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(f"hlotk: {message}; calls take the Python path (same results, more "
+                      "host time per call)", NativeLauncherWarning, stacklevel=3)
 
 
 def check(status: int, err: Any, what: str) -> None:

@@ -22,6 +22,12 @@ from passes.dataflow import array_leaves
 from . import DRY_RUN_TARGET, TARGET, _ERRBUF, check, driver_library, int_array
 from .patch import NotPatchable, PatchSite, parse_nodes, patch_sites
 
+# XLA's device buffers start on 256-byte boundaries (its BFC allocator); the handler refuses
+# an address that is not ALIGNMENT-aligned, and the captures see their buffers exactly that
+# aligned (an allocation's start, 512-aligned, plus STAGING_SKEW), never more.
+ALIGNMENT = 64
+STAGING_SKEW = 64
+
 
 def eligibility(exe: Any) -> Optional[str]:
     """Why ``exe`` cannot run as one patched graph (None: it can)."""
@@ -158,9 +164,13 @@ class NativeGraph:
 
     # --- building ------------------------------------------------------------------------
     def staging(self) -> list[Any]:
+        """Zeroed stand-ins for the argument/result buffers, each starting ``STAGING_SKEW``
+        bytes into an allocation: kernels that pick their vector width from their pointers'
+        alignment (torch's elementwise kernels, cuBLAS) then choose one that XLA's buffers
+        (at least ``ALIGNMENT``-aligned, checked per call by the handler) also satisfy."""
         import torch
-        return [torch.zeros(max(n, 1), dtype=torch.uint8, device=self.exe.device)
-                for n in self.sizes]
+        return [torch.zeros(max(n, 1) + STAGING_SKEW, dtype=torch.uint8,
+                            device=self.exe.device)[STAGING_SKEW:] for n in self.sizes]
 
     def _memory(self, staging: list[Any]) -> Any:
         from ..arena import Memory
