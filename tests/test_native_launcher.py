@@ -56,6 +56,23 @@ def test_a_copy_or_fill_touching_an_argument_or_result_is_not_patchable():
             patch_sites(a, b, A, B, SIZES)
 
 
+def test_words_that_differ_between_captures_over_the_same_buffers_are_kept_as_captured():
+    # Word 1: stack garbage in a struct a launch copies (torch's elementwise kernels): it
+    # differs between A and C although their buffers are the same. Word 2: a temporary of
+    # the capture's pool, at a new address in every capture. Neither is an I/O address.
+    a = [kernel(words(A[0], 0x7F86_7228_0100, 0x3000_0000))]
+    b = [kernel(words(B[0], 0x100, 0x3100_0000))]
+    c = [kernel(words(A[0], 0x7F86_7230_0100, 0x3200_0000))]
+    assert patch_sites(a, b, A, B, SIZES, c) == [PatchSite(0, 0, 0, 0)]
+    # Without C, or where A and C agree, such a word stops the executable.
+    with pytest.raises(NotPatchable, match="the word at byte 8"):
+        patch_sites(a, b, A, B, SIZES)
+    with pytest.raises(NotPatchable, match="the word at byte 16"):
+        patch_sites(a, b, A, B, SIZES, [kernel(words(A[0], 0x7F86_7230_0100, 0x3000_0000))])
+    with pytest.raises(NotPatchable, match="captures differ in kernel"):
+        patch_sites(a, b, A, B, SIZES, [kernel(words(A[0]))])
+
+
 def test_identical_captures_need_no_patching():
     n = [kernel(words(FIXED, 3, 4))]
     assert patch_sites(n, n, A, B, SIZES) == []
@@ -73,9 +90,9 @@ def test_a_differing_word_that_is_no_address_pair_is_not_patchable(wa, wb, why):
 
 
 def test_different_kernels_node_counts_and_node_kinds_are_not_patchable():
-    with pytest.raises(NotPatchable, match="differ in kernel, launch geometry"):
+    with pytest.raises(NotPatchable, match="captures differ in kernel, launch geometry"):
         patch_sites([kernel(words(A[0]), key=b"f1")], [kernel(words(B[0]), key=b"f2")], A, B, SIZES)
-    with pytest.raises(NotPatchable, match="2 and 1 nodes"):
+    with pytest.raises(NotPatchable, match="2, 1 and 2 nodes"):
         patch_sites([kernel(b""), kernel(b"")], [kernel(b"")], A, B, SIZES)
     host = NodeInfo("host", b"", b"")
     with pytest.raises(NotPatchable, match="a host node"):

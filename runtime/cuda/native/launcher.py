@@ -1,7 +1,7 @@
 """A CudaExecutable as one patchable CUDA graph, called through ``jax.ffi.ffi_call``.
 
     reason = eligibility(exe)          # None, or why the executable keeps the Python path
-    graph = NativeGraph(exe)           # warm up, capture twice, diff, instantiate
+    graph = NativeGraph(exe)           # warm up, capture three times, diff, instantiate
     outs = graph.call(*leaves)         # inside jax.jit: one FFI custom call
 
 Buffers, as the handler numbers them: the entry parameters in order (one allocation each),
@@ -118,7 +118,7 @@ def _plain(shape: Any, what: str) -> None:
 
 
 class NativeGraph:
-    """One executable, captured once (twice, to find its address words), launched per call
+    """One executable, captured once (three times, to find its address words), launched per call
     by the FFI handler with XLA's buffers patched in."""
 
     def __init__(self, exe: Any):
@@ -147,16 +147,19 @@ class NativeGraph:
                                "; ".join(t.label() for t in fell_back[:4]))
         self.stream = torch.cuda.Stream(device)
         self.pool = torch.cuda.graph_pool_handle()
-        # Capture A is kept and instantiated; capture B, into the same pool (so that what
-        # the thunks allocate during capture lands where it did in A), only for the diff.
+        # Capture A is kept and instantiated; B (other staging buffers) and C (A's again),
+        # into the same pool (so that what the thunks allocate during capture tends to land
+        # where it did in A), only for the diff (patch.py).
         self._graph = self._capture(mem_a)
         graph_b = self._capture(self._memory(staging_b))
+        graph_c = self._capture(mem_a)
         self.nodes = self._describe(self._graph.raw_cuda_graph())
         nodes_b = self._describe(graph_b.raw_cuda_graph())
+        nodes_c = self._describe(graph_c.raw_cuda_graph())
         self.sites: list[PatchSite] = patch_sites(
             self.nodes, nodes_b, [t.data_ptr() for t in staging_a],
-            [t.data_ptr() for t in staging_b], self.sizes)
-        del graph_b
+            [t.data_ptr() for t in staging_b], self.sizes, nodes_c)
+        del graph_b, graph_c
         self.id = self._create(self._graph.raw_cuda_graph(), device.index or 0)
         torch.cuda.synchronize(device)
         self.build_seconds = time.perf_counter() - t0
