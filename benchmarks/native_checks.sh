@@ -3,7 +3,9 @@
 # launcher, then its tests, the zoo against jax.jit and the other GPU test files (three
 # pytest processes at once: correctness only, JAX not preallocating), then the timings one
 # at a time: host overhead, gpu_suite's host-bound programs. Logs and tables go to $OUT.
-#   PART=build,tests,host,suite bash benchmarks/native_checks.sh     (default: all four)
+#   PART=build,tests,host,suite,suite2 bash benchmarks/native_checks.sh
+#   (default build,tests,host,suite: suite is the host-bound half of gpu_suite, suite2 adds
+#   the device-bound half)
 # T_* are the per-part time limits in seconds; ZOO_N sets the zoo's pytest workers.
 set -u
 OUT=${OUT:-/tmp}
@@ -34,14 +36,22 @@ if [[ $PART == *host* ]]; then
   echo "host_overhead rc $?"
 fi
 if [[ $PART == *suite* ]]; then
-  timeout ${T_SUITE:-100} python3 -m benchmarks.gpu_suite \
-      --only ${SUITE:-adam_step,giou,softmax,s8_gemm,layernorm} --out $OUT/gpu_suite.md \
-      > $OUT/suite.log 2>&1
-  echo "gpu_suite rc $?"
+  # Two halves, the host-bound programs first (each half writes its own table).
+  timeout ${T_SUITE1:-100} python3 -m benchmarks.gpu_suite \
+      --only adam_step,giou,softmax,s8_gemm,layernorm --out $OUT/gpu_suite_1.md > $OUT/suite_1.log 2>&1
+  echo "gpu_suite (host-bound half) rc $?"
+  if [[ $PART == *suite2* ]]; then
+    timeout ${T_SUITE2:-160} python3 -m benchmarks.gpu_suite \
+        --only gelu_mlp,int8_matmul,transformer,mlp_train --out $OUT/gpu_suite_2.md > $OUT/suite_2.log 2>&1
+    echo "gpu_suite (device-bound half) rc $?"
+  fi
 fi
 for f in t_native t_zoo t_rest; do
-  [[ -f $OUT/$f.log ]] && { echo "== $f"; grep -E "^(FAILED|ERROR)|passed|failed|NativeLauncherWarning" $OUT/$f.log | sort | uniq -c | sort -rn | head -14; }
+  [[ -f $OUT/$f.log ]] && { echo "== $f"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/$f.log | tail -8;
+    grep -o "NativeLauncherWarning: hlotk: [a-z_0-9]*: .\{0,160\}" $OUT/$f.log | sort -u | head -12; }
 done
 [[ -f $OUT/host_overhead.md ]] && sed -n '7,40p' $OUT/host_overhead.md | grep -v '^$' | cut -c1-400
-[[ -f $OUT/gpu_suite.md ]] && grep "^| " $OUT/gpu_suite.md | cut -d'|' -f2-8,15
+for f in $OUT/gpu_suite_1.md $OUT/gpu_suite_2.md; do
+  [[ -f $f ]] && grep "^| " $f | cut -d'|' -f2-8,15 | cut -c1-220
+done
 exit 0
