@@ -2,9 +2,10 @@
 // from an XLA FFI custom call on XLA's own stream (runtime/cuda/native/__init__.py says why).
 //
 // Per call the handler reads the device addresses XLA gives the call's operands and results,
-// writes those that changed since the last call into the graph's kernel parameters and
-// memcpy/memset node parameters at the places the capture diff found (patch.py), and
+// writes those that changed since the last call into the graph's kernel parameters (and
+// memcpy/memset node parameters) at the places the capture diff found (patch.py), and
 // launches the graph. Nothing here allocates, synchronizes or calls back into Python.
+// Memcpy/memset nodes are read (so that the diff sees what they touch) but never patched.
 //
 // The CUDA driver API is resolved from libcuda.so.1 at run time (no CUDA headers or
 // libraries are needed to build this file); every call's status is checked and turned into
@@ -80,10 +81,6 @@ struct Driver {
   CUresult (*GraphExecDestroy)(CUgraphExec);
   CUresult (*GraphLaunch)(CUgraphExec, CUstream);
   CUresult (*GraphExecKernelNodeSetParams)(CUgraphExec, CUgraphNode, const KernelNodeParams*);
-  // CUDA_MEMCPY3D / CUDA_MEMSET_NODE_PARAMS as raw bytes; may be absent (then copies and
-  // fills of arguments or results are refused when the executable is created).
-  CUresult (*GraphExecMemcpyNodeSetParams)(CUgraphExec, CUgraphNode, const void*, CUcontext);
-  CUresult (*GraphExecMemsetNodeSetParams)(CUgraphExec, CUgraphNode, const void*, CUcontext);
   CUresult (*CtxGetCurrent)(CUcontext*);
   CUresult (*CtxPushCurrent)(CUcontext);
   CUresult (*CtxPopCurrent)(CUcontext*);
@@ -152,8 +149,6 @@ bool LoadDriver(std::string* error) {
       {"cuGraphExecDestroy", reinterpret_cast<void**>(&g_cu.GraphExecDestroy), true},
       {"cuGraphLaunch", reinterpret_cast<void**>(&g_cu.GraphLaunch), true},
       {"cuGraphExecKernelNodeSetParams_v2", reinterpret_cast<void**>(&g_cu.GraphExecKernelNodeSetParams), true},
-      {"cuGraphExecMemcpyNodeSetParams", reinterpret_cast<void**>(&g_cu.GraphExecMemcpyNodeSetParams), false},
-      {"cuGraphExecMemsetNodeSetParams", reinterpret_cast<void**>(&g_cu.GraphExecMemsetNodeSetParams), false},
       {"cuCtxGetCurrent", reinterpret_cast<void**>(&g_cu.CtxGetCurrent), true},
       {"cuCtxPushCurrent_v2", reinterpret_cast<void**>(&g_cu.CtxPushCurrent), true},
       {"cuCtxPopCurrent_v2", reinterpret_cast<void**>(&g_cu.CtxPopCurrent), true},
@@ -425,14 +420,7 @@ struct Exec {
         uint64_t v = last[s.buffer] + static_cast<uint64_t>(s.delta);
         std::memcpy(pn.blob.data() + s.offset, &v, 8);
       }
-      if (exec == nullptr) continue;
-      if (pn.type == kKernel) {
-        HK_CHECK(g_cu.GraphExecKernelNodeSetParams(exec, pn.node, &pn.kernel));
-      } else if (pn.type == kMemcpy) {
-        HK_CHECK(g_cu.GraphExecMemcpyNodeSetParams(exec, pn.node, pn.blob.data(), ctx));
-      } else {
-        HK_CHECK(g_cu.GraphExecMemsetNodeSetParams(exec, pn.node, pn.blob.data(), ctx));
-      }
+      if (exec != nullptr) HK_CHECK(g_cu.GraphExecKernelNodeSetParams(exec, pn.node, &pn.kernel));
     }
     stats.nodes_patched += dirty.size();
     auto t2 = std::chrono::steady_clock::now();
@@ -633,15 +621,8 @@ HK_EXPORT int64_t hk_exec_create(uint64_t graph, int32_t device, int32_t n_buffe
       if (pn.sites.empty()) continue;
       hk::NodeView v = hk::Read(nodes[n]);
       pn.blob = std::move(v.blob);
-      if (pn.type == hk::kMemcpy || pn.type == hk::kMemset) {
-        // The node's parameter struct, re-pointed whole (cuGraphExecMem*NodeSetParams).
-        bool can = pn.type == hk::kMemcpy ? hk::g_cu.GraphExecMemcpyNodeSetParams != nullptr
-                                          : hk::g_cu.GraphExecMemsetNodeSetParams != nullptr;
-        if (!can) throw hk::Failure("this CUDA driver cannot re-point memcpy/memset nodes");
-        continue;
-      }
-      if (pn.type != hk::kKernel) throw hk::Failure("patch sites on a node that is neither a "
-                                                    "kernel, a memcpy nor a memset");
+      // Only kernel nodes are re-pointed (patch.py says why not memcpy/memset nodes).
+      if (pn.type != hk::kKernel) throw hk::Failure("patch sites on a node that is not a kernel");
       pn.kernel = v.kernel;
       pn.extra_size = v.extra_size;
       for (size_t off : v.offsets) pn.param_ptrs.push_back(pn.blob.data() + off);

@@ -16,9 +16,10 @@ by ``cuFuncGetParamInfo``; memcpy/memset nodes as their parameter structs) and c
   in the other, for one buffer ``i`` and the same ``d`` in ``[0, size_i]``: it is then a
   patch site ``(node, byte offset, i, d)``, and each call writes ``address_i + d`` there;
 - anything else (a differing word that is not such a pair, different kernels or launch
-  geometry, a node kind other than kernel, memcpy, memset or empty) makes the executable
-  not patchable: ``NotPatchable`` says which node and why, and the executable keeps the
-  Python path.
+  geometry, a memcpy/memset node or another kind whose parameters the driver will not
+  re-point at XLA's buffers) makes the executable not
+  patchable: ``NotPatchable`` says which node and why, and the executable keeps the Python
+  path.
 """
 from __future__ import annotations
 
@@ -31,12 +32,14 @@ from typing import Optional, Sequence
 NODE_KINDS = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "child graph", 5: "empty",
               6: "event wait", 7: "event record", 8: "semaphore signal", 9: "semaphore wait",
               10: "memory alloc", 11: "memory free", 12: "batch memop", 13: "conditional"}
-# Re-pointed per call: kernel parameters (cuGraphExecKernelNodeSetParams) and the parameter
-# structs of copies and fills (cuGraphExecMem{cpy,set}NodeSetParams, which take memory of
-# the graph's context: XLA's and torch's allocations are both the primary context's; a
-# trial launch over other buffers checks it when the executable is built, launcher.py).
-PATCHABLE = {"kernel", "memcpy", "memset"}
+PATCHABLE = {"kernel"}                          # parameters rewritten per call
 PASSIVE = {"empty"}                             # no parameters
+# Read and compared, but never re-pointed: cuGraphExecMemcpyNodeSetParams and its memset
+# twin only accept memory "allocated from the same contexts as the original" with 1-D
+# operands, which XLA's allocations were not shown to meet (never tried on a device), so a
+# copy or fill of an argument or result keeps the executable on the Python path (copies of
+# whole buffers are captured as kernels for the native launcher: thunks.copy_bytes).
+FIXED_ONLY = {"memcpy", "memset"}
 
 
 class NotPatchable(Exception):
@@ -127,11 +130,14 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
                                "or parameter layout")
         if a.kind in PASSIVE:
             continue
-        if a.kind not in PATCHABLE:
-            raise NotPatchable(f"{where}: a {a.kind} node (only kernel, memcpy and memset "
-                               "nodes can be re-pointed)")
+        if a.kind not in PATCHABLE | FIXED_ONLY:
+            raise NotPatchable(f"{where}: a {a.kind} node (only kernel nodes can be "
+                               "re-pointed)")
         if a.blob == b.blob:
             continue
+        if a.kind in FIXED_ONLY:
+            raise NotPatchable(f"{where} reads or writes an argument or result (the driver "
+                               f"does not re-point {a.kind} nodes at XLA's buffers)")
         n_words = len(a.blob) // 8
         if a.blob[8 * n_words:] != b.blob[8 * n_words:]:
             raise NotPatchable(f"{where}: parameter bytes past the last whole word differ")
