@@ -476,14 +476,14 @@ class CudaExecutable:
                 driver_library()
             except NativeLauncherError as e:     # once per process: no compiler, no driver
                 reason = f"the native launcher is unavailable: {e}"
-                warn_fallback("library", reason)
+                warn_fallback(reason, key="library")
         if reason is None:
             try:
                 self.native = launcher.NativeGraph(self)
             except Exception as e:  # noqa: BLE001  (never worse than the Python path)
                 reason = f"{type(e).__name__}: {e}"
-                warn_fallback(f"exe {id(self)}", f"{self.module.name}: the native launcher "
-                              f"cannot run this executable ({reason})")
+                warn_fallback(f"{self.module.name}: the native launcher cannot run this "
+                              f"executable ({reason})")
         self.native_reason = reason or "native"
         return self.native
 

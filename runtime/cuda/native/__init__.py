@@ -157,10 +157,12 @@ def driver_library() -> Any:
 _WARNED: set[str] = set()
 
 
-def warn_fallback(key: str, message: str) -> None:
-    """Warn (once per ``key``) that calls take the Python path, and why."""
-    if key not in _WARNED:
-        _WARNED.add(key)
+def warn_fallback(message: str, key: Optional[str] = None) -> None:
+    """Warn that calls take the Python path, and why: once per process for a ``key``, else
+    every time (callers warn once per executable or callable already)."""
+    if key is None or key not in _WARNED:
+        if key is not None:
+            _WARNED.add(key)
         warnings.warn(f"hlotk: {message}; calls take the Python path (same results, more "
                       "host time per call)", NativeLauncherWarning, stacklevel=3)
 

@@ -100,8 +100,8 @@ def _guarded(fast: Callable, slow: Callable, timing: list, name: str,
             disable()
             raise NativeLauncherError(message) from e
         out = slow(args, kwargs)      # bad arguments raise the project's error here
-        disable()
-        warn_fallback(f"call {name}", f"{name}: the native call failed "
+        disable()                     # once: later calls take ``slow`` directly
+        warn_fallback(f"{name}: the native call failed "
                       f"({type(e).__name__}: {message.splitlines()[0] if message else ''})")
         return out
     return run

@@ -621,7 +621,8 @@ HK_EXPORT int64_t hk_exec_create(uint64_t graph, int32_t device, int32_t n_buffe
       if (pn.sites.empty()) continue;
       hk::NodeView v = hk::Read(nodes[n]);
       pn.blob = std::move(v.blob);
-      // Only kernel nodes are re-pointed (patch.py says why not memcpy/memset nodes).
+      // Only kernel nodes are re-pointed: the driver refused to re-point a memcpy node at
+      // XLA's buffers (cuGraphExecMemcpyNodeSetParams: CUDA_ERROR_INVALID_VALUE), patch.py.
       if (pn.type != hk::kKernel) throw hk::Failure("patch sites on a node that is not a kernel");
       pn.kernel = v.kernel;
       pn.extra_size = v.extra_size;

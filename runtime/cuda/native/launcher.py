@@ -161,6 +161,13 @@ class NativeGraph:
             [t.data_ptr() for t in staging_b], self.sizes, nodes_c)
         del graph_b, graph_c
         self.id = self._create(self._graph.raw_cuda_graph(), device.index or 0)
+        # A trial launch over capture B's buffers: every site re-pointed and the graph run
+        # once before any user call depends on it (a refused update fails here, and the
+        # executable keeps the Python path). The first FFI call re-points again. A failure
+        # inside a later FFI call surfaces only when its results are read (XLA reports it
+        # asynchronously), too late to rerun the call on the Python path.
+        self.launch([t.data_ptr() for t in staging_b],
+                    torch.cuda.current_stream(device).cuda_stream)
         torch.cuda.synchronize(device)
         self.build_seconds = time.perf_counter() - t0
         self._calls_at_reset = [0] * 6

@@ -34,11 +34,11 @@ NODE_KINDS = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "child graph"
               10: "memory alloc", 11: "memory free", 12: "batch memop", 13: "conditional"}
 PATCHABLE = {"kernel"}                          # parameters rewritten per call
 PASSIVE = {"empty"}                             # no parameters
-# Read and compared, but never re-pointed: cuGraphExecMemcpyNodeSetParams and its memset
-# twin only accept memory "allocated from the same contexts as the original" with 1-D
-# operands, which XLA's allocations were not shown to meet (never tried on a device), so a
-# copy or fill of an argument or result keeps the executable on the Python path (copies of
-# whole buffers are captured as kernels for the native launcher: thunks.copy_bytes).
+# Read and compared, but never re-pointed: cuGraphExecMemcpyNodeSetParams accepted torch's
+# buffers and refused XLA's (CUDA_ERROR_INVALID_VALUE on the H200 with jax 0.11.2,
+# benchmarks/NOTES.md, issue 12 run 3), so a copy or fill of an argument or result keeps the
+# executable on the Python path (copies of whole buffers are captured as kernels for the
+# native launcher: thunks.copy_bytes).
 FIXED_ONLY = {"memcpy", "memset"}
 
 
