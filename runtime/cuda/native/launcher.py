@@ -118,8 +118,8 @@ def _plain(shape: Any, what: str) -> None:
 
 
 class NativeGraph:
-    """One executable, captured once (three times, to find its address words), launched per call
-    by the FFI handler with XLA's buffers patched in."""
+    """One executable, captured (three times, to find its address words), launched per
+    call by the FFI handler with XLA's buffers patched in."""
 
     def __init__(self, exe: Any):
         import torch
