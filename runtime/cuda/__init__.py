@@ -18,7 +18,7 @@ Importing this package needs neither torch nor a GPU; building an executable doe
 from __future__ import annotations
 
 from .errors import (CudaBackendError, DeviceMemoryError, KernelCompileError,  # noqa: F401
-                     NativeLauncherError, NoCudaDeviceError)
+                     NativeLauncherError, NativeLauncherWarning, NoCudaDeviceError)
 
 
 def __getattr__(name: str):

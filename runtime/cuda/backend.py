@@ -484,13 +484,22 @@ class CudaExecutable:
         if self._native_tried:
             return self.native
         self._native_tried = True
-        from .native import front, launcher
+        from .errors import NativeLauncherError
+        from .native import driver_library, front, launcher, warn_fallback
         reason = front.disabled() or launcher.eligibility(self) or front.jax_sees(self.device)
+        if reason is None:
+            try:
+                driver_library()
+            except NativeLauncherError as e:     # once per process: no compiler, no driver
+                reason = f"the native launcher is unavailable: {e}"
+                warn_fallback(reason, key="library")
         if reason is None:
             try:
                 self.native = launcher.NativeGraph(self)
             except Exception as e:  # noqa: BLE001  (never worse than the Python path)
                 reason = f"{type(e).__name__}: {e}"
+                warn_fallback(f"{self.module.name}: the native launcher cannot run this "
+                              f"executable ({reason})")
         self.native_reason = reason or "native"
         return self.native
 

@@ -23,3 +23,8 @@ class KernelCompileError(CudaBackendError):
 class NativeLauncherError(CudaBackendError):
     """The native launcher (runtime/cuda/native) could not be built or loaded, or a launch
     through it failed; the message names the compiler, the driver call or the argument."""
+
+
+class NativeLauncherWarning(UserWarning):
+    """The native launcher could not be used (build, driver or capture diff failed): calls
+    take the Python path, with the same results; the message says why."""

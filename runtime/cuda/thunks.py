@@ -207,7 +207,7 @@ def copy_bytes(dst: Any, src: Any, ctx: RunContext) -> None:
     """``dst[:] = src`` for flat uint8 tensors: ``copy_`` (cudaMemcpy), or, where the run is
     captured for the native launcher (``ctx.kernel_copies``), an elementwise kernel: the
     driver refuses to re-point a captured memcpy node at XLA's memory, a kernel's
-    parameters it re-points (runtime/cuda/native)."""
+    parameters it re-points (runtime/cuda/native/patch.py)."""
     if not getattr(ctx, "kernel_copies", False):
         dst.copy_(src)
         return

@@ -8,7 +8,7 @@ of a tiny wrapper, so that JAX's C++ dispatch flattens the pytrees, checks the a
 allocates the results (fresh ``jax.Array``s, donation through ``input_output_aliases``)
 and hands the handler raw device pointers on XLA's stream. The handler writes the pointers
 that moved since the last call into the graph's kernel parameters at the places found by
-diffing two captures (``patch.py``) and calls ``cuGraphLaunch``. After the first call of a
+diffing three captures (``patch.py``) and calls ``cuGraphLaunch``. After the first call of a
 signature, a call is JAX's dispatch plus a few µs of C++; no Python runs per buffer.
 
 Which executables: those whose every thunk can be captured (no host-driven loops or
@@ -31,10 +31,11 @@ import os
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import NativeLauncherError
+from ..errors import NativeLauncherError, NativeLauncherWarning
 
 SOURCE = Path(__file__).with_name("graph_launch.cc")
 TARGET = "hlotk_graph_launch"         # the FFI target on CUDA
@@ -151,6 +152,19 @@ def driver_library() -> Any:
             _DRIVER_OK = True
             return lib
     raise NativeLauncherError(_DRIVER_ERROR)
+
+
+_WARNED: set[str] = set()
+
+
+def warn_fallback(message: str, key: Optional[str] = None) -> None:
+    """Warn that calls take the Python path, and why: once per process for a ``key``, else
+    every time (callers warn once per executable or callable already)."""
+    if key is None or key not in _WARNED:
+        if key is not None:
+            _WARNED.add(key)
+        warnings.warn(f"hlotk: {message}; calls take the Python path (same results, more "
+                      "host time per call)", NativeLauncherWarning, stacklevel=3)
 
 
 def check(status: int, err: Any, what: str) -> None:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 from hlo.errors import HlotkError
 
 from ..errors import NativeLauncherError
+from . import warn_fallback
 
 _HANDLER_MARK = "hlotk native graph"
 
@@ -59,10 +60,13 @@ def cuda_executable(compiled: Any) -> Any:
 _TRACING_S = 0.05
 
 
-def _guarded(fast: Callable, slow: Callable, timing: list, on_decline: Callable = lambda: None,
+def _guarded(fast: Callable, slow: Callable, timing: list, name: str,
+             disable: Callable, on_decline: Callable = lambda: None,
              graphs: Any = None) -> Callable:
     """``run(args, kwargs)``: the jitted ``fast`` call, or ``slow(args, kwargs)`` where it
-    declines or JAX refuses the arguments; handler failures become NativeLauncherError.
+    declines or JAX refuses the arguments. Where ``fast`` itself fails on arguments the
+    checked path accepts (a bug or a handler failure, not bad input), ``disable()`` turns the
+    native path off for good, with one warning, and the call's result comes from ``slow``.
     ``timing`` accumulates [calls, host seconds] of the fast calls (exe.report()).
     ``graphs``: the executable's GraphSettings; with graphs off, calls take ``slow``."""
     clock = time.perf_counter
@@ -79,13 +83,26 @@ def _guarded(fast: Callable, slow: Callable, timing: list, on_decline: Callable 
         except HlotkError:
             raise
         except Exception as e:  # noqa: BLE001
-            if _HANDLER_MARK in str(e):
-                raise NativeLauncherError(str(e).strip()) from e
-            return slow(args, kwargs)
+            return _recover(e, args, kwargs)
         dt = clock() - t0
         if dt < _TRACING_S:
             timing[0] += 1
             timing[1] += dt
+        return out
+
+    def _recover(e: Exception, args: tuple, kwargs: dict) -> Any:
+        import jax
+        message = str(e).strip()
+        if _HANDLER_MARK in message and any(
+                getattr(x, "is_deleted", lambda: False)()
+                for x in jax.tree_util.tree_leaves((args, kwargs))):
+            # Donated arguments are gone with the failed call: nothing left to rerun on.
+            disable()
+            raise NativeLauncherError(message) from e
+        out = slow(args, kwargs)      # bad arguments raise the project's error here
+        disable()                     # once: later calls take ``slow`` directly
+        warn_fallback(f"{name}: the native call failed "
+                      f"({type(e).__name__}: {message.splitlines()[0] if message else ''})")
         return out
     return run
 
@@ -109,7 +126,10 @@ def compiled_caller(compiled: Any) -> Any:
         return jax.tree_util.tree_unflatten(out_tree, graph.call(*leaves))
     fast = jax.jit(body, donate_argnums=getattr(lowered, "donate_dynamic", ()))
     compiled._native_jit = fast          # the bare jax.jit function (benchmarks, HLO text)
-    return _guarded(fast, compiled._call_checked, exe.native_timing, graphs=exe.graphs)
+    def disable() -> None:
+        compiled._native = False
+    return _guarded(fast, compiled._call_checked, exe.native_timing, compiled.lowered.name,
+                    disable, graphs=exe.graphs)
 
 
 def jitted_front(jitted: Any) -> Any:
@@ -145,4 +165,5 @@ def jitted_front(jitted: Any) -> Any:
     def decline() -> None:
         jitted._front = False
     jitted._front_jit = fast             # the bare jax.jit function (benchmarks, HLO text)
-    return _guarded(fast, jitted._call_checked, timing, on_decline=decline)
+    return _guarded(fast, jitted._call_checked, timing, jitted.__name__, decline,
+                    on_decline=decline)

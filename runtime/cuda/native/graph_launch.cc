@@ -41,6 +41,7 @@ typedef struct CUctx_st* CUcontext;
 typedef struct CUstream_st* CUstream;
 
 constexpr CUresult kInvalidValue = 1;  // CUDA_ERROR_INVALID_VALUE
+constexpr int kAlignment = 64;          // launcher.ALIGNMENT: what the captures assumed
 
 enum NodeType : int {
   kKernel = 0, kMemcpy = 1, kMemset = 2, kHost = 3, kChildGraph = 4, kEmpty = 5,
@@ -396,10 +397,11 @@ struct Exec {
     for (size_t k = 0; k < n_buffers; ++k) {
       uint64_t a = addr(k);
       if (a == last[k]) continue;
-      if (a % 16 != 0) {
-        char msg[160];
-        std::snprintf(msg, sizeof msg, "buffer %zu's device address 0x%llx is not 16-byte "
-                      "aligned (the captured kernels assume it)", k, (unsigned long long)a);
+      if (a % kAlignment != 0) {
+        char msg[200];
+        std::snprintf(msg, sizeof msg, "buffer %zu's device address 0x%llx is not %d-byte "
+                      "aligned (the captured kernels assume it; launcher.ALIGNMENT)", k,
+                      (unsigned long long)a, kAlignment);
         throw Failure(msg);
       }
       last[k] = a;
@@ -619,8 +621,8 @@ HK_EXPORT int64_t hk_exec_create(uint64_t graph, int32_t device, int32_t n_buffe
       if (pn.sites.empty()) continue;
       hk::NodeView v = hk::Read(nodes[n]);
       pn.blob = std::move(v.blob);
-      // Only kernel nodes: the driver refuses to re-point memcpy nodes at XLA's buffers
-      // (cuGraphExecMemcpyNodeSetParams: CUDA_ERROR_INVALID_VALUE), see patch.py.
+      // Only kernel nodes are re-pointed: the driver refused to re-point a memcpy node at
+      // XLA's buffers (cuGraphExecMemcpyNodeSetParams: CUDA_ERROR_INVALID_VALUE), patch.py.
       if (pn.type != hk::kKernel) throw hk::Failure("patch sites on a node that is not a kernel");
       pn.kernel = v.kernel;
       pn.extra_size = v.extra_size;

@@ -1,7 +1,7 @@
 """A CudaExecutable as one patchable CUDA graph, called through ``jax.ffi.ffi_call``.
 
     reason = eligibility(exe)          # None, or why the executable keeps the Python path
-    graph = NativeGraph(exe)           # warm up, capture twice, diff, instantiate
+    graph = NativeGraph(exe)           # warm up, capture three times, diff, instantiate
     outs = graph.call(*leaves)         # inside jax.jit: one FFI custom call
 
 Buffers, as the handler numbers them: the entry parameters in order (one allocation each),
@@ -21,6 +21,12 @@ from passes.dataflow import array_leaves
 
 from . import DRY_RUN_TARGET, TARGET, _ERRBUF, check, driver_library, int_array
 from .patch import NotPatchable, PatchSite, parse_nodes, patch_sites
+
+# XLA's device buffers start on 256-byte boundaries (its BFC allocator); the handler refuses
+# an address that is not ALIGNMENT-aligned, and the captures see their buffers exactly that
+# aligned (an allocation's start, 512-aligned, plus STAGING_SKEW), never more.
+ALIGNMENT = 64
+STAGING_SKEW = 64
 
 
 def eligibility(exe: Any) -> Optional[str]:
@@ -112,8 +118,8 @@ def _plain(shape: Any, what: str) -> None:
 
 
 class NativeGraph:
-    """One executable, captured once (twice, to find its address words), launched per call
-    by the FFI handler with XLA's buffers patched in."""
+    """One executable, captured (three times, to find its address words), launched per
+    call by the FFI handler with XLA's buffers patched in."""
 
     def __init__(self, exe: Any):
         import torch
@@ -141,26 +147,40 @@ class NativeGraph:
                                "; ".join(t.label() for t in fell_back[:4]))
         self.stream = torch.cuda.Stream(device)
         self.pool = torch.cuda.graph_pool_handle()
-        # Capture A is kept and instantiated; capture B, into the same pool (so that what
-        # the thunks allocate during capture lands where it did in A), only for the diff.
+        # Capture A is kept and instantiated; B (other staging buffers) and C (A's again),
+        # into the same pool (so that what the thunks allocate during capture tends to land
+        # where it did in A), only for the diff (patch.py).
         self._graph = self._capture(mem_a)
         graph_b = self._capture(self._memory(staging_b))
+        graph_c = self._capture(mem_a)
         self.nodes = self._describe(self._graph.raw_cuda_graph())
         nodes_b = self._describe(graph_b.raw_cuda_graph())
+        nodes_c = self._describe(graph_c.raw_cuda_graph())
         self.sites: list[PatchSite] = patch_sites(
             self.nodes, nodes_b, [t.data_ptr() for t in staging_a],
-            [t.data_ptr() for t in staging_b], self.sizes)
-        del graph_b
+            [t.data_ptr() for t in staging_b], self.sizes, nodes_c)
+        del graph_b, graph_c
         self.id = self._create(self._graph.raw_cuda_graph(), device.index or 0)
+        # A trial launch over capture B's buffers: every site re-pointed and the graph run
+        # once before any user call depends on it (a refused update fails here, and the
+        # executable keeps the Python path). The first FFI call re-points again. A failure
+        # inside a later FFI call surfaces only when its results are read (XLA reports it
+        # asynchronously), too late to rerun the call on the Python path.
+        self.launch([t.data_ptr() for t in staging_b],
+                    torch.cuda.current_stream(device).cuda_stream)
         torch.cuda.synchronize(device)
         self.build_seconds = time.perf_counter() - t0
         self._calls_at_reset = [0] * 6
 
     # --- building ------------------------------------------------------------------------
     def staging(self) -> list[Any]:
+        """Zeroed stand-ins for the argument/result buffers, each starting ``STAGING_SKEW``
+        bytes into an allocation: kernels that pick their vector width from their pointers'
+        alignment (torch's elementwise kernels, cuBLAS) then choose one that XLA's buffers
+        (at least ``ALIGNMENT``-aligned, checked per call by the handler) also satisfy."""
         import torch
-        return [torch.zeros(max(n, 1), dtype=torch.uint8, device=self.exe.device)
-                for n in self.sizes]
+        return [torch.zeros(max(n, 1) + STAGING_SKEW, dtype=torch.uint8,
+                            device=self.exe.device)[STAGING_SKEW:] for n in self.sizes]
 
     def _memory(self, staging: list[Any]) -> Any:
         from ..arena import Memory

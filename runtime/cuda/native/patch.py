@@ -1,13 +1,17 @@
 """Where a captured graph holds its argument and result addresses: the capture diff.
 
-The executable is captured twice, each time with its arguments and results in a different
-set of staging buffers (the arena and the constants stay where they are). Every node's
+The executable is captured three times: A and C with its arguments and results in one set
+of staging buffers, B in another (the arena and the constants stay where they are). Every node's
 parameters are read back from both graphs (``graph_launch.cc``: kernel parameters laid out
 by ``cuFuncGetParamInfo``; memcpy/memset nodes as their parameter structs) and compared as
 8-byte words:
 
-- a word equal in both captures is not an I/O address (it may be a fixed address: arena,
+- a word equal in A and B is not an I/O address (it may be a fixed address: arena,
   constants, workspaces; or a size, a stride, a scalar);
+- a word that differs between A and C, whose buffers are the same, is local to a capture,
+  not an I/O address: padding or unset struct members a launch copies from the stack
+  (torch's elementwise kernels pass such bytes), or a temporary the capture allocated in
+  its own pool. Capture A's value is the one its graph needs; it is kept;
 - a word that differs must be ``staging_a[i] + d`` in one capture and ``staging_b[i] + d``
   in the other, for one buffer ``i`` and the same ``d`` in ``[0, size_i]``: it is then a
   patch site ``(node, byte offset, i, d)``, and each call writes ``address_i + d`` there;
@@ -22,7 +26,7 @@ from __future__ import annotations
 import bisect
 import struct
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 # CUgraphNodeType values (cuda.h) and what the launcher can do with each.
 NODE_KINDS = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "child graph", 5: "empty",
@@ -30,10 +34,11 @@ NODE_KINDS = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "child graph"
               10: "memory alloc", 11: "memory free", 12: "batch memop", 13: "conditional"}
 PATCHABLE = {"kernel"}                          # parameters rewritten per call
 PASSIVE = {"empty"}                             # no parameters
-# Read and compared, but never re-pointed: cuGraphExecMemcpyNodeSetParams refused XLA's
-# buffers (CUDA_ERROR_INVALID_VALUE, benchmarks/NOTES.md run 17), so a copy or fill of an
-# argument or result keeps the executable on the Python path (copies are captured as
-# kernels for the native launcher: runtime/cuda/thunks.copy_bytes).
+# Read and compared, but never re-pointed: cuGraphExecMemcpyNodeSetParams accepted torch's
+# buffers and refused XLA's (CUDA_ERROR_INVALID_VALUE on the H200 with jax 0.11.2,
+# benchmarks/NOTES.md, issue 12 run 3), so a copy or fill of an argument or result keeps the
+# executable on the Python path (copies of whole buffers are captured as kernels for the
+# native launcher: thunks.copy_bytes).
 FIXED_ONLY = {"memcpy", "memset"}
 
 
@@ -45,7 +50,7 @@ class NotPatchable(Exception):
 class NodeInfo:
     """One node of a captured graph, as ``hk_graph_describe`` serializes it."""
     kind: str
-    key: bytes      # must be equal between the two captures
+    key: bytes      # must be equal between the captures
     blob: bytes     # the bytes whose 8-byte words are compared
     name: str = ""  # the kernel's name, for messages
 
@@ -101,21 +106,27 @@ class _Ranges:
 
 def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
                 staging_a: Sequence[int], staging_b: Sequence[int],
-                sizes: Sequence[int]) -> list[PatchSite]:
+                sizes: Sequence[int],
+                nodes_c: Optional[Sequence[NodeInfo]] = None) -> list[PatchSite]:
     """The patch sites of capture A (buffers at ``staging_a``) given capture B of the same
-    executable (buffers at ``staging_b``); raises NotPatchable."""
+    executable (buffers at ``staging_b``) and, optionally, capture C (buffers at
+    ``staging_a`` again: words that differ between A and C are capture-local, kept as A
+    has them); raises NotPatchable."""
     if not (len(staging_a) == len(staging_b) == len(sizes)):
         raise ValueError("one staging address and size per buffer in each capture")
     if set(staging_a) & set(staging_b):
         raise ValueError("the two captures must use different staging buffers")
     ranges_a, ranges_b = _Ranges(staging_a, sizes), _Ranges(staging_b, sizes)
-    if len(nodes_a) != len(nodes_b):
-        raise NotPatchable(f"the two captures have {len(nodes_a)} and {len(nodes_b)} nodes")
+    if nodes_c is None:
+        nodes_c = nodes_a
+    if not len(nodes_a) == len(nodes_b) == len(nodes_c):
+        raise NotPatchable(f"the captures have {len(nodes_a)}, {len(nodes_b)} and "
+                           f"{len(nodes_c)} nodes")
     sites: list[PatchSite] = []
-    for n, (a, b) in enumerate(zip(nodes_a, nodes_b)):
+    for n, (a, b, c) in enumerate(zip(nodes_a, nodes_b, nodes_c)):
         where = f"node {n} ({a.label()})"
-        if a.kind != b.kind or a.key != b.key or len(a.blob) != len(b.blob):
-            raise NotPatchable(f"{where}: the two captures differ in kernel, launch geometry "
+        if any(x.kind != a.kind or x.key != a.key or len(x.blob) != len(a.blob) for x in (b, c)):
+            raise NotPatchable(f"{where}: the captures differ in kernel, launch geometry "
                                "or parameter layout")
         if a.kind in PASSIVE:
             continue
@@ -132,8 +143,9 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
             raise NotPatchable(f"{where}: parameter bytes past the last whole word differ")
         words_a = struct.unpack_from(f"<{n_words}Q", a.blob)
         words_b = struct.unpack_from(f"<{n_words}Q", b.blob)
-        for k, (wa, wb) in enumerate(zip(words_a, words_b)):
-            if wa == wb:
+        words_c = struct.unpack_from(f"<{n_words}Q", c.blob)
+        for k, (wa, wb, wc) in enumerate(zip(words_a, words_b, words_c)):
+            if wa == wb or wa != wc:        # fixed, or local to a capture
                 continue
             hit_a, hit_b = ranges_a.find(wa), ranges_b.find(wb)
             if hit_a is None or hit_a != hit_b:
