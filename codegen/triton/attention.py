@@ -123,9 +123,12 @@ class Plan:
     """Everything the launch needs that depends only on the fusion body."""
 
     def __init__(self, comp):
-        from passes.fusion.attention import NoMatch, match_attention, score_dims
+        from passes.fusion.attention import NoMatch, attention_root, match_attention, score_dims
+        pv, where = attention_root(comp.root)
+        # pv dim j is the output's dim out_perm[j]: the kernel stores through those strides
+        self.out_perm = [where.index(j) for j in range(len(where))]
         try:
-            m = match_attention(comp.root)
+            m = match_attention(pv)
         except NoMatch as e:
             raise Unsupported(str(e)) from None
         if m is None:
@@ -244,8 +247,8 @@ def flash_attention(inst, operands: list, out: Optional[Any] = None) -> Any:
     Z, H, M, D = q.shape
     N, DV = k.shape[2], v.shape[3]
     if out is None:
-        out = torch.empty(tuple(m.pv.shape.dims), dtype=v.dtype, device=v.device)
-    o_view = out.permute(p.o_perm)
+        out = torch.empty(tuple(inst.shape.dims), dtype=v.dtype, device=v.device)
+    o_view = out.permute(p.out_perm).permute(p.o_perm)
     o = o_view.reshape(Z, H, M, DV)
     copy_back = o.data_ptr() != o_view.data_ptr() or not _same_storage_view(o, o_view)
     if copy_back:

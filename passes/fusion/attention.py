@@ -29,7 +29,7 @@ import numpy as np
 from hlo.ir import Instruction
 
 from .rewrite import _unique
-from .views import trace_view
+from .views import compose, trace_view, view_step
 
 FLASH_ATTENTION = "__flash_attention"
 
@@ -68,6 +68,10 @@ class AttentionMatch:
     k_is_lhs: bool
     steps: list[ScoreStep]
     members: list[Instruction] = field(default_factory=list)
+    # Transposes/copies after pv that only permute its dims, absorbed so the kernel writes
+    # the layout its consumer reads (output_views); out_where[i] = pv dim of output dim i.
+    out_views: list[Instruction] = field(default_factory=list)
+    out_where: tuple = ()
 
     @property
     def q(self) -> Instruction:
@@ -447,7 +451,53 @@ def match_attention(pv: Instruction) -> Optional[AttentionMatch]:
                           f"%{outside[0].name} outside it: fusing would still write the "
                           f"{list(i.shape.dims)} intermediate (a gradient or returned weights "
                           "need it)")
+    m.out_views, m.out_where = output_views(pv)
+    m.members = members + m.out_views
     return m
+
+
+_OUT_VIEWS = frozenset({"transpose", "copy", "bitcast", "reshape"})
+
+
+def _permutation(inst: Instruction) -> Optional[tuple]:
+    """``where`` of a view that permutes all of its operand's dims (no size-1 games)."""
+    step = view_step(inst)
+    if step is None or sorted(d for d in step if d is not None) != list(range(len(step))) \
+            or None in step or inst.operands[0].shape.rank != len(step):
+        return None
+    return step
+
+
+def output_views(pv: Instruction) -> tuple[list[Instruction], tuple]:
+    """The chain of transposes/copies that are ``pv``'s only readers and only permute its
+    dims (e.g. einsum's [b,h,d,q] -> [b,q,h,d]): fused, the kernel stores each row
+    straight into the consumer's layout instead of a separate copy kernel re-reading it."""
+    chain: list[Instruction] = []
+    where = tuple(range(pv.shape.rank)) if pv.shape.is_array else ()
+    cur = pv
+    while len(cur.users) == 1 and not cur.is_root:
+        u = cur.users[0]
+        step = _permutation(u) if u.opcode in _OUT_VIEWS and u.operands[0] is cur else None
+        if step is None:
+            break
+        where = compose(step, where)
+        chain.append(u)
+        cur = u
+    return chain, where
+
+
+def attention_root(root: Instruction) -> tuple[Instruction, tuple]:
+    """A fused attention body's root -> (pv, where): pv under the absorbed output views,
+    ``where[i]`` the pv dim that the root's dim ``i`` is."""
+    where = tuple(range(root.shape.rank)) if root.shape.is_array else ()
+    cur = root
+    while cur.opcode in _OUT_VIEWS:
+        step = _permutation(cur)
+        if step is None:
+            break
+        where = compose(where, step)
+        cur = cur.operands[0]
+    return cur, where
 
 
 def _find(instructions: list[Instruction]) -> tuple[list[AttentionMatch],
