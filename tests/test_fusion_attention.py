@@ -200,10 +200,13 @@ def _triton_case(f, args, tol):
     np.testing.assert_allclose(got, np.asarray(want, np.float32), rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("case", ["causal_f32", "bias_mask_f32", "gqa_f32"])
+@pytest.mark.parametrize("case", ["causal_f32", "causal_long_f32", "bias_mask_f32", "gqa_f32"])
 def test_triton_flash_attention_kernel(case):
     if case == "causal_f32":
         _triton_case(_attention(causal=True), _inputs((1, 37, 2, 16)), 1e-4)
+    elif case == "causal_long_f32":
+        # query blocks past the first: key blocks below the diagonal run unmasked
+        _triton_case(_attention(causal=True), _inputs((1, 150, 1, 16)), 1e-4)
     elif case == "bias_mask_f32":
         q, k, v = _inputs((1, 2, 24, 16))
         bias = np.random.default_rng(1).standard_normal((1, 2, 24, 24)).astype(np.float32)
