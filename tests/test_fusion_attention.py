@@ -246,3 +246,17 @@ def test_flash_attention_end_to_end_cuda():
     got = np.asarray(jf(q, k, v), np.float32)
     np.testing.assert_allclose(got, np.asarray(jax.jit(f)(q, k, v), np.float32),
                                rtol=2e-2, atol=2e-2)
+
+
+def test_gpu_layouts_read_qkv_in_place_and_write_the_consumer_layout():
+    """With the CUDA pipeline's layout assignment, the attention dots are kernel dots, not
+    cuBLAS GEMMs: q, k, v keep their [b,s,h,d] layouts (no copies) and the einsum's output
+    transpose is inside the fusion, so the program is one kernel with no temp buffer."""
+    from passes.pipelines import PIPELINES
+    q, k, v = _inputs((1, 40, 2, 16))
+    f = _attention(causal=True)
+    jf = runtime.jit(f, target="h200", pipeline=PIPELINES["default"]["cuda"])
+    c = jf.lower(q, k, v).compile()
+    assert [i.opcode for i in c.module.entry.instructions] == ["parameter"] * 3 + ["fusion"]
+    assert c.memory_analysis().temp_size_in_bytes == 0
+    np.testing.assert_allclose(jf(q, k, v), jax.jit(f)(q, k, v), rtol=2e-5, atol=2e-5)

@@ -460,10 +460,17 @@ _OUT_VIEWS = frozenset({"transpose", "copy", "bitcast", "reshape"})
 
 
 def _permutation(inst: Instruction) -> Optional[tuple]:
-    """``where`` of a view that permutes all of its operand's dims (no size-1 games)."""
+    """``where`` of a view that permutes all of its operand's dims. Size-1 dims, which a
+    bitcast leaves unpaired, are paired with the operand's left-over size-1 dims in order
+    (which one goes where moves no element)."""
     step = view_step(inst)
-    if step is None or sorted(d for d in step if d is not None) != list(range(len(step))) \
-            or None in step or inst.operands[0].shape.rank != len(step):
+    src = inst.operands[0].shape
+    if step is None or src.rank != len(step):
+        return None
+    spare = iter(d for d in range(src.rank) if d not in step)
+    step = tuple(next(spare, None) if d is None else d for d in step)
+    if sorted(d for d in step if d is not None) != list(range(len(step))) or any(
+            src.dims[d] != inst.shape.dims[i] for i, d in enumerate(step)):
         return None
     return step
 
