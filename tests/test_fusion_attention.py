@@ -260,3 +260,20 @@ def test_gpu_layouts_read_qkv_in_place_and_write_the_consumer_layout():
     assert [i.opcode for i in c.module.entry.instructions] == ["parameter"] * 3 + ["fusion"]
     assert c.memory_analysis().temp_size_in_bytes == 0
     np.testing.assert_allclose(jf(q, k, v), jax.jit(f)(q, k, v), rtol=2e-5, atol=2e-5)
+
+
+def test_gradient_explains_the_unmatched_backward():
+    """jax.grad of attention: no flash fusion (no fused backward exists), the report names
+    the forward values the backward reads and the backward dots, and results match."""
+    q, k, v = _inputs((1, 32, 2, 16))
+    f = _attention(causal=True)
+    g = jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) ** 2), argnums=(0, 1, 2))
+    jf = runtime.jit(g)
+    compiled = jf.lower(q, k, v).compile()
+    assert not _attention_fusions(compiled)
+    notes = [n for n in report_for(compiled.module).pattern_notes() if "backward" in n]
+    assert len(notes) == 1 and "divide" in notes[0] and "feeds them to %dot" in notes[0], notes
+    pv_name = notes[0].split(":")[0].strip("% ")
+    assert f"%{pv_name}," not in notes[0] and not notes[0].endswith(f"%{pv_name}")
+    for got, want in zip(jf(q, k, v), jax.jit(g)(q, k, v)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

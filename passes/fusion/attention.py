@@ -442,18 +442,51 @@ def match_attention(pv: Instruction) -> Optional[AttentionMatch]:
         members = [i for i in members if i not in shared]
         ids = {id(i) for i in members}
     m = AttentionMatch(qk, pv, p_side == 0, x, k_is_lhs, steps, members)
-    for i in members:
-        if i is pv:
-            continue
-        outside = [u for u in i.users if id(u) not in ids]
-        if outside:
-            raise NoMatch(f"%{i.name} ({i.opcode}, inside the attention) is also read by "
-                          f"%{outside[0].name} outside it: fusing would still write the "
-                          f"{list(i.shape.dims)} intermediate (a gradient or returned weights "
-                          "need it)")
+    read_outside = [(i, u) for i in members if i is not pv
+                     for u in i.users if id(u) not in ids]
+    if read_outside:
+        raise NoMatch(_outside_reason(read_outside, ids))
     m.out_views, m.out_where = output_views(pv)
     m.members = members + m.out_views
     return m
+
+
+def _dots_reached(inst: Instruction, depth: int = 6) -> list[Instruction]:
+    """Dots that read ``inst`` through at most ``depth`` views/elementwise ops/reductions."""
+    found, frontier, seen = [], [inst], {id(inst)}
+    for _ in range(depth):
+        nxt = []
+        for x in frontier:
+            for u in x.users:
+                if id(u) in seen:
+                    continue
+                seen.add(id(u))
+                if u.opcode == "dot":
+                    found.append(u)
+                elif u.op.elementwise or u.opcode in _VIEWS or u.opcode == "reduce":
+                    nxt.append(u)
+        frontier = nxt
+    return found
+
+
+def _outside_reason(read_outside: list[tuple[Instruction, Instruction]], ids: set[int]) -> str:
+    """Why a softmax·V whose pieces are read elsewhere is not fused. When those readers feed
+    dots, it is jax.grad's backward: say which forward values it reads and what is missing."""
+    i, u = read_outside[0]
+    dots = _unique([d for _, r in read_outside for d in ([r] if r.opcode == "dot" else
+                                                         _dots_reached(r))
+                    if id(d) not in ids])
+    if not dots:
+        return (f"%{i.name} ({i.opcode}, inside the attention) is also read by %{u.name} "
+                f"outside it: fusing would still write the {list(i.shape.dims)} intermediate "
+                "(returned attention weights need it)")
+    read = ", ".join(f"%{x.name} ({x.opcode} {list(x.shape.dims)})"
+                     for x in _unique([x for x, _ in read_outside]))
+    return (f"the backward is not matched: the gradient reads the forward's {read} and feeds "
+            f"them to {', '.join('%' + d.name for d in dots)} (dV = P^T.dO, dS = "
+            "P*(dP - rowsum(dP*P)), dQ = dS.K, dK = dS^T.Q); hlotk has no fused attention "
+            "backward (recomputing P blockwise from q, k and the row max/sum), so the "
+            "probabilities stay in memory and neither the forward nor the backward is fused")
 
 
 _OUT_VIEWS = frozenset({"transpose", "copy", "bitcast", "reshape"})
