@@ -104,9 +104,12 @@ def eight_bit_dot(inst: Instruction) -> bool:
 class TargetRules:
     """Layouts that library calls of a target require. The CPU: row-major dots."""
 
-    def __init__(self, target: str):
+    def __init__(self, target: str, kernel_dots: frozenset[int] = frozenset()):
         self.target = target
         self.is_gpu = target in GPU_TARGETS
+        # ids of dots that a flash-attention kernel will run, not cuBLAS: the kernel reads
+        # q, k and v through any strides, so they keep their layouts (no copies)
+        self.kernel_dots = kernel_dots
 
     def operand_requirement(self, inst: Instruction, k: int) -> Optional[_Requirement]:
         op = inst.operands[k]
@@ -115,6 +118,8 @@ class TargetRules:
         if inst.opcode == "dot":
             if not self.is_gpu:
                 return _Requirement(lu.default_layout(op.shape.rank))
+            if id(inst) in self.kernel_dots:
+                return None
             side = "lhs" if k == 0 else "rhs"
             req = _gemm_requirement(op.shape, inst.attrs.get(f"{side}_batch_dims", ()),
                                     inst.attrs.get(f"{side}_contracting_dims", ()),
@@ -147,7 +152,7 @@ class TargetRules:
 
     def result_accepts(self, inst: Instruction, layout: Layout) -> bool:
         """GPU dots write batch-major, then the two free groups in either order."""
-        if inst.opcode != "dot" or not self.is_gpu:
+        if inst.opcode != "dot" or not self.is_gpu or id(inst) in self.kernel_dots:
             return True
         rank = inst.shape.rank
         nb = len(inst.attrs.get("lhs_batch_dims", ()))
@@ -174,6 +179,13 @@ class TargetRules:
 
 
 # --- helpers ----------------------------------------------------------------------------------
+def _attention_dots(module: Module) -> frozenset[int]:
+    """ids of the q·k and p·v dots the fusion pass will turn into flash-attention kernels."""
+    from .fusion.attention import find_attention
+    return frozenset(id(d) for comp in module.computations
+                     for m in find_attention(list(comp.instructions)) for d in (m.qk, m.pv))
+
+
 def _is_elementwise(inst: Instruction) -> bool:
     if inst.opcode == "copy" or not inst.op.elementwise or inst.shape.is_tuple:
         return False
@@ -267,7 +279,7 @@ class LayoutAssignment:
             raise PassError(f"layout-assignment: unknown target {self.target!r}; known: "
                             f"{', '.join(GPU_TARGETS + CPU_TARGETS)}")
         before = module.to_text()
-        assigner = _Assigner(module, TargetRules(self.target))
+        assigner = _Assigner(module, TargetRules(self.target, _attention_dots(module)))
         params, result = _entry_signature(module)
         assert module.entry is not None
         assigner.assign(module.entry, params, result)

@@ -13,11 +13,11 @@ PIPELINES: dict[str, dict[str, str]] = {
     # the decisions are the ones a GPU would get, runnable and testable without one); the
     # target spec is chosen with runtime.jit(target=...) / hlotk compile --target.
     "default": {
-        "cpu": f"inline,{SIMPLIFY},layout-assignment{{target=cpu}},fusion,schedule",
+        "cpu": f"inline,{SIMPLIFY},sink-gathers,layout-assignment{{target=cpu}},fusion,schedule",
         # f32/f64/complex dots are cuBLAS calls on the GPU (Triton's TF32 GEMM measured at a
         # fraction of cuBLAS's rate on the H200, benchmarks/NOTES.md), so they fuse with
         # nothing and their neighbours fuse with each other, as after XLA's gemm rewriter.
-        "cuda": f"inline,{SIMPLIFY},layout-assignment{{target=gpu}},"
+        "cuda": f"inline,{SIMPLIFY},sink-gathers,layout-assignment{{target=gpu}},"
                 f"fusion{{library_dots={CUDA_LIBRARY_DOTS}}},schedule",
     },
     "simplify": {"cpu": SIMPLIFY, "cuda": SIMPLIFY},

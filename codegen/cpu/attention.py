@@ -118,9 +118,10 @@ class _Slicer:
 def run_attention(comp, operands: list[np.ndarray], block_k: Optional[int] = None,
                   ctx: Optional[EvalContext] = None) -> np.ndarray:
     """Evaluate a flash-attention fused computation on ``operands``."""
-    from passes.fusion.attention import NoMatch, match_attention
+    from passes.fusion.attention import NoMatch, attention_root, match_attention
+    pv, out_where = attention_root(comp.root)
     try:
-        m = match_attention(comp.root)
+        m = match_attention(pv)
     except NoMatch as e:
         raise InvalidArgumentError(f"{comp.name}: not a flash-attention body: {e}") from None
     if m is None:
@@ -176,7 +177,8 @@ def run_attention(comp, operands: list[np.ndarray], block_k: Optional[int] = Non
     out = out.reshape(bshape + tuple(rows) + (out.shape[-1],))
     if not m.p_is_lhs:      # dot(v, p): [batch..., dv, rows...]
         out = np.moveaxis(out, -1, nb)
-    return out.astype(pv.shape.dtype.np_dtype)
+    # the fused output views (a transpose to the consumer's order): root dim i is pv dim where[i]
+    return np.transpose(out, out_where).astype(pv.shape.dtype.np_dtype)
 
 
 def _strip(inst: Instruction) -> Instruction:

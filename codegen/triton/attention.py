@@ -21,6 +21,73 @@ _DIRS = {"GE": 0, "GT": 1, "LE": 2, "LT": 3, "EQ": 4, "NE": 5}
 
 
 @triton.jit
+def _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V, Bias, Mask,
+            kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn, smm, smn,
+            M, N, D, DV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+            HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
+            CAUSAL: tl.constexpr, DIR: tl.constexpr, EDGE: tl.constexpr,
+            IEEE: tl.constexpr, BN: tl.constexpr):
+    """One key block of the online softmax. EDGE=False: a block wholly inside the causal
+    region and the key range (no masks computed; most blocks of a long causal row)."""
+    offs_n = start + tl.arange(0, BN)
+    if EDGE:
+        k = tl.load(K + kbase + offs_n[None, :] * skn + offs_d[:, None] * skd,
+                    mask=(offs_n[None, :] < N) & (offs_d[:, None] < D), other=0.0)
+    else:
+        k = tl.load(K + kbase + offs_n[None, :] * skn + offs_d[:, None] * skd,
+                    mask=offs_d[:, None] < D, other=0.0)
+    if IEEE:
+        s = tl.dot(q, k.to(q.dtype), input_precision="ieee")
+    else:
+        s = tl.dot(q, k.to(q.dtype))
+    s = s * SCALE1
+    if HAS_BIAS:
+        b = tl.load(Bias + bbase + offs_m[:, None] * sbm + offs_n[None, :] * sbn,
+                    mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0)
+        s = s + BIAS_SIGN * b.to(tl.float32)
+    s = s * SCALE2
+    if CAUSAL and EDGE:
+        kq = offs_n[None, :] + DELTA
+        qq = qpos[:, None]
+        if DIR == 0:
+            keep = qq >= kq
+        elif DIR == 1:
+            keep = qq > kq
+        elif DIR == 2:
+            keep = qq <= kq
+        elif DIR == 3:
+            keep = qq < kq
+        elif DIR == 4:
+            keep = qq == kq
+        else:
+            keep = qq != kq
+        s = tl.where(keep, s, FILL_C)
+    if HAS_MASK:
+        mk = tl.load(Mask + mbase + offs_m[:, None] * smm + offs_n[None, :] * smn,
+                     mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0)
+        s = tl.where((mk != 0) == MASK_KEEP, s, FILL_M)
+    if EDGE:
+        s = tl.where(offs_n[None, :] < N, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - shift[:, None])
+    alpha = tl.exp(m_i - shift)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if EDGE:
+        v = tl.load(V + vbase + offs_n[:, None] * svn + offs_dv[None, :] * svd,
+                    mask=(offs_n[:, None] < N) & (offs_dv[None, :] < DV), other=0.0)
+    else:
+        v = tl.load(V + vbase + offs_n[:, None] * svn + offs_dv[None, :] * svd,
+                    mask=offs_dv[None, :] < DV, other=0.0)
+    if IEEE:
+        acc += tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        acc += tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _flash_fwd(Q, K, V, O, Bias, Mask,
                sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
                soz, soh, som, sod, sbz, sbh, sbm, sbn, smz, smh, smm, smn,
@@ -42,61 +109,34 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BDV], tl.float32)
     qpos = offs_m % Q_LEN
+    kbase = z * skz + h * skh
+    vbase = z * svz + h * svh
+    bbase = z * sbz + h * sbh
+    mbase = z * smz + h * smh
     hi = N
+    full = 0       # key blocks [0, full) need neither the causal nor the length mask
     if SKIP:
+        # keep k iff q >= k + DELTA (GE) or q > k + DELTA (GT); rows of one q position each
         last_q = tl.minimum(pid_m * BM + BM, M) - 1
         if DIR == 0:
             hi = tl.minimum(N, last_q - DELTA + 1)
+            full = pid_m * BM - DELTA + 1
         else:
             hi = tl.minimum(N, last_q - DELTA)
-    for start in range(0, hi, BN):
-        offs_n = start + tl.arange(0, BN)
-        k = tl.load(K + z * skz + h * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
-                    mask=(offs_n[None, :] < N) & (offs_d[:, None] < D), other=0.0)
-        if IEEE:
-            s = tl.dot(q, k.to(q.dtype), input_precision="ieee")
-        else:
-            s = tl.dot(q, k.to(q.dtype))
-        s = s * SCALE1
-        if HAS_BIAS:
-            b = tl.load(Bias + z * sbz + h * sbh + offs_m[:, None] * sbm + offs_n[None, :] * sbn,
-                        mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0)
-            s = s + BIAS_SIGN * b.to(tl.float32)
-        s = s * SCALE2
-        if CAUSAL:
-            kq = offs_n[None, :] + DELTA
-            qq = qpos[:, None]
-            if DIR == 0:
-                keep = qq >= kq
-            elif DIR == 1:
-                keep = qq > kq
-            elif DIR == 2:
-                keep = qq <= kq
-            elif DIR == 3:
-                keep = qq < kq
-            elif DIR == 4:
-                keep = qq == kq
-            else:
-                keep = qq != kq
-            s = tl.where(keep, s, FILL_C)
-        if HAS_MASK:
-            mk = tl.load(Mask + z * smz + h * smh + offs_m[:, None] * smm + offs_n[None, :] * smn,
-                         mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0)
-            s = tl.where((mk != 0) == MASK_KEEP, s, FILL_M)
-        s = tl.where(offs_n[None, :] < N, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - shift[:, None])
-        alpha = tl.exp(m_i - shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        v = tl.load(V + z * svz + h * svh + offs_n[:, None] * svn + offs_dv[None, :] * svd,
-                    mask=(offs_n[:, None] < N) & (offs_dv[None, :] < DV), other=0.0)
-        if IEEE:
-            acc += tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc += tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+            full = pid_m * BM - DELTA
+        full = tl.minimum(tl.maximum(full, 0), hi) // BN * BN
+    for start in range(0, full, BN):
+        m_i, l_i, acc = _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V,
+                                Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd,
+                                sbm, sbn, smm, smn, M, N, D, DV, SCALE1, SCALE2, BIAS_SIGN,
+                                DELTA, FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
+                                DIR, False, IEEE, BN)
+    for start in range(full, hi, BN):
+        m_i, l_i, acc = _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V,
+                                Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd,
+                                sbm, sbn, smm, smn, M, N, D, DV, SCALE1, SCALE2, BIAS_SIGN,
+                                DELTA, FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
+                                DIR, True, IEEE, BN)
     o = acc / l_i[:, None]
     tl.store(O + z * soz + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
              o.to(O.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_dv[None, :] < DV))
@@ -123,9 +163,12 @@ class Plan:
     """Everything the launch needs that depends only on the fusion body."""
 
     def __init__(self, comp):
-        from passes.fusion.attention import NoMatch, match_attention, score_dims
+        from passes.fusion.attention import NoMatch, attention_root, match_attention, score_dims
+        pv, where = attention_root(comp.root)
+        # pv dim j is the output's dim out_perm[j]: the kernel stores through those strides
+        self.out_perm = [where.index(j) for j in range(len(where))]
         try:
-            m = match_attention(comp.root)
+            m = match_attention(pv)
         except NoMatch as e:
             raise Unsupported(str(e)) from None
         if m is None:
@@ -206,15 +249,50 @@ def _scores_view(t: Any, where: tuple, shape: tuple) -> Any:
     return torch.as_strided(t, shape, strides, t.storage_offset())
 
 
-def _blocks(dtype_bytes: int, d: int) -> tuple[int, int, int, int]:
-    """(BM, BN, warps, stages) for one H100/H200 SM's shared memory."""
+def _candidates(dtype_bytes: int, d: int) -> list[tuple[int, int, int, int]]:
+    """(BM, BN, warps, stages) configs that fit one H100/H200 SM's shared memory, the
+    untuned default first."""
     if dtype_bytes >= 4:
-        return (64, 32, 4, 2) if d <= 128 else (32, 32, 4, 1)
+        return [(64, 32, 4, 2)] if d <= 128 else [(32, 32, 4, 1)]
     if d <= 64:
-        return 128, 64, 4, 3
+        return [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4)]
     if d <= 128:
-        return 128, 64, 8, 3
-    return 64, 32, 8, 2
+        return [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3)]
+    return [(64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2)]
+
+
+# (device, dtype, D, DV, Z*H, M, N, masks) -> the fastest config measured for it
+_TUNED: dict[tuple, tuple[int, int, int, int]] = {}
+
+
+def _autotune_enabled(t: Any) -> bool:
+    import os
+
+    import torch
+    if os.environ.get("HLOTK_FLASH_AUTOTUNE", "1") in ("0", "false", "no", "off"):
+        return False
+    return t.is_cuda and not torch.cuda.is_current_stream_capturing()
+
+
+def _pick(key: tuple, candidates: list, launch, probe: Any) -> tuple[int, int, int, int]:
+    """The config for ``key``: measured once per shape on the GPU (each candidate compiled
+    and timed with triton.testing.do_bench), the default elsewhere (interpreter, graph
+    capture, HLOTK_FLASH_AUTOTUNE=0)."""
+    hit = _TUNED.get(key)
+    if hit is not None:
+        return hit
+    if len(candidates) == 1 or not _autotune_enabled(probe):
+        return candidates[0]
+    from triton.testing import do_bench
+    times = {}
+    for cfg in candidates:
+        try:
+            times[cfg] = do_bench(lambda: launch(cfg), warmup=5, rep=20)
+        except Exception:           # out of shared memory / registers for this shape
+            continue
+    best = min(times, key=times.get) if times else candidates[0]
+    _TUNED[key] = best
+    return best
 
 
 _PLANS: dict[int, tuple[Any, Plan]] = {}
@@ -244,8 +322,8 @@ def flash_attention(inst, operands: list, out: Optional[Any] = None) -> Any:
     Z, H, M, D = q.shape
     N, DV = k.shape[2], v.shape[3]
     if out is None:
-        out = torch.empty(tuple(m.pv.shape.dims), dtype=v.dtype, device=v.device)
-    o_view = out.permute(p.o_perm)
+        out = torch.empty(tuple(inst.shape.dims), dtype=v.dtype, device=v.device)
+    o_view = out.permute(p.out_perm).permute(p.o_perm)
     o = o_view.reshape(Z, H, M, DV)
     copy_back = o.data_ptr() != o_view.data_ptr() or not _same_storage_view(o, o_view)
     if copy_back:
@@ -265,16 +343,21 @@ def flash_attention(inst, operands: list, out: Optional[Any] = None) -> Any:
         mstr = mask.stride()
         keep, fill_m = p.mask[2], p.mask[3]
     c = p.causal
-    bm, bn, warps, stages = _blocks(q.element_size(), D)
-    grid = (triton.cdiv(M, bm), Z * H)
-    _flash_fwd[grid](
-        q, k, v, o, bias, mask, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        *bstr, *mstr, H, M, N, D, DV, p.q_len, p.scale1, p.scale2, p.sign,
-        c.delta if c else 0, c.fill if c else 0.0, fill_m,
-        HAS_BIAS=p.bias is not None, HAS_MASK=p.mask is not None, MASK_KEEP=keep,
-        CAUSAL=c is not None, DIR=_DIRS[c.direction] if c else 0, SKIP=p.skip,
-        IEEE=q.element_size() >= 4, BM=bm, BN=bn, BD=_pow2(D), BDV=_pow2(DV),
-        num_warps=warps, num_stages=stages)
+
+    def launch(cfg: tuple[int, int, int, int]) -> None:
+        bm, bn, warps, stages = cfg
+        _flash_fwd[(triton.cdiv(M, bm), Z * H)](
+            q, k, v, o, bias, mask, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+            *bstr, *mstr, H, M, N, D, DV, p.q_len, p.scale1, p.scale2, p.sign,
+            c.delta if c else 0, c.fill if c else 0.0, fill_m,
+            HAS_BIAS=p.bias is not None, HAS_MASK=p.mask is not None, MASK_KEEP=keep,
+            CAUSAL=c is not None, DIR=_DIRS[c.direction] if c else 0, SKIP=p.skip,
+            IEEE=q.element_size() >= 4, BM=bm, BN=bn, BD=_pow2(D), BDV=_pow2(DV),
+            num_warps=warps, num_stages=stages)
+
+    key = (str(q.device), q.dtype, D, DV, Z * H, M, N, c is not None, p.bias is not None,
+           p.mask is not None)
+    launch(_pick(key, _candidates(q.element_size(), D), launch, q))
     if copy_back:
         o_view.copy_(o.reshape(o_view.shape))
     return out

@@ -29,7 +29,7 @@ import numpy as np
 from hlo.ir import Instruction
 
 from .rewrite import _unique
-from .views import trace_view
+from .views import compose, trace_view, view_step
 
 FLASH_ATTENTION = "__flash_attention"
 
@@ -68,6 +68,10 @@ class AttentionMatch:
     k_is_lhs: bool
     steps: list[ScoreStep]
     members: list[Instruction] = field(default_factory=list)
+    # Transposes/copies after pv that only permute its dims, absorbed so the kernel writes
+    # the layout its consumer reads (output_views); out_where[i] = pv dim of output dim i.
+    out_views: list[Instruction] = field(default_factory=list)
+    out_where: tuple = ()
 
     @property
     def q(self) -> Instruction:
@@ -438,16 +442,102 @@ def match_attention(pv: Instruction) -> Optional[AttentionMatch]:
         members = [i for i in members if i not in shared]
         ids = {id(i) for i in members}
     m = AttentionMatch(qk, pv, p_side == 0, x, k_is_lhs, steps, members)
-    for i in members:
-        if i is pv:
-            continue
-        outside = [u for u in i.users if id(u) not in ids]
-        if outside:
-            raise NoMatch(f"%{i.name} ({i.opcode}, inside the attention) is also read by "
-                          f"%{outside[0].name} outside it: fusing would still write the "
-                          f"{list(i.shape.dims)} intermediate (a gradient or returned weights "
-                          "need it)")
+    read_outside = [(i, u) for i in members if i is not pv
+                     for u in i.users if id(u) not in ids]
+    if read_outside:
+        raise NoMatch(_outside_reason(read_outside, ids))
+    m.out_views, m.out_where = output_views(pv)
+    m.members = members + m.out_views
     return m
+
+
+def _dots_reached(inst: Instruction, depth: int = 6) -> list[Instruction]:
+    """Dots that read ``inst`` through at most ``depth`` views/elementwise ops/reductions."""
+    found, frontier, seen = [], [inst], {id(inst)}
+    for _ in range(depth):
+        nxt = []
+        for x in frontier:
+            for u in x.users:
+                if id(u) in seen:
+                    continue
+                seen.add(id(u))
+                if u.opcode == "dot":
+                    found.append(u)
+                elif u.op.elementwise or u.opcode in _VIEWS or u.opcode == "reduce":
+                    nxt.append(u)
+        frontier = nxt
+    return found
+
+
+def _outside_reason(read_outside: list[tuple[Instruction, Instruction]], ids: set[int]) -> str:
+    """Why a softmax·V whose pieces are read elsewhere is not fused. When those readers feed
+    dots, it is jax.grad's backward: say which forward values it reads and what is missing."""
+    i, u = read_outside[0]
+    dots = _unique([d for _, r in read_outside for d in ([r] if r.opcode == "dot" else
+                                                         _dots_reached(r))
+                    if id(d) not in ids])
+    if not dots:
+        return (f"%{i.name} ({i.opcode}, inside the attention) is also read by %{u.name} "
+                f"outside it: fusing would still write the {list(i.shape.dims)} intermediate "
+                "(returned attention weights need it)")
+    read = ", ".join(f"%{x.name} ({x.opcode} {list(x.shape.dims)})"
+                     for x in _unique([x for x, _ in read_outside]))
+    return (f"the backward is not matched: the gradient reads the forward's {read} and feeds "
+            f"them to {', '.join('%' + d.name for d in dots)} (dV = P^T.dO, dS = "
+            "P*(dP - rowsum(dP*P)), dQ = dS.K, dK = dS^T.Q); hlotk has no fused attention "
+            "backward (recomputing P blockwise from q, k and the row max/sum), so the "
+            "probabilities stay in memory and neither the forward nor the backward is fused")
+
+
+_OUT_VIEWS = frozenset({"transpose", "copy", "bitcast", "reshape"})
+
+
+def _permutation(inst: Instruction) -> Optional[tuple]:
+    """``where`` of a view that permutes all of its operand's dims. Size-1 dims, which a
+    bitcast leaves unpaired, are paired with the operand's left-over size-1 dims in order
+    (which one goes where moves no element)."""
+    step = view_step(inst)
+    src = inst.operands[0].shape
+    if step is None or src.rank != len(step):
+        return None
+    spare = iter(d for d in range(src.rank) if d not in step)
+    step = tuple(next(spare, None) if d is None else d for d in step)
+    if sorted(d for d in step if d is not None) != list(range(len(step))) or any(
+            src.dims[d] != inst.shape.dims[i] for i, d in enumerate(step)):
+        return None
+    return step
+
+
+def output_views(pv: Instruction) -> tuple[list[Instruction], tuple]:
+    """The chain of transposes/copies that are ``pv``'s only readers and only permute its
+    dims (e.g. einsum's [b,h,d,q] -> [b,q,h,d]): fused, the kernel stores each row
+    straight into the consumer's layout instead of a separate copy kernel re-reading it."""
+    chain: list[Instruction] = []
+    where = tuple(range(pv.shape.rank)) if pv.shape.is_array else ()
+    cur = pv
+    while len(cur.users) == 1 and not cur.is_root:
+        u = cur.users[0]
+        step = _permutation(u) if u.opcode in _OUT_VIEWS and u.operands[0] is cur else None
+        if step is None:
+            break
+        where = compose(step, where)
+        chain.append(u)
+        cur = u
+    return chain, where
+
+
+def attention_root(root: Instruction) -> tuple[Instruction, tuple]:
+    """A fused attention body's root -> (pv, where): pv under the absorbed output views,
+    ``where[i]`` the pv dim that the root's dim ``i`` is."""
+    where = tuple(range(root.shape.rank)) if root.shape.is_array else ()
+    cur = root
+    while cur.opcode in _OUT_VIEWS:
+        step = _permutation(cur)
+        if step is None:
+            break
+        where = compose(where, step)
+        cur = cur.operands[0]
+    return cur, where
 
 
 def _find(instructions: list[Instruction]) -> tuple[list[AttentionMatch],
