@@ -39,6 +39,7 @@ from typing import Any, Optional
 from hlo.evaluator.core import EvalContext, Evaluator
 from hlo.errors import InvalidArgumentError
 from hlo.ir import Computation, Instruction, Module
+from hlo.limits import check_arena, check_module
 from passes.buffer_assignment import BufferAssignment, assign_buffers
 from passes.dataflow import array_leaves
 from runtime.thunks import Slot
@@ -197,7 +198,10 @@ class CudaExecutable:
 
     @classmethod
     def build(cls, module: Module, **options: Any) -> "CudaExecutable":
-        return cls(module, assign_buffers(module), **options)
+        check_module(module)       # absurd shapes stop here, before the arena exists
+        assignment = assign_buffers(module)
+        check_arena(assignment.allocations, f"the device arena of {module.name}")
+        return cls(module, assignment, **options)
 
     # --- building ------------------------------------------------------------------------
     def _sequence(self, comp: Computation) -> SequenceThunk:
