@@ -470,10 +470,22 @@ def _parse_and_import(data: str | bytes, options: dict, portable: bool = False) 
                     from None
             msg = str(e).strip().splitlines()
             detail = "; ".join(line.strip() for line in msg[1:3]) or msg[0]
-            raise HloImportError(f"cannot parse MLIR: {detail}") from None
+            diagnostics = getattr(e, "error_diagnostics", None) or []
+            where = short_location(diagnostics[0].location) if diagnostics else _TOP
+            raise HloImportError(f"cannot parse MLIR: {detail}", location=where) from None
         except Exception as e:
-            raise HloImportError(f"cannot parse MLIR: {e}") from None
-        return _import_mlir_module(mod, options)
+            raise HloImportError(f"cannot parse MLIR: {e}", location=_TOP) from None
+        try:
+            return _import_mlir_module(mod, options)
+        except HloImportError as e:
+            if e.location:
+                raise
+            # A module-level problem (no function, no entry): point at the module itself.
+            raise HloImportError(e.message, op=e.op, location=_TOP) from e
+
+
+# Where a problem of the whole input is reported: MLIR names text input "-".
+_TOP = "-:1:1"
 
 
 def from_exported(exported: Any, **options: Any) -> Module:

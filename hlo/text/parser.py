@@ -11,9 +11,10 @@ error is an ``hlo.ParseError`` with ``file:line:col`` and what was expected/foun
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -50,16 +51,30 @@ def _join_indexed(items: list[str]) -> str:
 
 def parse_hlo(text: str, filename: Optional[str] = None) -> Module:
     """Parse an HLO module in XLA's text format."""
-    return _Parser(text, filename).module()
+    p = _Parser(text, filename)
+    with _nesting_limit(p):
+        return p.module()
 
 
 def parse_shape(text: str) -> AnyShape:
     """Parse one shape: ``f32[2,3]{1,0}``, ``(s32[], token[])``, ``bf16[8]{0:T(128)}``."""
     p = _Parser(text, None)
-    shape = p.shape()
+    with _nesting_limit(p):
+        shape = p.shape()
     if p.lx.peek().kind != EOF:
         p.lx.fail_expected("end of shape")
     return shape
+
+
+@contextlib.contextmanager
+def _nesting_limit(p: "_Parser") -> Iterator[None]:
+    """Tuples and literals nest by recursion: input nested past Python's recursion limit
+    is a ParseError where the parser stopped, not a RecursionError."""
+    try:
+        yield
+    except RecursionError:
+        raise p.lx.error("nesting too deep (tuples, literals or braces thousands of levels "
+                         "deep)", min(p.lx.pos, len(p.lx.text))) from None
 
 
 # Header attributes with a known value type; others are kept Raw.
@@ -594,6 +609,8 @@ class _Parser:
                     raise lx.error("dynamic dimensions are not supported", t.pos)
                 if t.kind != NUMBER or not _INT.match(t.text) or int(t.text) < 0:
                     lx.fail_expected("a dimension size")
+                if int(t.text) >= 1 << 63:
+                    raise lx.error(f"dimension size {t.text} does not fit in s64", t.pos)
                 dims.append(int(lx.next().text))
                 if not lx.accept(","):
                     break
