@@ -204,3 +204,29 @@ def test_hostile_hlo(text: str) -> None:
     with pytest.raises(HlotkError, match=r"fuzz\.hlo:\d+:\d+"):
         with _guarded():
             hlo.parse_hlo(text, filename="fuzz.hlo")
+
+
+def _mlir_nested(kind: str, depth: int) -> str:
+    if kind == "tuple":
+        ty = "tuple<" * depth + "f32" + ">" * depth
+        return (f"func.func @main(%a: {ty}) -> tensor<f32> {{\n"
+                "  %0 = stablehlo.constant dense<1.0> : tensor<f32>\n"
+                "  return %0 : tensor<f32>\n}\n")
+    if kind == "dense":
+        return ("func.func @main() -> tensor<1xf32> {\n  %0 = stablehlo.constant dense<"
+                + "[" * depth + "1.0" + "]" * depth + "> : tensor<1xf32>\n"
+                "  return %0 : tensor<1xf32>\n}\n")
+    return ("func.func @main() -> tensor<f32> attributes {x = " + "[" * depth + "1"
+            + "]" * depth + "} {\n  %0 = stablehlo.constant dense<1.0> : tensor<f32>\n"
+            "  return %0 : tensor<f32>\n}\n")
+
+
+@pytest.mark.parametrize("kind", ["tuple", "dense", "attr"])
+def test_deeply_nested_mlir_is_refused_before_mlir_parses_it(kind: str) -> None:
+    # 100000 levels crashed the process in MLIR's recursive parser (SIGSEGV); 1000 nested
+    # tuple types ended in a RecursionError in the importer.
+    with pytest.raises(hlo.HloImportError, match=r"-:\d+:\d+: brackets nest deeper than"):
+        with _guarded():
+            hlo.from_stablehlo(_mlir_nested(kind, 100000))
+    with pytest.raises(hlo.HloImportError, match=r"-:\d+:\d+: brackets nest deeper than"):
+        hlo.from_stablehlo(_mlir_nested(kind, 1000))

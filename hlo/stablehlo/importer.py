@@ -441,6 +441,7 @@ def from_stablehlo(text_or_bytes: str | bytes, **options: Any) -> Module:
         data = text
     if not isinstance(data, str):
         raise HloImportError(f"from_stablehlo expects str or bytes, got {type(data).__name__}")
+    _check_nesting(data)
     if "!quant." in data:
         # JAX's MLIR has no quant dialect: lower quantized types and ops on the text first.
         from .quant import lower_quantized
@@ -477,6 +478,8 @@ def _parse_and_import(data: str | bytes, options: dict, portable: bool = False) 
             raise HloImportError(f"cannot parse MLIR: {e}", location=_TOP) from None
         try:
             return _import_mlir_module(mod, options)
+        except RecursionError:
+            raise HloImportError("types nest too deeply to import", location=_TOP) from None
         except HloImportError as e:
             if e.location:
                 raise
@@ -486,6 +489,25 @@ def _parse_and_import(data: str | bytes, options: dict, portable: bool = False) 
 
 # Where a problem of the whole input is reported: MLIR names text input "-".
 _TOP = "-:1:1"
+# MLIR's parser recurses on nested types, attributes and literals with no depth limit of its
+# own: tens of thousands of levels overflow the C stack and the process dies (SIGSEGV). Real
+# programs nest a few levels; past this the input is refused before MLIR sees it.
+MAX_NESTING = 200
+_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|->|[<>=]=|[(\[{<]|[)\]}>]')
+
+
+def _check_nesting(text: str) -> None:
+    depth = 0
+    for m in _BRACKETS.finditer(text):
+        tok = m.group()
+        if len(tok) > 1:        # a string, an arrow, <= / >=
+            continue
+        depth += 1 if tok in "([{<" else -1
+        if depth > MAX_NESTING:
+            line = text.count("\n", 0, m.start()) + 1
+            col = m.start() - (text.rfind("\n", 0, m.start()) + 1) + 1
+            raise HloImportError(f"brackets nest deeper than {MAX_NESTING} levels",
+                                 location=f"-:{line}:{col}")
 
 
 def from_exported(exported: Any, **options: Any) -> Module:
