@@ -48,6 +48,7 @@ from . import arena as ar
 from .collectives import ASYNC_COLLECTIVES, COLLECTIVE_OPS
 from .errors import NoCudaDeviceError
 from .graphs import GraphSegment, GraphSettings, segment
+from .linalg_calls import linalg_call_thunk
 from .torch_ops import DEVICE_OPS, device_op_thunk
 from .thunks import (BytesCopyThunk, ConditionalThunk, CopyThunk, HostThunk, KernelThunk,
                      LibraryThunk, RunContext, SequenceThunk, Thunk, WhileThunk,
@@ -258,6 +259,11 @@ class CudaExecutable:
         t = device_op_thunk(inst, self.leaves) if op in DEVICE_OPS else None
         if t is not None:
             return [t]
+        if op == "custom-call":
+            # cusolver_* calls JAX emits for linear algebra: torch.linalg on the device.
+            t = linalg_call_thunk(inst, self.leaves)
+            if t is not None:
+                return [t]
         if op == "fusion":
             t = self._kernel(inst, inst, wrapped=False)
             return list(t.thunks) if isinstance(t, SplitThunk) else [t]
