@@ -194,6 +194,8 @@ def test_garbage_bytes(data: bytes) -> None:
 @pytest.mark.parametrize("text", [
     "HloModule m\nENTRY e {\n  ROOT c = f32[100000000000] constant({1})\n}\n",
     "HloModule m\nENTRY e {\n  ROOT c = f32[-1] parameter(0)\n}\n",
+    # Found by the fuzzer: the computation reserved 1e11 parameter slots (a hang).
+    "HloModule m\nENTRY e {\n  ROOT c = f32[] parameter(100000000000)\n}\n",
     "HloModule m\nENTRY e {\n  ROOT c = f32[18446744073709551616] parameter(0)\n}\n",
     "HloModule m\nENTRY e {\n  ROOT p = " + "(" * 20000 + "f32[]" + ")" * 20000
     + " parameter(0)\n}\n",

@@ -247,6 +247,11 @@ class _Parser:
                                     f"%{inst.name} = {inst.shape} parameter("
                                     f"{inst.parameter_number})", ppos)
 
+    def _parameter_count(self) -> int:
+        if getattr(self, "_parameters_in_text", None) is None:
+            self._parameters_in_text = len(re.findall(r"\bparameter\s*\(", self.lx.text))
+        return self._parameters_in_text
+
     # --- instructions ----------------------------------------------------------------------
     def instruction(self, comp: Computation, scope: dict[str, Instruction]):
         lx = self.lx
@@ -271,6 +276,12 @@ class _Parser:
             parameter_number = self.integer("parameter")
             if parameter_number < 0:
                 raise lx.error("parameter number must be >= 0", op_tok.pos)
+            # Numbers are dense from 0, so none can reach the count of parameter
+            # instructions in the text (the computation would reserve that many slots).
+            available = self._parameter_count()
+            if parameter_number >= available:
+                raise lx.error(f"parameter({parameter_number}) but the text has only "
+                               f"{available} parameter instructions", op_tok.pos)
         else:
             operands = self.operands(scope)
         lx.expect(")")
