@@ -232,3 +232,14 @@ def test_deeply_nested_mlir_is_refused_before_mlir_parses_it(kind: str) -> None:
             hlo.from_stablehlo(_mlir_nested(kind, 100000))
     with pytest.raises(hlo.HloImportError, match=r"-:\d+:\d+: brackets nest deeper than"):
         hlo.from_stablehlo(_mlir_nested(kind, 1000))
+
+
+def test_entry_layout_mismatch_is_a_parse_error_at_the_header() -> None:
+    # Found by the fuzzer (truncated text: the last computation became the entry): the
+    # mismatch surfaced later as a VerifierError with no position in the text.
+    text = ("HloModule m, entry_computation_layout={(f32[4]{0})->f32[]}\n\n"
+            "add {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
+            "  ROOT s = f32[] add(a, b)\n}\n")
+    with pytest.raises(hlo.ParseError, match=r"fuzz\.hlo:1:15: .*has 1 parameters but the "
+                                             r"entry takes 2"):
+        hlo.parse_hlo(text, filename="fuzz.hlo")

@@ -114,9 +114,12 @@ class _Parser:
         lx.expect("HloModule")
         name = self.name("a module name")
         m = self.module_ = Module(name)
+        layout_pos = None
         while lx.accept(","):
             key_tok = lx.expect_kind(NAME, "a module attribute name")
             lx.expect("=")
+            if key_tok.text == "entry_computation_layout":
+                layout_pos = key_tok.pos
             m.config[key_tok.text] = self.config_value(key_tok.text)
         self.sections(m)
         entry: Optional[Computation] = None
@@ -135,6 +138,14 @@ class _Parser:
         m.computations.remove(entry)
         m.computations.append(entry)
         self.resolve_pending()
+        if layout_pos is not None:
+            # The header against the entry it describes, reported where the header says it.
+            from ..errors import VerifierError
+            from ..verifier import _check_entry_layout
+            try:
+                _check_entry_layout(m)
+            except VerifierError as e:
+                raise lx.error(str(e), layout_pos) from None
         return m
 
     def config_value(self, key: str) -> Any:
