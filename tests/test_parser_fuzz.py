@@ -240,6 +240,6 @@ def test_entry_layout_mismatch_is_a_parse_error_at_the_header() -> None:
     text = ("HloModule m, entry_computation_layout={(f32[4]{0})->f32[]}\n\n"
             "add {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
             "  ROOT s = f32[] add(a, b)\n}\n")
-    with pytest.raises(hlo.ParseError, match=r"fuzz\.hlo:1:15: .*has 1 parameters but the "
+    with pytest.raises(hlo.ParseError, match=r"fuzz\.hlo:1:14: .*has 1 parameters but the "
                                              r"entry takes 2"):
         hlo.parse_hlo(text, filename="fuzz.hlo")
