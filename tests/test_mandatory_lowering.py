@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 
 import hlo  # noqa: E402
 import runtime  # noqa: E402
-from passes.pipelines import MANDATORY_LOWERING, mandatory_lowering  # noqa: E402
+from passes.pipelines import MANDATORY_LOWERING, mandatory_lowering, pipeline_spec  # noqa: E402
 from tests.zoo import ZOO, assert_flat_close, by_name, x64_scope  # noqa: E402
 
 # Every registered pass, each alone (options where the pass needs a target to mean much).
@@ -30,6 +30,8 @@ SINGLE_PASSES = [
     "all-reduce-combiner", "sharding-propagation", "async-collective-creator",
     "spmd-partitioner",
 ]
+# The deviceless GPU pipeline (what backend="cuda" runs) on the CPU arena, also whole.
+SINGLE_PASSES.append(pipeline_spec("default", "cuda"))
 NAMES = [p.name for p in ZOO]
 
 
