@@ -243,3 +243,12 @@ def test_entry_layout_mismatch_is_a_parse_error_at_the_header() -> None:
     with pytest.raises(hlo.ParseError, match=r"fuzz\.hlo:1:14: .*has 1 parameters but the "
                                              r"entry takes 2"):
         hlo.parse_hlo(text, filename="fuzz.hlo")
+
+
+def test_module_attribute_of_the_wrong_kind() -> None:
+    # Found by the fuzzer: a ValueError from the MLIR bindings' IntegerAttr cast escaped.
+    text = ("module @m attributes {mhlo.num_partitions = i32} {\n"
+            "  func.func public @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n"
+            "    return %a : tensor<2xf32>\n  }\n}\n")
+    with pytest.raises(hlo.HloImportError, match=r"-:1:1: cannot import: ValueError"):
+        hlo.from_stablehlo(text)

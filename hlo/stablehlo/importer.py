@@ -480,6 +480,11 @@ def _parse_and_import(data: str | bytes, options: dict, portable: bool = False) 
             return _import_mlir_module(mod, options)
         except RecursionError:
             raise HloImportError("types nest too deeply to import", location=_TOP) from None
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            # A module or function attribute of the wrong kind (`num_partitions = i32`): the
+            # MLIR bindings' casts raise these; ops' own are located by import_block.
+            raise HloImportError(f"cannot import: {type(e).__name__}: {e}",
+                                 location=_module_location(mod)) from e
         except HloImportError as e:
             if e.location:
                 raise
@@ -489,6 +494,11 @@ def _parse_and_import(data: str | bytes, options: dict, portable: bool = False) 
 
 # Where a problem of the whole input is reported: MLIR names text input "-".
 _TOP = "-:1:1"
+
+
+def _module_location(mod: Any) -> str:
+    where = short_location(mod.operation.location)
+    return where if re.search(r":\d+:\d+$", where) else _TOP
 # MLIR's parser recurses on nested types, attributes and literals with no depth limit of its
 # own: tens of thousands of levels overflow the C stack and the process dies (SIGSEGV). Real
 # programs nest a few levels; past this the input is refused before MLIR sees it.
