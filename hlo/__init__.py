@@ -19,6 +19,7 @@ from .errors import (EvaluationError, HlotkError, HloImportError, InvalidArgumen
                      ParseError, ShapeError, UnimplementedError, VerifierError)
 from .errors import HloImportError as ImportError  # noqa: A001  (hlo.ImportError, by design)
 from .ir import Computation, Instruction, IRError, Module  # noqa: F401
+from .limits import ResourceLimitError, resource_limits  # noqa: F401
 from .ops import OPS, OpDef, get_op  # noqa: F401
 from .shape import AnyShape, Layout, Shape, TupleShape, array, scalar, token, tuple_shape  # noqa: F401
 from . import shape_inference  # noqa: F401  (registers OpDef.infer)

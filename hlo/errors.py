@@ -50,6 +50,7 @@ class HloImportError(HlotkError):
     """StableHLO/JAX input that cannot be imported. Exported as ``hlo.ImportError``."""
 
     def __init__(self, message: str, op: str | None = None, location: str | None = None):
+        self.message = message
         self.op = op
         self.location = location
         text = message

@@ -434,6 +434,11 @@ def insert_copies(module: Module, donated_outputs: Optional[dict[Index, int]] = 
                             else [inst.attrs["true_computation"], inst.attrs["false_computation"]])
                 for b in branches:
                     changed |= _copy_root_leaves(b, lambda v, ix: False)
+            elif inst.opcode == "call":
+                # A callee's root leaf that is one of its parameters (or appears twice) would
+                # make the call's result alias its argument: a while body that permutes its
+                # state through a call would then give two state elements one buffer.
+                changed |= _copy_root_leaves(inst.attrs["to_apply"], lambda v, ix: False)
     entry = module.entry
     aliased = donated_outputs if donated_outputs is not None else output_aliases(module)
     changed |= _copy_entry_root(entry, aliased)

@@ -31,6 +31,7 @@ class PassRecord:
     changed: bool
     index: int = 0           # position in the flattened run order
     iteration: int | None = None  # fixpoint iteration, when inside one
+    mandatory: bool = False  # run by the backend's lowering, whatever the pipeline spec
 
 
 # Hook signature: (event, pass_object, module, record_or_None) with event "before"/"after".

@@ -1,7 +1,15 @@
-"""Named pipelines: ``default`` is each backend's full pipeline, ``simplify`` and ``none``."""
+"""Named pipelines: ``default`` is each backend's full pipeline, ``simplify`` and ``none``;
+and each backend's mandatory lowering, run after whatever pipeline was chosen."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Sequence
+
 from .base import PassError
+
+if TYPE_CHECKING:
+    from hlo.ir import Module
+
+    from .pipeline import PassRecord
 
 SIMPLIFY = "fixpoint(simplify,tuple-simplify,control-flow-simplify,constant-folding,cse,dce)"
 
@@ -38,3 +46,43 @@ def pipeline_spec(name_or_spec: str, backend: str = "cpu") -> str:
     except KeyError:
         raise PassError(f"pipeline {name_or_spec!r} has no variant for backend {backend!r}; "
                         f"known: {', '.join(table)}") from None
+
+
+# --- mandatory lowering ------------------------------------------------------------------
+# What a backend's executor needs for a correct answer, run after any pipeline spec (XLA's
+# backends run their own lowering passes whatever optimization pipeline was chosen).
+# ``schedule`` is flatten-call-graph (two call sites of one loop body must not share its
+# state buffers), copy insertion (loop state, branch and call results, entry outputs own
+# their buffers) and a schedule; buffer assignment over one arena needs all three. The
+# interpreter evaluates the graph as it is and needs nothing.
+MANDATORY_LOWERING: dict[str, str] = {"cpu": "schedule", "cuda": "schedule", "interpreter": ""}
+_SCHEDULERS = ("schedule", "latency-hiding-scheduler")
+
+
+def mandatory_lowering(backend: str, records: Sequence[PassRecord] = ()) -> str:
+    """The spec of the passes ``backend`` still needs after a pipeline that left ``records``.
+
+    A pipeline whose last change was its own scheduler (``schedule{algorithm=dfs}``, the
+    latency-hiding scheduler) keeps that schedule; anything else is scheduled again.
+    """
+    spec = MANDATORY_LOWERING.get(backend, "")
+    if spec == "schedule":
+        last = next((k for k in range(len(records) - 1, -1, -1)
+                     if records[k].name.split("{")[0] in _SCHEDULERS), None)
+        if last is not None and not any(r.changed for r in records[last + 1:]):
+            return ""
+    return spec
+
+
+def run_mandatory_lowering(module: Module, backend: str, records: Sequence[PassRecord] = (),
+                           verify: bool = False) -> list[PassRecord]:
+    """Run what ``mandatory_lowering`` says, in place; its records say ``mandatory=True``."""
+    from .pipeline import run_pipeline
+    spec = mandatory_lowering(backend, records)
+    if not spec:
+        return []
+    ran = run_pipeline(module, spec, verify=verify)
+    for k, r in enumerate(ran):
+        r.mandatory = True
+        r.index = len(records) + k
+    return ran

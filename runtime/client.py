@@ -355,11 +355,15 @@ class Client:
         if verify:
             hlo.verify(module)
         records: list = []
+        module = module.clone()
         if spec or dump_dir is not None:
             from .tools import compile_module
-            module = module.clone()
             records, _ = compile_module(module, spec, backend=self.platform, dump_dir=dump_dir,
                                         verify=verify)
+        # The backend's own lowering (passes/pipelines.py MANDATORY_LOWERING), whatever
+        # the pipeline: a spec of "none" or one a user wrote must not give a wrong answer.
+        from passes.pipelines import run_mandatory_lowering
+        records += run_mandatory_lowering(module, self.platform, records, verify=verify)
         options = {k: v for k, v in (("poison", poison), ("target", target)) if v is not None}
         body = self._backend.prepare(module, **options)
         module = getattr(body, "module", module)   # the module the body runs (scheduled)

@@ -22,6 +22,7 @@ from hlo.evaluator.core import EvalContext, Evaluator
 from hlo.ir import Computation, Instruction, Module
 from hlo.layout_util import to_physical
 from hlo.shape import leaf_paths
+from hlo.limits import check_arena, check_module
 from passes.buffer_assignment import BufferAssignment, assign_buffers
 from passes.dataflow import array_leaves
 
@@ -69,7 +70,10 @@ class CpuExecutable:
     @classmethod
     def build(cls, module: Module, poison: Optional[bool] = None,
               target: Optional[str] = None) -> "CpuExecutable":
-        return cls(module, assign_buffers(module), poison, target)
+        check_module(module)       # absurd shapes stop here, before the arena exists
+        assignment = assign_buffers(module)
+        check_arena(assignment.allocations, f"the buffer arena of {module.name}")
+        return cls(module, assignment, poison, target)
 
     # --- building ------------------------------------------------------------------------
     def _sequence(self, comp: Computation) -> SequenceThunk:

@@ -29,6 +29,7 @@ def format_records(records: list[PassRecord]) -> str:
     lines = [f"{'#':>3}  {'pass':<40} {'ms':>8} {'before':>7} {'after':>7}  changed"]
     for k, r in enumerate(records, 1):
         it = "" if r.iteration is None else f" [{r.iteration}]"
+        it += " (mandatory)" if r.mandatory else ""
         lines.append(f"{k:>3}  {(r.name + it):<40} {r.seconds * 1e3:>8.2f} "
                      f"{r.instructions_before:>7} {r.instructions_after:>7}  {'yes' if r.changed else 'no'}")
     return "\n".join(lines)

@@ -151,7 +151,9 @@ def test_pipelines_run_and_leave_the_callers_module_alone():
     assert m.to_text() == before
     assert exe.pass_records and exe.pass_records[0].name == "inline"
     exe2 = c.compile(m, pipeline="cse,dce")
-    assert [r.name for r in exe2.pass_records] == ["cse", "dce"]
+    # The arena executor's mandatory lowering (schedule) runs after any spec, recorded so.
+    assert [(r.name, r.mandatory) for r in exe2.pass_records] == [
+        ("cse", False), ("dce", False), ("schedule", True)]
 
     def f(x, y):
         z = jnp.transpose(jnp.transpose(x)) * 1.0 + 0.0

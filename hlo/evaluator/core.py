@@ -68,11 +68,22 @@ class Evaluator:
 
     def __init__(self, trace: Optional[Callable[[Instruction, Value], None]] = None):
         self.trace = trace
+        self._within_limits: set[int] = set()   # computations whose shapes were checked
+
+    def _check_limits(self, comp: Computation) -> None:
+        # Once per computation and evaluator: a loop body is checked once, not per trip.
+        if id(comp) in self._within_limits:
+            return
+        from ..limits import check_shape
+        for inst in comp.instructions:
+            check_shape(f"instruction %{inst.name} in %{comp.name}", inst.shape)
+        self._within_limits.add(id(comp))
 
     def run_computation(self, comp: Computation, args: list[Value], ctx: EvalContext) -> Value:
         if len(args) != len(comp.parameters):
             raise EvaluationError(f"%{comp.name} takes {len(comp.parameters)} arguments, "
                                   f"got {len(args)}")
+        self._check_limits(comp)
         env: dict[int, Value] = {}
         for p, a in zip(comp.parameters, args):
             env[id(p)] = a

@@ -441,6 +441,7 @@ def from_stablehlo(text_or_bytes: str | bytes, **options: Any) -> Module:
         data = text
     if not isinstance(data, str):
         raise HloImportError(f"from_stablehlo expects str or bytes, got {type(data).__name__}")
+    _check_nesting(data)
     if "!quant." in data:
         # JAX's MLIR has no quant dialect: lower quantized types and ops on the text first.
         from .quant import lower_quantized
@@ -470,10 +471,53 @@ def _parse_and_import(data: str | bytes, options: dict, portable: bool = False) 
                     from None
             msg = str(e).strip().splitlines()
             detail = "; ".join(line.strip() for line in msg[1:3]) or msg[0]
-            raise HloImportError(f"cannot parse MLIR: {detail}") from None
+            diagnostics = getattr(e, "error_diagnostics", None) or []
+            where = short_location(diagnostics[0].location) if diagnostics else _TOP
+            raise HloImportError(f"cannot parse MLIR: {detail}", location=where) from None
         except Exception as e:
-            raise HloImportError(f"cannot parse MLIR: {e}") from None
-        return _import_mlir_module(mod, options)
+            raise HloImportError(f"cannot parse MLIR: {e}", location=_TOP) from None
+        try:
+            return _import_mlir_module(mod, options)
+        except RecursionError:
+            raise HloImportError("types nest too deeply to import", location=_TOP) from None
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            # A module or function attribute of the wrong kind (`num_partitions = i32`): the
+            # MLIR bindings' casts raise these; ops' own are located by import_block.
+            raise HloImportError(f"cannot import: {type(e).__name__}: {e}",
+                                 location=_module_location(mod)) from e
+        except HloImportError as e:
+            if e.location:
+                raise
+            # A module-level problem (no function, no entry): point at the module itself.
+            raise HloImportError(e.message, op=e.op, location=_TOP) from e
+
+
+# Where a problem of the whole input is reported: MLIR names text input "-".
+_TOP = "-:1:1"
+
+
+def _module_location(mod: Any) -> str:
+    where = short_location(mod.operation.location)
+    return where if re.search(r":\d+:\d+$", where) else _TOP
+# MLIR's parser recurses on nested types, attributes and literals with no depth limit of its
+# own: tens of thousands of levels overflow the C stack and the process dies (SIGSEGV). Real
+# programs nest a few levels; past this the input is refused before MLIR sees it.
+MAX_NESTING = 200
+_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|->|[<>=]=|[(\[{<]|[)\]}>]')
+
+
+def _check_nesting(text: str) -> None:
+    depth = 0
+    for m in _BRACKETS.finditer(text):
+        tok = m.group()
+        if len(tok) > 1:        # a string, an arrow, <= / >=
+            continue
+        depth += 1 if tok in "([{<" else -1
+        if depth > MAX_NESTING:
+            line = text.count("\n", 0, m.start()) + 1
+            col = m.start() - (text.rfind("\n", 0, m.start()) + 1) + 1
+            raise HloImportError(f"brackets nest deeper than {MAX_NESTING} levels",
+                                 location=f"-:{line}:{col}")
 
 
 def from_exported(exported: Any, **options: Any) -> Module:

@@ -178,6 +178,11 @@ def parse_dense(text: str, shape: Shape, where: str = "") -> np.ndarray:
         else:
             arr = _scalar_values(dtype, toks)
     if arr.size == 1 and n != 1:
+        from ..limits import ResourceLimitError, check_shape
+        try:
+            check_shape("dense splat", shape)
+        except ResourceLimitError as e:
+            raise HloImportError(str(e), location=where) from None
         arr = np.full(shape.dims, arr.reshape(()), dtype=dtype.np_dtype)
     if arr.size != n:
         raise HloImportError(f"dense literal has {arr.size} elements, type {shape} needs {n}",

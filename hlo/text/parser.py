@@ -11,9 +11,10 @@ error is an ``hlo.ParseError`` with ``file:line:col`` and what was expected/foun
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -50,16 +51,30 @@ def _join_indexed(items: list[str]) -> str:
 
 def parse_hlo(text: str, filename: Optional[str] = None) -> Module:
     """Parse an HLO module in XLA's text format."""
-    return _Parser(text, filename).module()
+    p = _Parser(text, filename)
+    with _nesting_limit(p):
+        return p.module()
 
 
 def parse_shape(text: str) -> AnyShape:
     """Parse one shape: ``f32[2,3]{1,0}``, ``(s32[], token[])``, ``bf16[8]{0:T(128)}``."""
     p = _Parser(text, None)
-    shape = p.shape()
+    with _nesting_limit(p):
+        shape = p.shape()
     if p.lx.peek().kind != EOF:
         p.lx.fail_expected("end of shape")
     return shape
+
+
+@contextlib.contextmanager
+def _nesting_limit(p: "_Parser") -> Iterator[None]:
+    """Tuples and literals nest by recursion: input nested past Python's recursion limit
+    is a ParseError where the parser stopped, not a RecursionError."""
+    try:
+        yield
+    except RecursionError:
+        raise p.lx.error("nesting too deep (tuples, literals or braces thousands of levels "
+                         "deep)", min(p.lx.pos, len(p.lx.text))) from None
 
 
 # Header attributes with a known value type; others are kept Raw.
@@ -99,9 +114,12 @@ class _Parser:
         lx.expect("HloModule")
         name = self.name("a module name")
         m = self.module_ = Module(name)
+        layout_pos = None
         while lx.accept(","):
             key_tok = lx.expect_kind(NAME, "a module attribute name")
             lx.expect("=")
+            if key_tok.text == "entry_computation_layout":
+                layout_pos = key_tok.pos
             m.config[key_tok.text] = self.config_value(key_tok.text)
         self.sections(m)
         entry: Optional[Computation] = None
@@ -120,6 +138,14 @@ class _Parser:
         m.computations.remove(entry)
         m.computations.append(entry)
         self.resolve_pending()
+        if layout_pos is not None:
+            # The header against the entry it describes, reported where the header says it.
+            from ..errors import VerifierError
+            from ..verifier import _check_entry_layout
+            try:
+                _check_entry_layout(m)
+            except VerifierError as e:
+                raise lx.error(str(e), layout_pos) from None
         return m
 
     def config_value(self, key: str) -> Any:
@@ -232,6 +258,11 @@ class _Parser:
                                     f"%{inst.name} = {inst.shape} parameter("
                                     f"{inst.parameter_number})", ppos)
 
+    def _parameter_count(self) -> int:
+        if getattr(self, "_parameters_in_text", None) is None:
+            self._parameters_in_text = len(re.findall(r"\bparameter\s*\(", self.lx.text))
+        return self._parameters_in_text
+
     # --- instructions ----------------------------------------------------------------------
     def instruction(self, comp: Computation, scope: dict[str, Instruction]):
         lx = self.lx
@@ -256,6 +287,12 @@ class _Parser:
             parameter_number = self.integer("parameter")
             if parameter_number < 0:
                 raise lx.error("parameter number must be >= 0", op_tok.pos)
+            # Numbers are dense from 0, so none can reach the count of parameter
+            # instructions in the text (the computation would reserve that many slots).
+            available = self._parameter_count()
+            if parameter_number >= available:
+                raise lx.error(f"parameter({parameter_number}) but the text has only "
+                               f"{available} parameter instructions", op_tok.pos)
         else:
             operands = self.operands(scope)
         lx.expect(")")
@@ -594,6 +631,8 @@ class _Parser:
                     raise lx.error("dynamic dimensions are not supported", t.pos)
                 if t.kind != NUMBER or not _INT.match(t.text) or int(t.text) < 0:
                     lx.fail_expected("a dimension size")
+                if int(t.text) >= 1 << 63:
+                    raise lx.error(f"dimension size {t.text} does not fit in s64", t.pos)
                 dims.append(int(lx.next().text))
                 if not lx.accept(","):
                     break

@@ -39,6 +39,7 @@ from typing import Any, Optional
 from hlo.evaluator.core import EvalContext, Evaluator
 from hlo.errors import InvalidArgumentError
 from hlo.ir import Computation, Instruction, Module
+from hlo.limits import check_arena, check_module
 from passes.buffer_assignment import BufferAssignment, assign_buffers
 from passes.dataflow import array_leaves
 from passes.fusion.kinds import fusion_kind
@@ -48,6 +49,7 @@ from . import arena as ar
 from .collectives import ASYNC_COLLECTIVES, COLLECTIVE_OPS
 from .errors import NoCudaDeviceError
 from .graphs import GraphSegment, GraphSettings, segment
+from .linalg_calls import linalg_call_thunk
 from .torch_ops import DEVICE_OPS, device_op_thunk
 from .thunks import (BytesCopyThunk, ConditionalThunk, CopyThunk, HostThunk, KernelThunk,
                      LibraryThunk, RunContext, SequenceThunk, Thunk, WhileThunk,
@@ -198,7 +200,10 @@ class CudaExecutable:
 
     @classmethod
     def build(cls, module: Module, **options: Any) -> "CudaExecutable":
-        return cls(module, assign_buffers(module), **options)
+        check_module(module)       # absurd shapes stop here, before the arena exists
+        assignment = assign_buffers(module)
+        check_arena(assignment.allocations, f"the device arena of {module.name}")
+        return cls(module, assignment, **options)
 
     # --- building ------------------------------------------------------------------------
     def _sequence(self, comp: Computation) -> SequenceThunk:
@@ -257,6 +262,11 @@ class CudaExecutable:
             return [t]
         if op == "fusion" and fusion_kind(inst) == "attention":
             return [self._flash_attention(inst)]
+        if op == "custom-call":
+            # cusolver_* calls JAX emits for linear algebra: torch.linalg on the device.
+            t = linalg_call_thunk(inst, self.leaves)
+            if t is not None:
+                return [t]
         if op == "fusion":
             t = self._kernel(inst, inst, wrapped=False)
             return list(t.thunks) if isinstance(t, SplitThunk) else [t]
