@@ -48,6 +48,18 @@ def to_result(acc: np.ndarray, result: dt.DType) -> np.ndarray:
 # ---------------------------------------------------------------------------------------
 # dot
 # ---------------------------------------------------------------------------------------
+def _complex_matmul(L: np.ndarray, R: np.ndarray) -> np.ndarray:
+    """Complex matmul as four real ones: each product with the textbook formula
+    (re = ar*br - ai*bi, im = ar*bi + ai*br), as XLA computes it. BLAS's complex GEMM
+    combines the parts in another order, so an inf operand gives nan+nanj where XLA gives
+    (inf+nanj)."""
+    Lr, Li, Rr, Ri = L.real, L.imag, R.real, R.imag
+    out = np.empty(L.shape[:-1] + R.shape[-1:], L.dtype)
+    out.real = np.matmul(Lr, Rr) - np.matmul(Li, Ri)
+    out.imag = np.matmul(Lr, Ri) + np.matmul(Li, Rr)
+    return out
+
+
 def dot_general(lhs: np.ndarray, rhs: np.ndarray, lb: Sequence[int], rb: Sequence[int],
                 lc: Sequence[int], rc: Sequence[int], acc: np.dtype) -> np.ndarray:
     """XLA DotGeneral in ``acc``: result dims are batch, lhs free, rhs free."""
@@ -67,7 +79,7 @@ def dot_general(lhs: np.ndarray, rhs: np.ndarray, lb: Sequence[int], rb: Sequenc
     b = int(np.prod(bshape, dtype=np.int64))
     L = np.transpose(lhs, lb + lf + lc).astype(acc).reshape(b, m, k)
     R = np.transpose(rhs, rb + rc + rf).astype(acc).reshape(b, k, n)
-    out = np.matmul(L, R)
+    out = _complex_matmul(L, R) if np.iscomplexobj(L) else np.matmul(L, R)
     return out.reshape(bshape + [lhs.shape[d] for d in lf] + [rhs.shape[d] for d in rf])
 
 
