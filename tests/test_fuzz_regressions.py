@@ -1,0 +1,58 @@
+"""Regression tests for bugs the differential fuzzer (tests/test_fuzz_programs.py) found.
+
+Each test is the shrunk program, its inputs, and the value ``jax.jit`` gives for them,
+checked on every backend/pipeline combination the fuzzer runs.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from jax import lax  # noqa: E402
+
+import hlo  # noqa: E402
+from tests.test_fuzz_programs import COMBOS, compare, run_combo  # noqa: E402
+
+
+def check_everywhere(fn, args, expected) -> None:
+    module = hlo.from_jax(fn, *args)
+    for name, backend, pipeline, target in COMBOS:
+        got = run_combo(module, backend, pipeline, target, args)
+        assert len(got) == len(expected), name
+        for g, e in zip(got, expected):
+            msg = compare(g, np.asarray(e))
+            assert msg is None, f"{name}: {msg}"
+
+
+def test_dead_loop_does_not_update_the_entry_root_in_place():
+    """A while loop nobody reads (kept by pipeline="none") whose init is the entry's root:
+    copy insertion let the loop take the root's buffer, so the loop's abs() overwrote the
+    output. jax.jit returns the input reshaped: -1 ... -9."""
+    def program(p0):
+        v1 = p0.reshape((1, 1, 1, 9))
+        lax.fori_loop(0, 1, lambda i, c: jnp.abs(c) + i.astype(jnp.float32), v1)
+        return (v1.reshape((1, 1, 1, 9)),)
+    x = -np.arange(1, 10, dtype=np.float32).reshape(3, 3)
+    check_everywhere(program, [x], [-np.arange(1, 10, dtype=np.float32).reshape(1, 1, 1, 9)])
+
+
+@pytest.mark.parametrize("axes", [(), (1,)])
+def test_reduce_combining_nothing_is_the_input(axes):
+    """jnp.prod over no axes (or a size-1 one) of complex infinities: XLA returns the input
+    (a reduce that combines nothing is a reshape); (1+0j) * (-inf+infj) is nan+nanj.
+    jax.jit: [-inf+infj, 3.184-infj]."""
+    x = np.array([[-np.inf + np.inf * 1j], [3.1840317 - np.inf * 1j]], np.complex64)
+    expected = x if axes == () else x[:, 0]
+    check_everywhere(lambda a: jnp.prod(a, axis=axes), [x], [expected])
+
+
+def test_complex_dot_with_infinity_multiplies_textbook_style():
+    """matmul of complex vectors with an infinity: XLA multiplies each pair as
+    (ar*br - ai*bi) + (ar*bi + ai*br)j and sums; BLAS's complex GEMM gave nan+nanj.
+    jax.jit: inf+nanj."""
+    x = np.array([np.inf - 0j, -2.7672675 - 3.1219122j], np.complex64)
+    check_everywhere(jnp.matmul, [x, x], [np.complex64(complex(np.inf, np.nan))])
