@@ -633,6 +633,8 @@ def g_scatter(b: Builder) -> Val | None:
             return None
         ix = f"jnp.clip({idx.name}, 0, {x.dims[0] - 1})"
         if kind == "set":
+            if x.dtype == PRED:
+                return None
             kind = "add"   # duplicate indices with set: which update wins is unspecified
     elif kind == "set":
         # Duplicate indices with set: XLA leaves the winner unspecified; make them unique.

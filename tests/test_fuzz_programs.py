@@ -1,11 +1,12 @@
 """Differential fuzzing: random JAX programs (tests/fuzz_programs.py) run by ``jax.jit`` and
 by every hlotk backend/pipeline combination this machine has, compared element by element.
 
-Combinations (``COMBOS``): the reference interpreter on the imported module and after the
-default pipeline; the CPU arena executor (thunks over one buffer arena, numpy fusion
-kernels) with the default pipeline, with ``pipeline="none"``, with fusion deciding for the
-H200 (``target="h200"``), and with the CUDA backend's whole pipeline (GPU layouts, library
-dots unfused) run deviceless on the CPU.
+Combinations (``COMBOS``): each pipeline of ``PIPELINE_SPECS`` runs once per program --
+none, the CPU default, the default with fusion deciding for the H200 (``target="h200"``),
+and the CUDA backend's whole pipeline (GPU layouts, library dots unfused) deviceless -- and
+its module runs on both executors: the reference interpreter and the CPU arena executor
+(thunks over one buffer arena, generated numpy fusion kernels). The pipelined module is
+verified once after its pipeline.
 
 CI runs a fixed-seed slice (``derandomize``; ``FUZZ_CI_EXAMPLES`` programs).
 ``HLOTK_FUZZ_EXAMPLES=N`` runs N random programs instead; with ``HLOTK_FUZZ_LOG=FILE`` a
@@ -30,9 +31,10 @@ import pytest  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 import hlo  # noqa: E402
-import runtime  # noqa: E402
-from passes.flatten_call_graph import FlattenCallGraph  # noqa: E402
+from passes import run_pipeline  # noqa: E402
+from passes.fusion.pass_ import with_target  # noqa: E402
 from passes.pipelines import PIPELINES  # noqa: E402
+from runtime.jit import default_client  # noqa: E402
 from runtime.client import flatten_value  # noqa: E402
 from tests.fuzz_programs import Program, programs  # noqa: E402
 
@@ -41,15 +43,15 @@ EXAMPLES = int(os.environ.get("HLOTK_FUZZ_EXAMPLES", FUZZ_CI_EXAMPLES))
 LONG = "HLOTK_FUZZ_EXAMPLES" in os.environ
 LOG = os.environ.get("HLOTK_FUZZ_LOG")
 
-# (name, backend, pipeline, target)
-COMBOS = [
-    ("interpreter/none", "interpreter", "none", None),
-    ("interpreter/default", "interpreter", "default", None),
-    ("cpu/default", "cpu", "default", None),
-    ("cpu/none", "cpu", "none", None),
-    ("cpu/default@h200", "cpu", "default", "h200"),
-    ("cpu/cuda-pipeline@h200", "cpu", PIPELINES["default"]["cuda"], "h200"),
-]
+# Pipelines, each run once per program; every one runs on both executors.
+PIPELINE_SPECS = {
+    "none": "",
+    "default": PIPELINES["default"]["cpu"],
+    "default@h200": with_target(PIPELINES["default"]["cpu"], "h200"),
+    "cuda-pipeline@h200": with_target(PIPELINES["default"]["cuda"], "h200"),
+}
+EXECUTORS = ("interpreter", "cpu")
+COMBOS = [f"{executor}/{pipeline}" for pipeline in PIPELINE_SPECS for executor in EXECUTORS]
 
 TOLERANCE = {np.dtype(np.float32): 1e-5, np.dtype(np.complex64): 1e-5,
              np.dtype(np.float16): 1e-3}
@@ -94,22 +96,43 @@ def compare(actual: np.ndarray, expected: np.ndarray) -> str | None:
             f" got {got}, jax.jit {want}")
 
 
-def needs_flattening(module: hlo.Module) -> bool:
-    """A computation reached from several call sites: pipeline="none" on the arena executor
-    runs it wrong until mandatory lowering runs flatten-call-graph (issue 15, i15-robust)."""
-    return FlattenCallGraph().run(module.clone())
+def known_cpu_none_issue(module: hlo.Module) -> bool:
+    """A while body that calls a computation: without ``inline`` the arena executor gets
+    loop state rotated through the call wrong (the issue's threefry example). Owned by
+    i15-robust (mandatory lowering for pipeline="none"); a cpu/none mismatch on such a
+    program is listed as known, not failed."""
+    return any(i.opcode == "call" for comp in module.computations for w in comp.instructions
+               if w.opcode == "while" for i in w.attrs["body"].instructions)
 
 
-def run_combo(module: hlo.Module, backend: str, pipeline: str, target: str | None,
-              args: list[np.ndarray]) -> list[np.ndarray]:
-    client = runtime.jit.__globals__["default_client"](backend)
-    exe = client.compile(module, pipeline=pipeline, target=target)
+def pipelined(module: hlo.Module, pipeline: str) -> hlo.Module:
+    """``module`` after one of ``PIPELINE_SPECS`` (verified once, at the end)."""
+    spec = PIPELINE_SPECS[pipeline]
+    if not spec:
+        return module
+    out = module.clone()
+    run_pipeline(out, spec)
+    hlo.verify(out)
+    return out
+
+
+def execute(module: hlo.Module, executor: str, args: list[np.ndarray]) -> list[np.ndarray]:
+    """Run an already compiled ``module``: the reference interpreter or the CPU arena."""
+    if executor == "interpreter":
+        return [np.asarray(x) for x in flatten_value(hlo.evaluate(module, args))]
+    client = default_client("cpu")
+    exe = client.compile(module, pipeline="none", verify=False)
     return [b.to_numpy() for b in exe.execute([client.buffer_from_pyval(a) for a in args])]
 
 
-def differences(prog: Program) -> tuple[list[tuple[str, str]], list[str]]:
+def run_combo(module: hlo.Module, combo: str, args: list[np.ndarray]) -> list[np.ndarray]:
+    executor, pipeline = combo.split("/", 1)
+    return execute(pipelined(module, pipeline), executor, args)
+
+
+def differences(prog: Program) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """(combination, message) for every combination that disagrees with jax.jit, and the
-    combinations skipped (with why)."""
+    cpu/none disagreements that are the known issue (``known_cpu_none_issue``)."""
     fn = prog.function()
     args = prog.inputs()
     try:
@@ -119,26 +142,36 @@ def differences(prog: Program) -> tuple[list[tuple[str, str]], list[str]]:
             return [("jax.jit", f"generator: {type(e).__name__}: {e}")], []
         raise
     module = hlo.from_jax(fn, *args)
-    found, skipped = [], []
-    flatten = needs_flattening(module)
-    for name, backend, pipeline, target in COMBOS:
-        if name == "cpu/none" and flatten:
-            skipped.append(f"{name}: needs flatten-call-graph (issue 15, owned by i15-robust)")
-            continue
+    found: list[tuple[str, str]] = []
+    known: list[tuple[str, str]] = []
+    for pipeline in PIPELINE_SPECS:
         try:
-            got = run_combo(module, backend, pipeline, target, args)
+            compiled = pipelined(module, pipeline)
         except Exception as e:  # noqa: BLE001  (any exception is a finding)
-            found.append((name, f"{type(e).__name__}: {e}\n"
-                                f"{''.join(traceback.format_tb(e.__traceback__)[-3:])}"))
+            found.append((f"*/{pipeline}", _describe(e)))
             continue
-        if len(got) != len(expected):
-            found.append((name, f"{len(got)} results, expected {len(expected)}"))
-            continue
-        for k, (a, e) in enumerate(zip(got, expected)):
-            msg = compare(a, e)
-            if msg:
-                found.append((name, f"output {k}: {msg}"))
-    return found, skipped
+        for executor in EXECUTORS:
+            name = f"{executor}/{pipeline}"
+            COUNTS[name] = COUNTS.get(name, 0) + 1
+            try:
+                got = execute(compiled, executor, args)
+            except Exception as e:  # noqa: BLE001
+                found.append((name, _describe(e)))
+                continue
+            msgs = [f"output {k}: {m}" for k, (a, e) in enumerate(zip(got, expected))
+                    if (m := compare(a, e))]
+            if len(got) != len(expected):
+                msgs = [f"{len(got)} results, expected {len(expected)}"]
+            if msgs and name == "cpu/none" and known_cpu_none_issue(module):
+                known += [(name, m) for m in msgs]
+            else:
+                found += [(name, m) for m in msgs]
+    return found, known
+
+
+def _describe(e: Exception) -> str:
+    tb = "".join(traceback.format_tb(e.__traceback__)[-3:])
+    return f"{type(e).__name__}: {e}\n{tb}"
 
 
 def _record(prog: Program, found: list[tuple[str, str]]) -> None:
@@ -155,9 +188,15 @@ COUNTS: dict[str, int] = {}
           suppress_health_check=list(HealthCheck), print_blob=True)
 @given(programs())
 def test_random_programs_match_jax_jit(prog: Program) -> None:
-    found, skipped = differences(prog)
+    found, known = differences(prog)
     COUNTS["programs"] = COUNTS.get("programs", 0) + 1
-    COUNTS["cpu/none skipped"] = COUNTS.get("cpu/none skipped", 0) + len(skipped)
+    if known:
+        COUNTS["cpu/none known issue"] = COUNTS.get("cpu/none known issue", 0) + 1
+        if LOG:
+            _record(prog, [(f"KNOWN {n}", m) for n, m in known])
+    if LOG and COUNTS["programs"] % 100 == 0:
+        with open(LOG, "a") as f:
+            f.write(f"# progress: {COUNTS}\n")
     if found and LOG:
         _record(prog, found)
         return

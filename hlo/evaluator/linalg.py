@@ -48,15 +48,50 @@ def to_result(acc: np.ndarray, result: dt.DType) -> np.ndarray:
 # ---------------------------------------------------------------------------------------
 # dot
 # ---------------------------------------------------------------------------------------
+def _annex_g_products(a: np.ndarray, b: np.ndarray, c: np.ndarray,
+                      d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a+bi)(c+di) as C99 Annex G's multiply (``__mulsc3``, what std::complex and so XLA's
+    CPU dot use): the textbook parts, and where both are NaN although an operand is
+    infinite, the infinity recovered (inf * the product of the operands' directions)."""
+    x, y = a * c - b * d, a * d + b * c
+    both_nan = np.isnan(x) & np.isnan(y)
+    if not both_nan.any():
+        return x, y
+
+    def box(u, v):      # an infinite operand as its direction; NaNs of the other become 0
+        inf = np.isinf(u) | np.isinf(v)
+        return inf, (np.where(inf, np.copysign(np.isinf(u).astype(u.dtype), u), u),
+                     np.where(inf, np.copysign(np.isinf(v).astype(v.dtype), v), v))
+
+    def unnan(cond, u):
+        return np.where(cond & np.isnan(u), np.copysign(np.zeros_like(u), u), u)
+
+    z_inf, (a2, b2) = box(a, b)
+    w_inf, (c2, d2) = box(c, d)
+    c2, d2 = unnan(z_inf, c2), unnan(z_inf, d2)
+    a2, b2 = unnan(w_inf, a2), unnan(w_inf, b2)
+    overflow = ~z_inf & ~w_inf & (np.isinf(a * c) | np.isinf(b * d) | np.isinf(a * d)
+                                  | np.isinf(b * c))
+    a2, b2, c2, d2 = (unnan(overflow, u) for u in (a2, b2, c2, d2))
+    recalc = both_nan & (z_inf | w_inf | overflow)
+    x = np.where(recalc, np.inf * (a2 * c2 - b2 * d2), x)
+    y = np.where(recalc, np.inf * (a2 * d2 + b2 * c2), y)
+    return x, y
+
+
 def _complex_matmul(L: np.ndarray, R: np.ndarray) -> np.ndarray:
-    """Complex matmul as four real ones: each product with the textbook formula
-    (re = ar*br - ai*bi, im = ar*bi + ai*br), as XLA computes it. BLAS's complex GEMM
-    combines the parts in another order, so an inf operand gives nan+nanj where XLA gives
-    (inf+nanj)."""
-    Lr, Li, Rr, Ri = L.real, L.imag, R.real, R.imag
-    out = np.empty(L.shape[:-1] + R.shape[-1:], L.dtype)
-    out.real = np.matmul(Lr, Rr) - np.matmul(Li, Ri)
-    out.imag = np.matmul(Lr, Ri) + np.matmul(Li, Rr)
+    """Complex batched matmul ``[b,m,k] @ [b,k,n]``. With an inf or NaN among the operands,
+    each product is formed as XLA's CPU dot does (``_annex_g_products``) and the products
+    summed: BLAS's complex GEMM combines the parts in another order and gives nan+nanj
+    where XLA gives, e.g., inf+nanj. (Which sums are nan or +-inf does not depend on the
+    summation order.)"""
+    if np.isfinite(L).all() and np.isfinite(R).all():
+        return np.matmul(L, R)
+    a, b = L[:, :, :, None], R[:, None, :, :]
+    with np.errstate(invalid="ignore", over="ignore"):
+        re, im = _annex_g_products(a.real, a.imag, b.real, b.imag)
+        out = np.empty(L.shape[:-1] + R.shape[-1:], L.dtype)
+        out.real, out.imag = re.sum(axis=2), im.sum(axis=2)
     return out
 
 
