@@ -71,3 +71,22 @@ def test_complex_matmul_recovers_infinities_as_std_complex():
     expected = np.array([[complex(-np.inf, np.nan)], [complex(np.inf, -np.inf)],
                          [complex(np.nan, np.nan)]], np.complex64)
     check_everywhere(jnp.matmul, [a, b], [expected])
+
+
+def test_variadic_reduce_with_an_empty_kept_dimension():
+    """argmin over axis 1 of an s32[0,1] (a variadic reduce): reshaping the reduced
+    columns with -1 failed when a kept dimension is 0 ("cannot reshape array of size 0").
+    jax.jit: an empty s32[0]."""
+    x = np.zeros((0, 1), np.int32)
+    check_everywhere(lambda a: jnp.argmin(a, axis=1), [x], [np.zeros((0,), np.int32)])
+
+
+def test_complex_divide_corner_cases_as_xla():
+    """Complex division where Smith's step gives (nan, nan): XLA applies C99's corner
+    cases, numpy does not. jax.jit values: (inf+nanj)/(1+0j) = inf+nanj;
+    (1+0j)/(0+0j) = inf+nanj; (1+1j)/(inf+0j) = 0+0j; (inf+1j)/(1+3e38j) = nan-infj."""
+    x = np.array([complex(np.inf, np.nan), 1 + 0j, 1 + 1j, complex(np.inf, 1)], np.complex64)
+    y = np.array([1 + 0j, 0j, complex(np.inf, 0), complex(1, 3e38)], np.complex64)
+    expected = np.array([complex(np.inf, np.nan), complex(np.inf, np.nan), 0j,
+                         complex(np.nan, -np.inf)], np.complex64)
+    check_everywhere(lambda a, b: a / b, [x, y], [expected])

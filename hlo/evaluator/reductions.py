@@ -19,6 +19,8 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable, Optional, Sequence
 
+import math
+
 import numpy as np
 
 from .. import dtypes as dt
@@ -214,7 +216,8 @@ def _reduce(inst: Instruction, operands: list, ctx: EvalContext) -> Any:
     cols = []
     for x in inputs:
         t = np.transpose(x, keep + list(axes))
-        cols.append(t.reshape(t.shape[:len(keep)] + (-1,)))
+        # The reduced extent spelled out: -1 is ambiguous when a kept dimension is 0.
+        cols.append(t.reshape(t.shape[:len(keep)] + (math.prod(t.shape[len(keep):]),)))
     out = _tree_fold(comp, cols, [np.asarray(i) for i in inits], ctx, dtypes)
     out = [np.ascontiguousarray(o).reshape(s.dims) for o, s in zip(out, out_shapes)]
     return tuple(out) if inst.shape.is_tuple else out[0]
