@@ -90,3 +90,13 @@ def test_complex_divide_corner_cases_as_xla():
     expected = np.array([complex(np.inf, np.nan), complex(np.inf, np.nan), 0j,
                          complex(np.nan, -np.inf)], np.complex64)
     check_everywhere(lambda a, b: a / b, [x, y], [expected])
+
+
+def test_complex_dot_contracting_one_element_is_a_multiply():
+    """A dot whose contraction has one element is a multiply in XLA (its simplifier), so
+    no Annex G recovery: (1.2808453+0j) * (-inf-infj) with textbook parts is
+    (-inf - 0*-inf) + (-inf + 0*-inf)j = nan+nanj; jax.jit gives nan+nanj (with the
+    recovery it would be -inf-infj)."""
+    a = np.array([[1.2808453 + 0j]], np.complex64)
+    b = np.array([complex(-np.inf, -np.inf)], np.complex64)
+    check_everywhere(jnp.matmul, [a, b], [np.array([complex(np.nan, np.nan)], np.complex64)])

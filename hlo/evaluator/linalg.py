@@ -89,7 +89,13 @@ def _complex_matmul(L: np.ndarray, R: np.ndarray) -> np.ndarray:
         return np.matmul(L, R)
     a, b = L[:, :, :, None], R[:, None, :, :]
     with np.errstate(invalid="ignore", over="ignore"):
-        re, im = _annex_g_products(a.real, a.imag, b.real, b.imag)
+        if L.shape[2] == 1:
+            # XLA's simplifier makes a dot contracting one element a multiply: textbook
+            # products, no recovery of infinities.
+            ar, ai, br, bi = a.real, a.imag, b.real, b.imag
+            re, im = ar * br - ai * bi, ar * bi + ai * br
+        else:
+            re, im = _annex_g_products(a.real, a.imag, b.real, b.imag)
         out = np.empty(L.shape[:-1] + R.shape[-1:], L.dtype)
         out.real, out.imag = re.sum(axis=2), im.sum(axis=2)
     return out
