@@ -589,7 +589,9 @@ def g_sort(b: Builder) -> Val | None:
             f"{k.name}, {v.name} = lax.sort(({x.name}, {y.name}), dimension={axis}, "
             f"num_keys=1, is_stable=True)")
         return v
-    if kind == "top_k" and x.dtype != PRED:
+    if kind == "top_k" and x.dtype != PRED and x.name[0] == "p":
+        # Of parameters only: top_k orders with the total order, where a NaN's sign bit
+        # decides its place, and the sign of a computed NaN is unspecified.
         k = b.draw(st.integers(0, x.dims[-1]))
         vals = b.new_value(x.dtype, x.dims[:-1] + (k,))
         idx = b.new_value("s32", x.dims[:-1] + (k,))

@@ -13,7 +13,7 @@ CI runs a fixed-seed slice (``derandomize``; ``FUZZ_CI_EXAMPLES`` programs).
 mismatch is appended to FILE (program, combination, message) and the run goes on, so a long
 run lists every failing program rather than stopping and shrinking the first.
 
-Tolerances (``TOLERANCE``): float32/complex64 1e-5 relative, f16 1e-3, bf16 1e-2 -- or
+Tolerances (``TOLERANCE``): float32/complex64 1e-5 relative, f16 and bf16 1e-2 -- or
 the loosest of the float types the program passes through (``program_tolerance``) --
 with an absolute floor of the same size times the output's largest magnitude (sums and
 dots of values of both signs cancel); NaN and infinity positions must agree; integers and
@@ -55,7 +55,7 @@ EXECUTORS = ("interpreter", "cpu")
 COMBOS = [f"{executor}/{pipeline}" for pipeline in PIPELINE_SPECS for executor in EXECUTORS]
 
 TOLERANCE = {np.dtype(np.float32): 1e-5, np.dtype(np.complex64): 1e-5,
-             np.dtype(np.float16): 1e-3}
+             np.dtype(np.float16): 1e-2}   # f16 half-ulp 5e-4: chains of exp amplify it
 
 
 def tolerance(dtype: np.dtype) -> float:
