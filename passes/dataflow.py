@@ -385,10 +385,12 @@ def _reorder(comp: Computation) -> None:
     comp.instructions[:] = comp.post_order()
 
 
-def _owns_buffer(v: Instruction, user: Instruction) -> bool:
-    """``v`` defines a fresh buffer that only ``user`` reads (so ``user`` may take it)."""
+def _owns_buffer(comp: Computation, v: Instruction, user: Instruction) -> bool:
+    """``v`` defines a fresh buffer that only ``user`` reads (so ``user`` may take it).
+    The computation's root is read by the caller too, even when nothing inside uses it
+    (a dead loop after the root in the list still must not update it in place)."""
     return (defines_value(v) and v.opcode not in ("parameter", "constant")
-            and not v.shape.is_tuple and v.users == [user])
+            and not v.shape.is_tuple and v.users == [user] and v is not comp.root)
 
 
 def _readers(comp: Computation, param_leaf: tuple[Instruction, Index]) -> list[Instruction]:
@@ -563,7 +565,7 @@ def _copy_while(comp: Computation, w: Instruction) -> bool:
     for ix, _ in array_leaves(init.shape):
         v, vix = _leaf_value(init, ix)
         holder = init if (init.opcode == "tuple" and len(ix) == 1) else None
-        if not vix and holder is not None and _owns_buffer(v, holder) \
+        if not vix and holder is not None and _owns_buffer(comp, v, holder) \
                 and counts[(id(v), vix)] == 1 and init.users == [w]:
             continue
         need_init.add(ix)

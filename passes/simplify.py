@@ -273,12 +273,13 @@ def dot_transposed_operand(i: Instruction):
 
 
 def reduce_size_one_dims(i: Instruction):
-    """reduce over dims of size 1 (with the reducer's identity as init) is a reshape."""
+    """reduce over dims of size 1, or over none (with the reducer's identity as init), is
+    a reshape."""
     if len(i.operands) != 2:
         return None
     x, init = i.operands
     dims = tuple(i.attrs.get("dimensions", ()))
-    if not dims or any(x.shape.dims[d] != 1 for d in dims):
+    if any(x.shape.dims[d] != 1 for d in dims):   # no dims at all: nothing combined
         return None
     body = i.attrs["to_apply"]
     root = body.root

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import functools
+
 import numpy as np
 import scipy.special
 
@@ -114,10 +116,59 @@ def _int_power(base: np.ndarray, exponent: np.ndarray, dtype: DType) -> np.ndarr
     return wrap_int(np.where(negative, inverse, acc), dtype)
 
 
+def _complex_divide(x: np.ndarray, y: np.ndarray, flush: bool = True) -> np.ndarray:
+    """Complex division as XLA:CPU does it: Smith's scaling by the larger part of the
+    divisor, and where that gives (nan, nan), the C99 corner cases -- zero divisor (inf
+    with the divisor's real sign), infinite dividend over a finite divisor (inf times the
+    dividend's direction), finite dividend over an infinite divisor (signed zeros). numpy
+    stops at Smith's step: (inf+nanj)/(1+0j) is nan+nanj there, inf+nanj in XLA. Like
+    XLA:CPU, the multiply-adds are fused (one rounding) and subnormal intermediates are
+    zero (``flush``)."""
+    x, y = np.broadcast_arrays(np.asarray(x), np.asarray(y))
+    a, b, c, d = x.real, x.imag, y.real, y.imag
+    part = a.dtype
+    one, zero, inf = np.ones((), part), np.zeros((), part), np.array(np.inf, part)
+    wide = np.float64 if part.itemsize < 8 else np.longdouble
+
+    def ftz(u):
+        return flush_denormals(u, flush)
+
+    def fma(p, q, r):       # p*q + r rounded once
+        return ftz((p.astype(wide) * q + r).astype(part))
+
+    c_smaller = np.abs(c) < np.abs(d)
+    r1, r2 = ftz(c / d), ftz(d / c)         # the divisor's smaller part over its larger
+    den1, den2 = fma(c, r1, d), fma(d, r2, c)
+    re = np.where(c_smaller, fma(r1, a, b) / den1, fma(r2, b, a) / den2)
+    im = np.where(c_smaller, fma(r1, b, -a) / den1, fma(-r2, a, b) / den2)
+
+    def direction(u, infinite):     # +-1 where infinite, a zero of u's sign elsewhere
+        return np.copysign(np.where(infinite, one, zero), u)
+
+    zero_div = (c == 0) & (d == 0) & ~(np.isnan(a) & np.isnan(b))
+    inf_sign = np.copysign(inf, c)
+    a_inf, b_inf, c_inf, d_inf = (np.isinf(u) for u in (a, b, c, d))
+    inf_over_finite = (a_inf | b_inf) & np.isfinite(c) & np.isfinite(d)
+    a1, b1 = direction(a, a_inf), direction(b, b_inf)
+    finite_over_inf = (c_inf | d_inf) & np.isfinite(a) & np.isfinite(b)
+    c1, d1 = direction(c, c_inf), direction(d, d_inf)
+    fixes = [(zero_div, inf_sign * a, inf_sign * b),
+             (inf_over_finite, inf * (a1 * c + b1 * d), inf * (b1 * c - a1 * d)),
+             (finite_over_inf, zero * (a * c1 + b * d1), zero * (b * c1 - a * d1))]
+    both_nan = np.isnan(re) & np.isnan(im)
+    for case, fix_re, fix_im in reversed(fixes):     # the first matching case wins
+        pick = both_nan & case
+        re, im = np.where(pick, fix_re, re), np.where(pick, fix_im, im)
+    out = np.empty(re.shape, x.dtype)
+    out.real, out.imag = re, im
+    return out
+
+
 # Ops whose integer semantics (XLA's, see the helpers above) differ from numpy's, and the
-# numpy function for their float/complex case.
+# numpy function for their float case (and complex, unless _COMPLEX names another).
 _INT_OR_FLOAT = {"divide": (_int_divide, np.divide), "remainder": (_int_remainder, np.fmod),
                  "power": (_int_power, np.power)}
+_COMPLEX = {"divide": _complex_divide}
 
 
 @rule("evaluate", *_INT_OR_FLOAT)
@@ -126,7 +177,10 @@ def _int_or_float(inst, ops, ctx):
     dtype = hlo_dtype(ops[0])
     if dtype.is_integer:
         return int_fn(ops[0], ops[1], dtype)
-    return _arith(inst, ops, ctx, float_fn)
+    complex_fn = _COMPLEX.get(inst.opcode)
+    if complex_fn is not None:
+        complex_fn = functools.partial(complex_fn, flush=ctx.flush_denormals)
+    return _arith(inst, ops, ctx, float_fn, complex_fn=complex_fn)
 
 
 @rule("evaluate", "atan2")

@@ -59,6 +59,60 @@ def to_result(acc: np.ndarray, result: dt.DType) -> np.ndarray:
 # ---------------------------------------------------------------------------------------
 # dot
 # ---------------------------------------------------------------------------------------
+def _annex_g_products(a: np.ndarray, b: np.ndarray, c: np.ndarray,
+                      d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a+bi)(c+di) as C99 Annex G's multiply (``__mulsc3``, what std::complex and so XLA's
+    CPU dot use): the textbook parts, and where both are NaN although an operand is
+    infinite, the infinity recovered (inf * the product of the operands' directions)."""
+    x, y = a * c - b * d, a * d + b * c
+    both_nan = np.isnan(x) & np.isnan(y)
+    if not both_nan.any():
+        return x, y
+
+    def box(u, v):      # an infinite operand as its direction; NaNs of the other become 0
+        inf = np.isinf(u) | np.isinf(v)
+        return inf, (np.where(inf, np.copysign(np.isinf(u).astype(u.dtype), u), u),
+                     np.where(inf, np.copysign(np.isinf(v).astype(v.dtype), v), v))
+
+    def unnan(cond, u):
+        return np.where(cond & np.isnan(u), np.copysign(np.zeros_like(u), u), u)
+
+    z_inf, (a2, b2) = box(a, b)
+    w_inf, (c2, d2) = box(c, d)
+    c2, d2 = unnan(z_inf, c2), unnan(z_inf, d2)
+    a2, b2 = unnan(w_inf, a2), unnan(w_inf, b2)
+    overflow = ~z_inf & ~w_inf & (np.isinf(a * c) | np.isinf(b * d) | np.isinf(a * d)
+                                  | np.isinf(b * c))
+    a2, b2, c2, d2 = (unnan(overflow, u) for u in (a2, b2, c2, d2))
+    recalc = both_nan & (z_inf | w_inf | overflow)
+    x = np.where(recalc, np.inf * (a2 * c2 - b2 * d2), x)
+    y = np.where(recalc, np.inf * (a2 * d2 + b2 * c2), y)
+    return x, y
+
+
+def _complex_matmul(L: np.ndarray, R: np.ndarray) -> np.ndarray:
+    """Complex batched matmul ``[b,m,k] @ [b,k,n]``: finite operands in the reference
+    interpreter's order (``complex_matmul``). With an inf or NaN among the operands,
+    each product is formed as XLA's CPU dot does (``_annex_g_products``) and the products
+    summed: BLAS's complex GEMM combines the parts in another order and gives nan+nanj
+    where XLA gives, e.g., inf+nanj. (Which sums are nan or +-inf does not depend on the
+    summation order.)"""
+    if np.isfinite(L).all() and np.isfinite(R).all():
+        return complex_matmul(L, R)
+    a, b = L[:, :, :, None], R[:, None, :, :]
+    with np.errstate(invalid="ignore", over="ignore"):
+        if L.shape[2] == 1:
+            # XLA's simplifier makes a dot contracting one element a multiply: textbook
+            # products, no recovery of infinities.
+            ar, ai, br, bi = a.real, a.imag, b.real, b.imag
+            re, im = ar * br - ai * bi, ar * bi + ai * br
+        else:
+            re, im = _annex_g_products(a.real, a.imag, b.real, b.imag)
+        out = np.empty(L.shape[:-1] + R.shape[-1:], L.dtype)
+        out.real, out.imag = re.sum(axis=2), im.sum(axis=2)
+    return out
+
+
 def dot_general(lhs: np.ndarray, rhs: np.ndarray, lb: Sequence[int], rb: Sequence[int],
                 lc: Sequence[int], rc: Sequence[int], acc: np.dtype) -> np.ndarray:
     """XLA DotGeneral in ``acc``: result dims are batch, lhs free, rhs free."""
@@ -78,7 +132,7 @@ def dot_general(lhs: np.ndarray, rhs: np.ndarray, lb: Sequence[int], rb: Sequenc
     b = int(np.prod(bshape, dtype=np.int64))
     L = np.transpose(lhs, lb + lf + lc).astype(acc).reshape(b, m, k)
     R = np.transpose(rhs, rb + rc + rf).astype(acc).reshape(b, k, n)
-    out = complex_matmul(L, R) if acc.kind == "c" else np.matmul(L, R)
+    out = _complex_matmul(L, R) if np.iscomplexobj(L) else np.matmul(L, R)
     return out.reshape(bshape + [lhs.shape[d] for d in lf] + [rhs.shape[d] for d in rf])
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable, Optional, Sequence
 
+import math
+
 import numpy as np
 
 from .. import dtypes as dt
@@ -167,14 +169,26 @@ def _tree_fold(comp: Computation, columns: list[np.ndarray], init: list[np.ndarr
     return apply_elementwise(comp, inits + last, ctx, dtypes)
 
 
+def _is_identity(opcode: str, init: np.ndarray) -> bool:
+    """Whether ``init`` is ``opcode``'s identity (0 for add, 1 for multiply)."""
+    unit = {"add": 0, "multiply": 1}.get(opcode)
+    return unit is not None and bool(init == unit)
+
+
 def _fast_reduce(opcode: str, x: np.ndarray, axes: tuple[int, ...], init: np.ndarray,
                  out_dtype: np.dtype) -> np.ndarray:
     cdt = _compute_dtype(x.dtype)
     xc = x.astype(cdt, copy=False)
     ic = np.asarray(init).astype(cdt)
     uf = _ufunc_for(opcode, cdt)
+    out_shape = tuple(s for i, s in enumerate(x.shape) if i not in axes)
     if xc.size == 0 or any(x.shape[a] == 0 for a in axes):
-        r = np.broadcast_to(ic, tuple(s for i, s in enumerate(x.shape) if i not in axes))
+        r = np.broadcast_to(ic, out_shape)
+    elif all(x.shape[a] == 1 for a in axes) and _is_identity(opcode, ic):
+        # Nothing is combined: the input itself, as XLA (its simplifier makes such a reduce
+        # a reshape). Applying the init would not be the identity at the edges: complex
+        # (1+0j) * (inf+infj) is nan+nanj, 0.0 + -0.0 is 0.0.
+        r = xc.reshape(out_shape)
     else:
         r = uf(ic, uf.reduce(xc, axis=axes)) if axes else uf(ic, xc)
     return cast_wrapping(np.asarray(r), out_dtype)
@@ -202,7 +216,8 @@ def _reduce(inst: Instruction, operands: list, ctx: EvalContext) -> Any:
     cols = []
     for x in inputs:
         t = np.transpose(x, keep + list(axes))
-        cols.append(t.reshape(t.shape[:len(keep)] + (-1,)))
+        # The reduced extent spelled out: -1 is ambiguous when a kept dimension is 0.
+        cols.append(t.reshape(t.shape[:len(keep)] + (math.prod(t.shape[len(keep):]),)))
     out = _tree_fold(comp, cols, [np.asarray(i) for i in inits], ctx, dtypes)
     out = [np.ascontiguousarray(o).reshape(s.dims) for o, s in zip(out, out_shapes)]
     return tuple(out) if inst.shape.is_tuple else out[0]
