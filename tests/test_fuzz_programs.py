@@ -109,15 +109,6 @@ def compare(actual: np.ndarray, expected: np.ndarray, min_tol: float = 0.0) -> s
             f" got {got}, jax.jit {want}")
 
 
-def known_cpu_none_issue(module: hlo.Module) -> bool:
-    """A while body that calls a computation: without ``inline`` the arena executor gets
-    loop state rotated through the call wrong (the issue's threefry example). Owned by
-    i15-robust (mandatory lowering for pipeline="none"); a cpu/none mismatch on such a
-    program is listed as known, not failed."""
-    return any(i.opcode == "call" for comp in module.computations for w in comp.instructions
-               if w.opcode == "while" for i in w.attrs["body"].instructions)
-
-
 def pipelined(module: hlo.Module, pipeline: str) -> hlo.Module:
     """``module`` after one of ``PIPELINE_SPECS`` (verified once, at the end)."""
     spec = PIPELINE_SPECS[pipeline]
@@ -143,21 +134,19 @@ def run_combo(module: hlo.Module, combo: str, args: list[np.ndarray]) -> list[np
     return execute(pipelined(module, pipeline), executor, args)
 
 
-def differences(prog: Program) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(combination, message) for every combination that disagrees with jax.jit, and the
-    cpu/none disagreements that are the known issue (``known_cpu_none_issue``)."""
+def differences(prog: Program) -> list[tuple[str, str]]:
+    """(combination, message) for every combination that disagrees with jax.jit."""
     fn = prog.function()
     args = prog.inputs()
     try:
         expected = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.jit(fn)(*args))]
     except Exception as e:  # noqa: BLE001
         if LOG:   # a generator bug: JAX refuses the program; listed, the long run goes on
-            return [("jax.jit", f"generator: {type(e).__name__}: {e}")], []
+            return [("jax.jit", f"generator: {type(e).__name__}: {e}")]
         raise
     module = hlo.from_jax(fn, *args)
     min_tol = program_tolerance(prog)
     found: list[tuple[str, str]] = []
-    known: list[tuple[str, str]] = []
     for pipeline in PIPELINE_SPECS:
         try:
             compiled = pipelined(module, pipeline)
@@ -176,13 +165,8 @@ def differences(prog: Program) -> tuple[list[tuple[str, str]], list[tuple[str, s
                     if (m := compare(a, e, min_tol))]
             if len(got) != len(expected):
                 msgs = [f"{len(got)} results, expected {len(expected)}"]
-            interpreter_agrees = not any(n == "interpreter/none" for n, _ in found)
-            if msgs and name == "cpu/none" and interpreter_agrees and \
-                    known_cpu_none_issue(module):
-                known += [(name, m) for m in msgs]
-            else:
-                found += [(name, m) for m in msgs]
-    return found, known
+            found += [(name, m) for m in msgs]
+    return found
 
 
 def _describe(e: Exception) -> str:
@@ -204,12 +188,8 @@ COUNTS: dict[str, int] = {}
           suppress_health_check=list(HealthCheck), print_blob=True)
 @given(programs())
 def test_random_programs_match_jax_jit(prog: Program) -> None:
-    found, known = differences(prog)
+    found = differences(prog)
     COUNTS["programs"] = COUNTS.get("programs", 0) + 1
-    if known:
-        COUNTS["cpu/none known issue"] = COUNTS.get("cpu/none known issue", 0) + 1
-        if LOG:
-            _record(prog, [(f"KNOWN {n}", m) for n, m in known])
     if LOG and COUNTS["programs"] % 100 == 0:
         with open(LOG, "a") as f:
             f.write(f"# progress: {COUNTS}\n")

@@ -102,19 +102,13 @@ def test_complex_dot_contracting_one_element_is_a_multiply():
     check_everywhere(jnp.matmul, [a, b], [np.array([complex(np.nan, np.nan)], np.complex64)])
 
 
-@pytest.mark.xfail(reason="issue 15, owned by i15-robust: with pipeline='none' the arena "
-                          "executor gets loop state rotated through a `call` in a while body "
-                          "wrong (flatten-call-graph alone does not fix it; inline does)",
-                   strict=False)
-def test_known_cpu_none_loop_state_through_a_call():
+def test_cpu_none_loop_state_through_a_call():
     """jax.random.bits in a while loop whose body calls the round function.
     jax.jit: [2098992034, 2919706841, 2646866425]."""
     import jax
-    from tests.test_fuzz_programs import known_cpu_none_issue
     k = np.array([0, 42], np.uint32)
     fn = lambda k: jax.random.bits(jax.random.wrap_key_data(k), (3,))  # noqa: E731
     module = hlo.from_jax(fn, k)
-    assert known_cpu_none_issue(module)   # the fuzzer's classification covers this program
     got = run_combo(module, "cpu/none", [k])
     np.testing.assert_array_equal(got[0], np.array([2098992034, 2919706841, 2646866425],
                                                    np.uint32))
