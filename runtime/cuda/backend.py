@@ -16,8 +16,9 @@ machine without a GPU. ``runtime.jit(f, backend="cuda")`` picks it by itself whe
 no GPU but ``TRITON_INTERPRET=1`` is set.
 
 Options (keyword arguments, or environment for ``runtime.jit``): ``cuda_graphs``
-(``HLOTK_CUDA_GRAPHS``, default on), ``autotune`` (``HLOTK_AUTOTUNE``, default off: Triton
-configs from the heuristics; on: tuned on first launch, persisted), ``poison``
+(``HLOTK_CUDA_GRAPHS``, default on), ``autotune`` (``HLOTK_AUTOTUNE``: 0 off, the
+templates' configs; 1 the cost model's best few configs timed on first launch; 2 every
+config; results persisted, ``codegen/triton/autotune.py``), ``poison``
 (``HLOTK_POISON_ARENA``: 0xFF bytes in the arena and outputs before every run).
 
 Two host paths (``report()`` says which one an executable takes, and why):
@@ -131,7 +132,7 @@ def default_target(device: Any) -> str:
 class CudaExecutable:
     def __init__(self, module: Module, assignment: BufferAssignment, *,
                  device: Optional[str] = None, cuda_graphs: Optional[bool] = None,
-                 autotune: Optional[bool] = None, poison: Optional[bool] = None,
+                 autotune: Optional[bool | int] = None, poison: Optional[bool] = None,
                  target: Optional[str] = None, communicator: Optional[Any] = None,
                  capture_collectives: Optional[bool] = None):
         self.device = resolve_device(device)
@@ -145,7 +146,8 @@ class CudaExecutable:
         self.module = module
         self.assignment = assignment
         self.target = target or default_target(self.device)
-        self.autotune = _env_flag("HLOTK_AUTOTUNE", False) if autotune is None else autotune
+        from codegen.triton.autotune import autotune_level
+        self.autotune = autotune_level(autotune)
         self.poison = _env_flag("HLOTK_POISON_ARENA", False) if poison is None else poison
         graphs = _env_flag("HLOTK_CUDA_GRAPHS", True) if cuda_graphs is None else cuda_graphs
         self.graphs = GraphSettings(enabled=bool(graphs) and self.on_gpu)
@@ -164,6 +166,7 @@ class CudaExecutable:
         t0 = time.perf_counter()
         self.sequence = self._sequence(module.entry)
         self.build_seconds = time.perf_counter() - t0
+        self._untuned = sum(1 for k in self._triton_kernels() if k.autotune)
         self.parameter_slots = [[(ix, table[p.uid][ix]) for ix, _ in array_leaves(p.shape)]
                                 for p in module.entry.parameters]
         self.output_slots = [table[module.entry.root.uid][ix]
@@ -446,7 +449,14 @@ class CudaExecutable:
         ctx.graphs = self.graphs          # type: ignore[attr-defined]
         self.stats["runs"] = self.stats.get("runs", 0) + 1
         t1 = clock()
-        self.sequence.run(mem, ctx)
+        if self._untuned:
+            # The first call tunes: one progress bar over the kernels it measures.
+            from codegen.triton.autotune import autotune_progress
+            with autotune_progress(self._untuned, self.module.name):
+                self.sequence.run(mem, ctx)
+            self._untuned = 0
+        else:
+            self.sequence.run(mem, ctx)
         t2 = clock()
         results, event = ar.output_values(mem, self.output_slots, output, self.device)
         t3 = clock()
@@ -539,7 +549,14 @@ class CudaExecutable:
                     once()
                 ms = (time.perf_counter() - t0) * 1e3 / reps
             out.append((t.describe().strip().splitlines()[0], ms))
+            kernel = getattr(t, "kernel", None)
+            if self.on_gpu and kernel is not None and hasattr(kernel, "predicted_us"):
+                from codegen.triton.autotune import record_measurement
+                record_measurement(kernel, ms * 1e3, source="profile")
         return out
+
+    def _triton_kernels(self) -> list[Any]:
+        return [t.kernel for t in self.thunks() if hasattr(getattr(t, "kernel", None), "plan")]
 
     # --- reports -------------------------------------------------------------------------
     def thunks(self) -> list[Thunk]:
