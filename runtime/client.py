@@ -355,7 +355,14 @@ class Client:
         if verify:
             hlo.verify(module)
         records: list = []
-        if spec or dump_dir is not None:
+        if spec and dump_dir is None:
+            # Through the on-disk cache of optimized modules (runtime/compile_cache.py).
+            from . import compile_cache
+            from .tools import compile_module
+            module, records, _ = compile_cache.compiled(
+                module, spec, self.platform,
+                lambda m: compile_module(m, spec, backend=self.platform, verify=verify)[0])
+        elif spec or dump_dir is not None:
             from .tools import compile_module
             module = module.clone()
             records, _ = compile_module(module, spec, backend=self.platform, dump_dir=dump_dir,

@@ -10,9 +10,8 @@ measures nothing it already knows. Every timed config is also appended, beside t
 cost model's prediction for the kernel, to ``$HLOTK_CACHE_DIR/calibration/records.jsonl``
 (what ``hlotk calibrate`` fits device coefficients to).
 
-Candidates compile in parallel: Triton's ``AsyncCompileMode`` hands each ``warmup`` to a
-pool of ``os.cpu_count()`` threads (the work is LLVM and ptxas, which run outside the
-GIL); the launches that follow find the compiled kernels in Triton's cache. Progress is
+Candidates compile in parallel, in a process pool (``parallel.precompile``; an executable
+compiles all its kernels and their candidates there at once before its first call). Progress is
 one tqdm bar per executable's first call (``autotune_progress``), shown only on a terminal
 and silenced by ``HLOTK_PROGRESS=0``.
 """
@@ -24,13 +23,16 @@ import math
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from codegen.cache import cache_root
 
 PRUNED_TOP = 3      # configs timed at level 1, besides the template's default
+
+# Seconds spent in this process (benchmarks/compile_time.py reports them): ``tune`` is the
+# whole of autotuning, ``tune_compile`` the part of it compiling candidates.
+SECONDS = {"tune": 0.0, "tune_compile": 0.0, "tuned_kernels": 0}
 
 LEVELS = {"": 0, "0": 0, "off": 0, "false": 0, "no": 0,
           "1": 1, "on": 1, "true": 1, "yes": 1, "pruned": 1,
@@ -225,33 +227,15 @@ def _advance(kernel_name: str) -> None:
 
 
 # --- tuning one kernel ------------------------------------------------------------------------
-def _compile_in_parallel(kernel: Any, args: list, configs: list[dict]) -> None:
-    """Compile every config's variant at once (Triton's AsyncCompileMode over a thread
-    pool); a Triton without it compiles them at their first launch instead."""
-    try:
-        from triton.runtime._async_compile import AsyncCompileMode
-    except ImportError:
-        return
-    workers = min(len(configs), os.cpu_count() or 1)
-    if workers <= 1:
-        return
-    try:
-        with ThreadPoolExecutor(workers) as pool, AsyncCompileMode(pool, ignore_errors=True):
-            for c in configs:
-                cfg = dict(c)
-                warps, stages = cfg.pop("num_warps", 4), cfg.pop("num_stages", 1)
-                kernel.fn.warmup(*args, grid=kernel.plan.grid(dict(cfg)), **cfg,
-                                 num_warps=warps, num_stages=stages)
-    except Exception:  # noqa: BLE001  (compiling ahead is an optimization: launches compile)
-        pass
-
-
 def tune(kernel: Any, outputs: list, inputs: list, args: list, level: int) -> dict:
     """Time the ranked configs of ``kernel`` on these tensors; store and return the best."""
     import triton.testing
     from passes.fusion.cost_model import get_device
+    from .parallel import precompile
+    t0 = time.perf_counter()
     configs = ranked_candidates(kernel, level, get_device(kernel.target))
-    _compile_in_parallel(kernel, args, configs)
+    precompile([(kernel, args, c) for c in configs])
+    SECONDS["tune_compile"] += time.perf_counter() - t0
     best, best_ms = dict(kernel.config), float("inf")
     timed: list[tuple[dict, float]] = []
     for c in configs:
@@ -265,4 +249,6 @@ def tune(kernel: Any, outputs: list, inputs: list, args: list, level: int) -> di
             best, best_ms = dict(c), ms
     store(kernel, best, timed)
     _advance(kernel.name)
+    SECONDS["tune"] += time.perf_counter() - t0
+    SECONDS["tuned_kernels"] += 1
     return best

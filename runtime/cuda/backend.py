@@ -167,6 +167,7 @@ class CudaExecutable:
         self.sequence = self._sequence(module.entry)
         self.build_seconds = time.perf_counter() - t0
         self._untuned = sum(1 for k in self._triton_kernels() if k.autotune)
+        self._precompiled = not self.on_gpu or _interpret()
         self.parameter_slots = [[(ix, table[p.uid][ix]) for ix, _ in array_leaves(p.shape)]
                                 for p in module.entry.parameters]
         self.output_slots = [table[module.entry.root.uid][ix]
@@ -449,6 +450,8 @@ class CudaExecutable:
         ctx.graphs = self.graphs          # type: ignore[attr-defined]
         self.stats["runs"] = self.stats.get("runs", 0) + 1
         t1 = clock()
+        if not self._precompiled:
+            self._precompile(mem)
         if self._untuned:
             # The first call tunes: one progress bar over the kernels it measures.
             from codegen.triton.autotune import autotune_progress
@@ -554,6 +557,31 @@ class CudaExecutable:
                 from codegen.triton.autotune import record_measurement
                 record_measurement(kernel, ms * 1e3, source="profile")
         return out
+
+    def _precompile(self, mem: ar.Memory) -> None:
+        """Before the first launch: every Triton kernel (and every config autotuning will
+        time) compiled at once in a process pool (codegen/triton/parallel.py) instead of
+        one after another at each launch."""
+        from codegen.triton.autotune import ranked_candidates
+        from codegen.triton.parallel import precompile
+        from passes.fusion.cost_model import get_device
+        from .thunks import KernelThunk
+        self._precompiled = True
+        t0 = time.perf_counter()
+        jobs = []
+        for t in self.thunks():
+            if not isinstance(t, KernelThunk) or t.state != "new" or not hasattr(t.kernel, "plan"):
+                continue
+            k = t.kernel
+            try:
+                args = k._args(t._outs(mem)[0], [mem.view(s) for s in t.inputs])
+            except Exception:  # noqa: BLE001  (the launch reports it)
+                continue
+            configs = ranked_candidates(k, k.autotune, get_device(k.target)) if k.autotune \
+                else [k.config]
+            jobs += [(k, args, c) for c in configs]
+        self.stats["precompile"] = precompile(jobs)
+        self.stats["precompile_s"] = time.perf_counter() - t0
 
     def _triton_kernels(self) -> list[Any]:
         return [t.kernel for t in self.thunks() if hasattr(getattr(t, "kernel", None), "plan")]
