@@ -119,3 +119,22 @@ def test_progress_bar_is_quiet_off_a_terminal(capsys, monkeypatch):
     with at.autotune_progress(3, "m"):
         at._advance("k")
     assert capsys.readouterr().err == ""
+
+
+def test_precompile_skips_known_variants_and_leaves_failures_to_the_launch():
+    from codegen.triton import parallel
+
+    class Fn:
+        def warmup(self, *args, **kwargs):
+            raise RuntimeError("no GPU here")
+    kernel = compile_fusion(_gemm_fusion(), target="h200")
+    kernel._fn = Fn()
+    parallel._DONE = None
+    assert parallel.precompile([(kernel, [], kernel.config)]) == \
+        {"compiled": 0, "known": 0, "failed": 1}
+    parallel._mark([parallel.variant_key(kernel, kernel.config)])
+    parallel._DONE = None                       # a new process reads the file
+    other = dict(kernel.config, num_warps=2)
+    assert parallel.precompile([(kernel, [], kernel.config), (kernel, [], other)]) == \
+        {"compiled": 0, "known": 1, "failed": 1}
+    assert parallel._POOL is None               # nothing to compile: no pool started

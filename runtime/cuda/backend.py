@@ -31,11 +31,12 @@ Two host paths (``report()`` says which one an executable takes, and why):
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import weakref
 from collections import OrderedDict
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from hlo.evaluator.core import EvalContext, Evaluator
 from hlo.errors import InvalidArgumentError
@@ -450,16 +451,11 @@ class CudaExecutable:
         ctx.graphs = self.graphs          # type: ignore[attr-defined]
         self.stats["runs"] = self.stats.get("runs", 0) + 1
         t1 = clock()
-        if not self._precompiled:
-            self._precompile(mem)
-        if self._untuned:
-            # The first call tunes: one progress bar over the kernels it measures.
-            from codegen.triton.autotune import autotune_progress
-            with autotune_progress(self._untuned, self.module.name):
-                self.sequence.run(mem, ctx)
-            self._untuned = 0
-        else:
+        if self._precompiled and not self._untuned:
             self.sequence.run(mem, ctx)
+        else:
+            with self.first_run(mem):
+                self.sequence.run(mem, ctx)
         t2 = clock()
         results, event = ar.output_values(mem, self.output_slots, output, self.device)
         t3 = clock()
@@ -558,6 +554,20 @@ class CudaExecutable:
                 record_measurement(kernel, ms * 1e3, source="profile")
         return out
 
+    @contextlib.contextmanager
+    def first_run(self, mem: ar.Memory) -> Iterator[None]:
+        """Around the first run (this one's, or the native graph's warm-up): every kernel
+        compiled at once first, then one progress bar over the kernels it autotunes."""
+        if not self._precompiled:
+            self._precompile(mem)
+        if not self._untuned:
+            yield
+            return
+        from codegen.triton.autotune import autotune_progress
+        with autotune_progress(self._untuned, self.module.name):
+            yield
+        self._untuned = 0
+
     def _precompile(self, mem: ar.Memory) -> None:
         """Before the first launch: every Triton kernel (and every config autotuning will
         time) compiled at once in a process pool (codegen/triton/parallel.py) instead of
@@ -565,7 +575,6 @@ class CudaExecutable:
         from codegen.triton.autotune import ranked_candidates
         from codegen.triton.parallel import precompile
         from passes.fusion.cost_model import get_device
-        from .thunks import KernelThunk
         self._precompiled = True
         t0 = time.perf_counter()
         jobs = []
