@@ -1,12 +1,13 @@
-"""Compile many Triton kernel variants at once, in a process pool, before their first launch.
+"""Compile many Triton kernel variants at once, in worker processes, before their first launch.
 
 Triton compiles a ``@triton.jit`` function at its first launch with given arguments, one
 after another, each 0.3-2 s of Python, MLIR, LLVM and ptxas. ``precompile(jobs)`` asks
 Triton what each (kernel, arguments, config) would compile, without compiling it: a
 ``jit_cache_hook`` that returns True stops the JIT after it has worked out the
 specialization (argument types, alignment, constants, options) and hands us that as JSON.
-Worker processes (one per CPU, started once per process) load the kernel's source file and
-``preload`` that specialization, which compiles it into Triton's on-disk cache; the real
+Worker processes (one per CPU, started once per process, no GPU needed) load the kernel's
+source file and compile that specialization for the target it names into Triton's on-disk
+cache (``JITFunction.preload``'s work, minus asking a driver for the device); the real
 launches then find it there, under exactly the key they look up. Anything that fails here
 is left to the launch, which compiles it as before, so this only ever saves time.
 
@@ -15,16 +16,19 @@ hash, config, device and Triton version), so a warm process starts no pool at al
 """
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import os
+import subprocess
 import sys
-from concurrent.futures import ProcessPoolExecutor
+import threading
+from pathlib import Path
 from typing import Any, Optional
 
 from codegen.cache import cache_root
 
-_POOL: Optional[ProcessPoolExecutor] = None
+_POOL: Optional["WorkerPool"] = None
 _DONE: Optional[set[str]] = None
 
 
@@ -32,12 +36,61 @@ def pool_size() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def _pool() -> ProcessPoolExecutor:
+class WorkerPool:
+    """Compile workers: ``python -m codegen.triton.parallel`` processes reading one JSON job
+    per line and answering ``ok``/``error ...``. Plain subprocesses, not multiprocessing:
+    spawn would re-import the user's ``__main__`` script in every worker."""
+
+    def __init__(self, size: int):
+        root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.procs = [subprocess.Popen([sys.executable, "-m", "codegen.triton.parallel"],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=subprocess.DEVNULL, text=True, env=env, cwd=root)
+                      for _ in range(size)]
+        self.lock = threading.Lock()
+
+    def run(self, jobs: list[tuple[str, str, str]]) -> list[bool]:
+        """Each job on some worker; True where it compiled."""
+        results = [False] * len(jobs)
+        todo = list(enumerate(jobs))
+
+        def feed(proc: subprocess.Popen) -> None:
+            while True:
+                with self.lock:
+                    if not todo:
+                        return
+                    k, job = todo.pop(0)
+                try:
+                    assert proc.stdin is not None and proc.stdout is not None
+                    proc.stdin.write(json.dumps(job) + "\n")
+                    proc.stdin.flush()
+                    results[k] = proc.stdout.readline().strip() == "ok"
+                except (OSError, ValueError, AssertionError):
+                    return              # a dead worker: the others take the rest
+        threads = [threading.Thread(target=feed, args=(p,), daemon=True) for p in self.procs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+
+    def close(self) -> None:
+        for p in self.procs:
+            try:
+                if p.stdin is not None:
+                    p.stdin.close()
+                p.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                p.kill()
+
+
+def _pool() -> WorkerPool:
     global _POOL
     if _POOL is None:
-        import multiprocessing
-        # spawn: the parent holds a CUDA context and threads, which fork would copy.
-        _POOL = ProcessPoolExecutor(pool_size(), mp_context=multiprocessing.get_context("spawn"))
+        _POOL = WorkerPool(pool_size())
+        atexit.register(_POOL.close)
     return _POOL
 
 
@@ -97,8 +150,7 @@ def _specialization(kernel: Any, args: list, config: dict) -> Optional[str]:
     return seen[0] if seen else None
 
 
-def _preload(path: str, name: str, data: str) -> bool:
-    """In a worker: compile one specialization into Triton's on-disk cache."""
+def _load_fn(path: str, name: str) -> Any:
     mod_name = f"hlotk_triton_{os.path.basename(path)[:-3]}"
     mod = sys.modules.get(mod_name)
     if mod is None:
@@ -107,7 +159,41 @@ def _preload(path: str, name: str, data: str) -> bool:
         mod = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = mod
         spec.loader.exec_module(mod)
-    getattr(mod, name).preload(data)
+    return getattr(mod, name)
+
+
+def compile_specialization(fn: Any, data: str) -> Any:
+    """Compile what ``data`` (Triton's ``specialization_data``) describes, for the target
+    it names, without a GPU: what ``JITFunction.preload`` does, minus asking the driver
+    for the device, so a worker needs no CUDA context. Plain constants only (ours are
+    block sizes); anything else raises and the caller uses ``preload``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, dict):
+            raise ValueError("a non-plain constant")
+        return tuple(plain(x) for x in v) if isinstance(v, list) else v
+    obj = json.loads(data)
+    target = GPUTarget(**obj["target"])
+    backend = make_backend(target)
+    constexprs = {tuple(k): plain(v) for k, v in zip(obj["constant_keys"], obj["constant_vals"])}
+    attrs = dict(zip(map(tuple, obj["attrs_keys"]), obj["attrs_vals"]))
+    signature = {k: plain(v) for k, v in obj["signature"].items()}
+    options = backend.parse_options({k: tuple(v) if isinstance(v, list) else v
+                                     for k, v in obj["options"].items()})
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
+                          options=options.__dict__)
+
+
+def _preload(path: str, name: str, data: str) -> bool:
+    """In a worker: compile one specialization into Triton's on-disk cache."""
+    fn = _load_fn(path, name)
+    try:
+        compile_specialization(fn, data)
+    except Exception:  # noqa: BLE001  (another Triton's format: its own preload, on a GPU)
+        fn.preload(data)
     return True
 
 
@@ -135,14 +221,26 @@ def precompile(jobs: list[tuple[Any, list, dict]]) -> dict[str, int]:
         keys[data] = vkey
     if not pending:
         return stats
-    futures = {data: _pool().submit(_preload, *job) for data, job in pending.items()}
-    ok = []
-    for data, fut in futures.items():
-        try:
-            fut.result()
-            ok.append(keys[data])
-            stats["compiled"] += 1
-        except Exception:  # noqa: BLE001
-            stats["failed"] += 1
+    datas = list(pending)
+    done = _pool().run([pending[d] for d in datas])
+    ok = [keys[d] for d, good in zip(datas, done) if good]
+    stats["compiled"] += len(ok)
+    stats["failed"] += len(datas) - len(ok)
     _mark(ok)
     return stats
+
+
+def worker_main() -> None:
+    """A compile worker: one JSON job ``[path, name, specialization]`` per stdin line."""
+    for line in sys.stdin:
+        try:
+            _preload(*json.loads(line))
+            answer = "ok"
+        except Exception as e:  # noqa: BLE001  (reported; the launch compiles it instead)
+            answer = f"error {type(e).__name__}: {e}".replace("\n", " ")[:500]
+        sys.stdout.write(answer + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    worker_main()
