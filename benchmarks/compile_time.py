@@ -8,13 +8,15 @@ beside XLA's lower + compile of the same program in the same process.
 Each program runs in two fresh processes sharing one cache directory (hlotk's
 ``HLOTK_CACHE_DIR`` and Triton's ``TRITON_CACHE_DIR``, both empty before the first):
 **cold** (nothing cached) and **warm** (a new process, caches filled by the cold one).
-Phases, in seconds: ``lower`` (trace, export, import: JAX's work and ours), ``passes``
+Phases, in seconds: ``init`` (the runtime's first use in a process: importing torch, the
+CUDA device; not per program), ``lower`` (trace, export, import: JAX's work and ours), ``passes``
 (the HLO pipeline, or reading the optimized module from the cache), ``codegen`` (Triton
 source for each fusion, library calls, the thunk sequence), ``other`` (buffer assignment,
-arena, constants), ``triton`` (Triton compiling or loading kernels: the pool's precompile
-plus what the first call spends besides autotuning), ``autotune`` (timing candidate
+arena, constants), ``pool`` (every kernel and autotuning candidate compiled at once by the
+compile workers, codegen/triton/parallel.py), ``triton`` (the rest of the first call
+besides autotuning: loading compiled kernels, launches, the native graph), ``autotune`` (timing candidate
 configs; HLOTK_AUTOTUNE level as given), ``capture`` (the second call, which records the
-CUDA graphs). ``first call`` = lower + compile + the first call. XLA: ``jax.jit(f).lower(*a)
+CUDA graphs). ``first call`` = lower + compile + the first call (not init). XLA: ``jax.jit(f).lower(*a)
 .compile()`` in the same process (XLA's persistent cache is off, so warm is a compile too).
 """
 from __future__ import annotations
@@ -29,7 +31,7 @@ import time
 
 sys.path.insert(0, ".")
 
-PHASES = ("lower", "passes", "codegen", "other", "triton", "autotune", "capture")
+PHASES = ("init", "lower", "passes", "codegen", "other", "pool", "triton", "autotune", "capture")
 
 
 def _program(name: str):
@@ -55,6 +57,10 @@ def child_gpu(name: str, level: str) -> dict:
     row["xla"] = time.perf_counter() - t0
     want = jax.block_until_ready(xc(*dev_args))
     t0 = time.perf_counter()
+    from runtime.jit import default_client
+    default_client("cuda")                    # torch, the CUDA device: once per process
+    row["init"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     lowered = runtime.jit(fn, backend="cuda").lower(*dev_args)
     t1 = time.perf_counter()
     compiled = lowered.compile()
@@ -66,11 +72,15 @@ def child_gpu(name: str, level: str) -> dict:
     t4 = time.perf_counter()
     records = compiled.executable.pass_records
     row["lower"] = t1 - t0
-    row["passes"] = sum(r.seconds for r in records) if records else (t2 - t1) - exe.build_seconds
+    hit = getattr(compiled.executable, "module_cache_hit", False)
+    row["passes"] = (t2 - t1) - exe.build_seconds if hit or not records else \
+        sum(r.seconds for r in records)
+    row["module_cache_hit"] = hit
     row["codegen"] = exe.build_seconds
     row["other"] = max(0.0, (t2 - t1) - row["passes"] - row["codegen"])
     row["autotune"] = autotune.SECONDS["tune"] - autotune.SECONDS["tune_compile"]
-    row["triton"] = (t3 - t2) - row["autotune"]
+    row["pool"] = exe.stats.get("precompile_s", 0.0)
+    row["triton"] = (t3 - t2) - row["autotune"] - row["pool"]
     row["capture"] = t4 - t3
     row["first_call"] = t3 - t0
     row["precompile"] = exe.stats.get("precompile", {})

@@ -355,11 +355,12 @@ class Client:
         if verify:
             hlo.verify(module)
         records: list = []
+        cache_hit = False
         if spec and dump_dir is None:
             # Through the on-disk cache of optimized modules (runtime/compile_cache.py).
             from . import compile_cache
             from .tools import compile_module
-            module, records, _ = compile_cache.compiled(
+            module, records, cache_hit = compile_cache.compiled(
                 module, spec, self.platform,
                 lambda m: compile_module(m, spec, backend=self.platform, verify=verify)[0])
         elif spec or dump_dir is not None:
@@ -372,6 +373,7 @@ class Client:
         module = getattr(body, "module", module)   # the module the body runs (scheduled)
         exe = LoadedExecutable(self, module, body, self._device(device), pipeline)
         exe.pass_records = records
+        exe.module_cache_hit = cache_hit      # the passes' result came from the disk cache
         return exe
 
     def __repr__(self) -> str:

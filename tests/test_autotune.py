@@ -138,3 +138,43 @@ def test_precompile_skips_known_variants_and_leaves_failures_to_the_launch():
     assert parallel.precompile([(kernel, [], kernel.config), (kernel, [], other)]) == \
         {"compiled": 0, "known": 1, "failed": 1}
     assert parallel._POOL is None               # nothing to compile: no pool started
+
+
+def test_pool_compiles_what_the_jit_then_finds_in_tritons_cache(tmp_path, monkeypatch):
+    """The compile workers compile exactly the variant a launch looks up: after
+    ``precompile`` the JIT's own compile of that launch adds nothing to Triton's cache.
+    A stand-in driver plays the H200 (the JIT asks a driver for device, stream, target)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    from codegen.triton import parallel
+
+    class StandIn:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_active_torch_device(self):
+            return torch.device("cpu")
+    cache = tmp_path / "triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(driver, "_active", StandIn())
+    x = np.ones((512, 128), np.float32)
+    kernel = compile_fusion(_fusion(lambda x, y: jnp.tanh(x) * y + 1, x, x), target="h200")
+    t = torch.ones(512, 128)
+    args = kernel._args([torch.empty(512, 128)], [t, t])
+    parallel._DONE = None
+    assert parallel.precompile([(kernel, args, kernel.config)])["compiled"] == 1
+    entries = sorted(cache.iterdir())
+    cfg, warps, stages = parallel._split(kernel.config)
+    kernel.fn.warmup(*args, grid=kernel.plan.grid(dict(cfg)), **cfg, num_warps=warps,
+                     num_stages=stages)
+    assert sorted(cache.iterdir()) == entries
