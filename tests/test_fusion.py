@@ -403,19 +403,11 @@ def test_jit_target_option():
 
 
 def _adam_module(n_params: int) -> hlo.Module:
-    def adam(params, grads, m, v, step):      # benchmarks/gpu_suite.py's adam_step
-        b1, b2, lr, eps = 0.9, 0.999, 1e-3, 1e-8
-        step = step + 1
-        m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
-        v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, grads)
-        c1, c2 = 1 - b1 ** step, 1 - b2 ** step
-        params = jax.tree.map(lambda p, m, v: p - lr * (m / c1) / (jnp.sqrt(v / c2) + eps),
-                              params, m, v)
-        return params, m, v, step
+    from benchmarks.gpu_suite import adam_step
     shapes = {f"p{i}": (96 * (i % 3 + 1), 64) if i % 2 else (128 * (i + 1),)
               for i in range(n_params)}
     arrs = [{k: np.ones(s, np.float32) for k, s in shapes.items()} for _ in range(4)]
-    return hlo.from_jax(adam, *arrs, np.float32(3.0))
+    return hlo.from_jax(adam_step, *arrs, np.float32(3.0))
 
 
 def test_fusion_is_deterministic_across_clones():
