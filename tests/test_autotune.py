@@ -4,6 +4,7 @@ calibration records beside the cost model's prediction."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -140,12 +141,13 @@ def test_precompile_skips_known_variants_and_leaves_failures_to_the_launch():
     assert parallel._POOL is None               # nothing to compile: no pool started
 
 
-def test_pool_compiles_what_the_jit_then_finds_in_tritons_cache(tmp_path, monkeypatch):
-    """The compile workers compile exactly the variant a launch looks up: after
-    ``precompile`` the JIT's own compile of that launch adds nothing to Triton's cache.
-    A stand-in driver plays the H200 (the JIT asks a driver for device, stream, target)."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("triton")
+def _pool_check(_tmp: str) -> None:
+    """The body of the next test, in a process of its own (Triton imported in interpret
+    mode, as other test modules leave it, cannot compile for a GPU)."""
+    import os
+    from pathlib import Path
+
+    import torch
     from triton.backends.compiler import GPUTarget
     from triton.runtime.driver import driver
 
@@ -163,18 +165,35 @@ def test_pool_compiles_what_the_jit_then_finds_in_tritons_cache(tmp_path, monkey
 
         def get_active_torch_device(self):
             return torch.device("cpu")
-    cache = tmp_path / "triton"
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(driver, "_active", StandIn())
+    cache = Path(os.environ["TRITON_CACHE_DIR"])
+    driver.set_active(StandIn())
     x = np.ones((512, 128), np.float32)
     kernel = compile_fusion(_fusion(lambda x, y: jnp.tanh(x) * y + 1, x, x), target="h200")
     t = torch.ones(512, 128)
     args = kernel._args([torch.empty(512, 128)], [t, t])
-    parallel._DONE = None
-    assert parallel.precompile([(kernel, args, kernel.config)])["compiled"] == 1
+    stats = parallel.precompile([(kernel, args, kernel.config)])
+    assert stats["compiled"] == 1, stats
     entries = sorted(cache.iterdir())
     cfg, warps, stages = parallel._split(kernel.config)
     kernel.fn.warmup(*args, grid=kernel.plan.grid(dict(cfg)), **cfg, num_warps=warps,
                      num_stages=stages)
-    assert sorted(cache.iterdir()) == entries
+    assert sorted(cache.iterdir()) == entries, "the JIT compiled the variant again"
+
+
+def test_pool_compiles_what_the_jit_then_finds_in_tritons_cache(tmp_path):
+    """The compile workers compile exactly the variant a launch looks up: after
+    ``precompile`` the JIT's own compile of that launch adds nothing to Triton's cache.
+    A stand-in driver plays the H200 (the JIT asks a driver for device, stream, target)."""
+    import os
+    import subprocess
+    import sys
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), HLOTK_CACHE_DIR=str(tmp_path / "c"),
+               PYTHONPATH=str(root), JAX_PLATFORMS="cpu")
+    p = subprocess.run([sys.executable, "-c", "import sys, tests.test_autotune as t; "
+                        "t._pool_check(sys.argv[1])", str(tmp_path)], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]

@@ -33,7 +33,8 @@ _DONE: Optional[set[str]] = None
 
 
 def pool_size() -> int:
-    return max(1, os.cpu_count() or 1)
+    """Workers at most: one per CPU (a compile is one busy core), 32 at most."""
+    return max(1, min(32, os.cpu_count() or 1))
 
 
 class WorkerPool:
@@ -41,18 +42,25 @@ class WorkerPool:
     per line and answering ``ok``/``error ...``. Plain subprocesses, not multiprocessing:
     spawn would re-import the user's ``__main__`` script in every worker."""
 
-    def __init__(self, size: int):
-        root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.procs = [subprocess.Popen([sys.executable, "-m", "codegen.triton.parallel"],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       stderr=subprocess.DEVNULL, text=True, env=env, cwd=root)
-                      for _ in range(size)]
+    def __init__(self) -> None:
+        self.root = str(Path(__file__).resolve().parents[2])
+        self.env = dict(os.environ)
+        self.env["PYTHONPATH"] = self.root + (os.pathsep + self.env["PYTHONPATH"]
+                                              if self.env.get("PYTHONPATH") else "")
+        self.procs: list[subprocess.Popen] = []
         self.lock = threading.Lock()
+
+    def grow(self, jobs: int) -> None:
+        """Start workers up to one per job, ``pool_size()`` at most."""
+        while len(self.procs) < min(jobs, pool_size()):
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "codegen.triton.parallel"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=self.env,
+                cwd=self.root))
 
     def run(self, jobs: list[tuple[str, str, str]]) -> list[bool]:
         """Each job on some worker; True where it compiled."""
+        self.grow(len(jobs))
         results = [False] * len(jobs)
         todo = list(enumerate(jobs))
 
@@ -89,7 +97,7 @@ class WorkerPool:
 def _pool() -> WorkerPool:
     global _POOL
     if _POOL is None:
-        _POOL = WorkerPool(pool_size())
+        _POOL = WorkerPool()
         atexit.register(_POOL.close)
     return _POOL
 
