@@ -36,6 +36,21 @@ ISSUE_XLA_MS = {"softmax": 0.138, "layernorm": 0.112, "gelu_mlp": 2.03, "s8_gemm
 
 
 # --- the programs -----------------------------------------------------------------------------
+def adam_step(params, grads, m, v, step):
+    """One Adam update over a pytree (optax.adam's arithmetic, bias-corrected): the
+    optimizer step every training loop calls, many arrays of mixed sizes."""
+    import jax
+    import jax.numpy as jnp
+    b1, b2, lr, eps = 0.9, 0.999, 1e-3, 1e-8
+    step = step + 1
+    m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
+    v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, grads)
+    c1, c2 = 1 - b1 ** step, 1 - b2 ** step
+    params = jax.tree.map(lambda p, m, v: p - lr * (m / c1) / (jnp.sqrt(v / c2) + eps),
+                          params, m, v)
+    return params, m, v, step
+
+
 def programs():
     import jax
     import jax.numpy as jnp
@@ -96,18 +111,6 @@ def programs():
             return -jnp.mean(jnp.sum(logp * jax.nn.one_hot(labels, 1000, dtype=logp.dtype), -1))
         loss, g = jax.value_and_grad(loss_fn)(p)
         return jax.tree.map(lambda w, gw: w - 0.01 * gw, p, g), loss
-
-    def adam_step(params, grads, m, v, step):
-        # One Adam update over a pytree (optax.adam's arithmetic, bias-corrected): the
-        # optimizer step every training loop calls, many arrays of mixed sizes.
-        b1, b2, lr, eps = 0.9, 0.999, 1e-3, 1e-8
-        step = step + 1
-        m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
-        v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, grads)
-        c1, c2 = 1 - b1 ** step, 1 - b2 ** step
-        params = jax.tree.map(lambda p, m, v: p - lr * (m / c1) / (jnp.sqrt(v / c2) + eps),
-                              params, m, v)
-        return params, m, v, step
 
     r = np.random.default_rng(0)
 

@@ -285,6 +285,42 @@ styles = results["priority"][1].edge_styles()
 if dot_available():
     display(SVG(dot_to_svg(to_dot(unfused, edge_styles=styles, title="priority decisions"))))
 print(len(styles), "edges coloured")"""),
+    new_markdown_cell("""## The same policy, on a cost model calibrated on a GPU
+
+A threshold in microseconds means something only if the model's microseconds do. Here the
+H200 spec is calibrated on kernels measured on an H200 (`benchmarks/data`: what autotuning
+and `exe.profile` recorded; `hlotk calibrate --target h200` does the same on your GPU), and
+priority fusion with a 3 µs minimum benefit decides for both specs. The measured launch
+cost (≈6 µs between eager launches, against the datasheet model's 2) makes saving one
+kernel worth fusing under the calibrated model."""),
+    new_code_cell("""import tempfile
+from passes.fusion import calibration as cal
+from passes.fusion.cost_model import get_device
+from passes.fusion.priority import PriorityPolicy
+
+base = get_device("h200")
+records = cal.load_records([os.path.join("..", "benchmarks", "data", "h200_kernel_records.jsonl")])
+fit = cal.fit(cal.kernel_points(records, base), base)
+calibrated = os.path.join(tempfile.mkdtemp(), "h200-calibrated.json")
+with open(calibrated, "w") as f:
+    f.write(cal.device_file_text(fit))
+print(f"launch {base.kernel_launch_us} -> {fit.launch_us:.2f} us, memory efficiency "
+      f"{base.memory_efficiency} -> {fit.spec.memory_efficiency:.3f}; error (median |log|) "
+      f"{fit.before['median']:.2f} -> {fit.after['median']:.2f}")
+
+edges = {}
+for label, target in [("datasheet", "h200"), ("calibrated", calibrated)]:
+    m = unfused.clone()
+    Fusion(policy=PriorityPolicy(min_benefit_us=3.0), target=target).run(m)
+    edges[label] = {(d.producer, d.consumer): d for d in report_for(m).final_edges()}
+    print(f"{label:10s} {count_kernels(m):3d} kernels")
+changed = [k for k in edges["datasheet"]
+           if edges["datasheet"][k].fused != edges["calibrated"][k].fused]
+print(len(changed), "decisions changed, e.g.")
+for k in changed[:4]:
+    a, b = edges["datasheet"][k], edges["calibrated"][k]
+    print(f"  {k[0]} -> {k[1]}: datasheet '{a.reason}', calibrated '{b.reason}' "
+          f"(benefit {b.benefit_us:.2f} us)")"""),
 ]
 
 

@@ -7,6 +7,7 @@
     hlotk view dump/                        # the interactive viewer (module file or dump)
     hlotk compare-xla f.py:fn --args f32[8,16]   # XLA's kernels beside hlotk's
     hlotk check suite/*.mlir                # the StableHLO interpreter conformance files
+    hlotk calibrate --target h200           # fit the cost model to measured kernels (GPU)
 
 Errors the user can cause print ``hlotk: error: ...`` on stderr and exit with 2 (1 when
 ``check`` finds failures); no traceback.
@@ -146,6 +147,22 @@ def cmd_explain_fusion(args: argparse.Namespace, out: TextIO) -> int:
         write_atomically(args.dot, to_dot(module, edge_styles=report.edge_styles(),
                                           title=f"fusion decisions ({report.policy}, {args.target})"))
     out.write(report.table(only_unfused=args.unfused_only).rstrip("\n") + "\n")
+    if args.measured:
+        from codegen.triton.autotune import records_path
+        from passes.fusion.calibration import load_records
+        from .calibrate import measured_table
+        path = Path(args.records or records_path())
+        records = load_records([path]) if path.exists() else []
+        out.write(f"\nmeasured on the GPU ({path}, {len(records)} records):\n")
+        out.write(measured_table(fused, report, args.target, records))
+    return EXIT_OK
+
+
+def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
+    from .calibrate import calibrate
+    output = args.output or f"{args.target}-calibrated.json"
+    calibrate(args.target, args.records or [], output, run=not args.no_run,
+              device=args.device, out=out)
     return EXIT_OK
 
 
@@ -241,7 +258,20 @@ def build_parser() -> argparse.ArgumentParser:
     exf.add_argument("--unfused-only", action="store_true", help="only pairs left apart")
     exf.add_argument("--dot", metavar="FILE",
                      help="write the unfused graph, edges coloured by decision, as DOT")
+    exf.add_argument("--measured", action="store_true",
+                     help="also measured µs per fusion from the calibration records")
+    exf.add_argument("--records", help="calibration records (default: the cache's)")
     exf.set_defaults(func=cmd_explain_fusion)
+
+    calp = sub.add_parser("calibrate", help="fit the cost model's device coefficients to "
+                          "measured kernels; write a device file --target accepts")
+    calp.add_argument("--target", default="h200", help="the device spec to start from")
+    calp.add_argument("--records", nargs="*", help="record files (default: the cache's)")
+    calp.add_argument("--no-run", action="store_true",
+                      help="no microbenchmarks: fit the records only (no GPU needed)")
+    calp.add_argument("--device", help="only records measured on this device name")
+    calp.add_argument("-o", "--output", help="device file (default: TARGET-calibrated.json)")
+    calp.set_defaults(func=cmd_calibrate)
 
     dif = sub.add_parser("diff", help="compare two HLO text files by instruction name")
     dif.add_argument("a")

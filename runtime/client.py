@@ -355,11 +355,20 @@ class Client:
         if verify:
             hlo.verify(module)
         records: list = []
-        module = module.clone()
-        if spec or dump_dir is not None:
+        cache_hit = False
+        if spec and dump_dir is None:
+            # Through the on-disk cache of optimized modules (runtime/compile_cache.py).
+            from . import compile_cache
             from .tools import compile_module
-            records, _ = compile_module(module, spec, backend=self.platform, dump_dir=dump_dir,
-                                        verify=verify)
+            module, records, cache_hit = compile_cache.compiled(
+                module, spec, self.platform,
+                lambda m: compile_module(m, spec, backend=self.platform, verify=verify)[0])
+        else:
+            module = module.clone()
+            if dump_dir is not None:
+                from .tools import compile_module
+                records, _ = compile_module(module, spec, backend=self.platform,
+                                            dump_dir=dump_dir, verify=verify)
         # The backend's own lowering (passes/pipelines.py MANDATORY_LOWERING), whatever
         # the pipeline: a spec of "none" or one a user wrote must not give a wrong answer.
         from passes.pipelines import run_mandatory_lowering
@@ -369,6 +378,7 @@ class Client:
         module = getattr(body, "module", module)   # the module the body runs (scheduled)
         exe = LoadedExecutable(self, module, body, self._device(device), pipeline)
         exe.pass_records = records
+        exe.module_cache_hit = cache_hit      # the passes' result came from the disk cache
         return exe
 
     def __repr__(self) -> str:

@@ -401,3 +401,24 @@ def test_jit_target_option():
     f = runtime.jit(lambda x: jnp.exp(x) * 2.0 + 1.0, pipeline="inline,fusion", target="a100")
     x = np.arange(8, dtype=np.float32)
     np.testing.assert_allclose(np.asarray(f(x)), np.exp(x) * 2 + 1, rtol=1e-6)
+
+
+def _adam_module(n_params: int) -> hlo.Module:
+    from benchmarks.gpu_suite import adam_step
+    shapes = {f"p{i}": (96 * (i % 3 + 1), 64) if i % 2 else (128 * (i + 1),)
+              for i in range(n_params)}
+    arrs = [{k: np.ones(s, np.float32) for k, s in shapes.items()} for _ in range(4)]
+    return hlo.from_jax(adam_step, *arrs, np.float32(3.0))
+
+
+def test_fusion_is_deterministic_across_clones():
+    # Fusing clones of one module (whose groups get other ids) gave different modules:
+    # group ids were kept in sets, whose order follows the ids' values.
+    module = _adam_module(6)
+    run_pipeline(module, "inline,fixpoint(simplify,cse,dce),layout-assignment{target=gpu}")
+    texts = set()
+    for _ in range(3):
+        c = module.clone()
+        Fusion(target="h200", library_dots="f32").run(c)
+        texts.add(c.to_text())
+    assert len(texts) == 1

@@ -12,7 +12,6 @@ that passes logical-shape views with physical strides (any layout) gets the righ
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import os
 import sys
@@ -25,6 +24,7 @@ import numpy as np
 from hlo.ir import Computation, Instruction
 from codegen.cache import KernelCache, cache_root, content_key
 
+from .autotune import autotune_level, tune, tuned_config
 from .elemental import (HELPERS_GPU, HELPERS_INTERPRET, Emitter, TritonCodegenError)
 from .templates import (NotTileable, Plan, gemm_template, loop_template, outputs_of, rows_template,
                         transpose_tile_dims, transpose_template)
@@ -80,7 +80,12 @@ class TritonKernel:
     output_shapes: list
     constants: list[np.ndarray]
     key: str
-    autotune: bool = False
+    autotune: int = 0             # level still to run at the first launch (autotune.py)
+    target: str = "h100"
+    predicted_us: float = 0.0     # the fusion cost model's time for this kernel
+    predicted_bytes: int = 0
+    predicted_flops: float = 0.0
+    fusion_kind: str = ""
     _fn: Any = None
     _const_tensors: dict = field(default_factory=dict)
 
@@ -127,8 +132,8 @@ class TritonKernel:
             return
         args = self._args(outputs, inputs)
         if config is None and self.autotune and not interpret_mode() and outputs[0].is_cuda:
-            self.config = _autotune(self, outputs, inputs, args)
-            self.autotune = False
+            level, self.autotune = self.autotune, 0
+            self.config = tune(self, list(outputs), list(inputs), args, level)
         cfg = dict(config or self.config)
         warps, stages = cfg.pop("num_warps", 4), cfg.pop("num_stages", 1)
         grid = self.plan.grid(dict(cfg))
@@ -237,13 +242,15 @@ def _write_partial(fusion: Instruction, err: TritonCodegenError) -> Path:
     return path
 
 
-def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: bool = False,
+def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: bool | int = 0,
                    round_narrow_each_op: bool = True, template: Optional[str] = None) -> TritonKernel:
     """Generate (or fetch from the cache) the Triton kernel for one ``fusion`` instruction.
 
     ``template``: force gemm | rows | loop | generic (default: chosen from the fusion).
     ``round_narrow_each_op``: round bf16/f16 after each elementwise op (our interpreter's
-    numerics) instead of keeping f32 between ops.
+    numerics) instead of keeping f32 between ops. ``autotune``: 0/1/2 (off, pruned,
+    exhaustive; ``codegen.triton.autotune``); a config already tuned for this kernel
+    source, device and Triton version is used without measuring.
     """
     if fusion_inst.opcode != "fusion":
         raise TritonCodegenError(f"%{fusion_inst.name} is a {fusion_inst.opcode}, not a fusion")
@@ -274,62 +281,16 @@ def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: 
         path.write_text(source)
     params = sorted(comp.parameters, key=lambda p: p.parameter_number)
     cfg = dict(plan.config)
-    tuned = _tuned_config(key, target) if autotune else None
+    level = autotune_level(autotune)
+    tuned = tuned_config(key) if level else None
+    from passes.fusion.cost_model import predict
+    from passes.fusion.kinds import fusion_kind
+    est = predict(fusion_inst, target)
     return TritonKernel(name=name, source=source, path=path, template=plan.template,
                         config=tuned or cfg, plan=plan, fusion_name=fusion_inst.name,
                         input_shapes=[p.shape for p in params],
                         output_shapes=[o.shape for o in outputs_of(comp)],
                         constants=list(em.extra_constants), key=key,
-                        autotune=autotune and tuned is None)
-
-
-# --- autotuning ---------------------------------------------------------------------------------
-def _tuning_path() -> Path:
-    return cache_root() / "triton" / "tuning.json"
-
-
-def _device_name() -> str:
-    try:
-        import torch
-        return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
-def _tuned_config(key: str, target: str) -> Optional[dict]:
-    try:
-        table = json.loads(_tuning_path().read_text())
-    except (OSError, ValueError):
-        return None
-    return table.get(f"{key}|{_device_name()}")
-
-
-def _autotune(k: TritonKernel, outputs, inputs, args) -> dict:
-    import triton.testing
-    best, best_ms = k.config, float("inf")
-    cands = k.plan.candidates or [k.config]
-    print(f"[hlotk] autotuning {k.name} over {len(cands)} configs", file=sys.stderr)
-    for i, c in enumerate(cands):
-        try:
-            ms = triton.testing.do_bench(lambda: k.launch(outputs, inputs, config=c),
-                                         warmup=10, rep=40, return_mode="median")
-        except Exception as e:  # noqa: BLE001  (a config may not fit: skip it)
-            print(f"[hlotk]   {i + 1}/{len(cands)} {c}: failed ({type(e).__name__})", file=sys.stderr)
-            continue
-        print(f"[hlotk]   {i + 1}/{len(cands)} {c}: {ms * 1e3:.1f} us", file=sys.stderr)
-        if ms < best_ms:
-            best, best_ms = c, ms
-    path = _tuning_path()
-    try:
-        table = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, ValueError):
-        table = {}
-    table[f"{k.key}|{_device_name()}"] = best
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
-        os.replace(tmp, path)
-    except OSError:
-        pass
-    return dict(best)
+                        autotune=0 if tuned else level, target=target,
+                        predicted_us=est.time_us, predicted_bytes=est.bytes_moved,
+                        predicted_flops=est.flops, fusion_kind=fusion_kind(fusion_inst))

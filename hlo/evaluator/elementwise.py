@@ -11,7 +11,6 @@ from typing import Callable
 import functools
 
 import numpy as np
-import scipy.special
 
 from .. import dtypes as dt
 from ..dtypes import DType
@@ -418,6 +417,7 @@ def _logistic(inst, ops, ctx):
 
 def _erf(x: np.ndarray) -> np.ndarray:
     # numpy has no erf; scipy's f64 erf rounded once to f32 is correctly rounded in practice.
+    import scipy.special       # imported here: it costs ~0.7 s, erf is rare
     return scipy.special.erf(x.astype(np.float64))
 
 

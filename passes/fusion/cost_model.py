@@ -125,11 +125,26 @@ def _ensure_loaded() -> None:
         _load_file(Path(extra))
 
 
+def resolve_target(target: str) -> str:
+    """``target`` itself, or for a device file (``*.json`` in devices.json's form, e.g.
+    what ``hlotk calibrate`` writes) the key of its entry, registered on the way."""
+    _ensure_loaded()
+    if not target.endswith(".json"):
+        return target
+    path = Path(target).expanduser()
+    _load_file(path)
+    keys = [k for k in json.loads(path.read_text()) if not k.startswith("_")]
+    if len(keys) != 1:
+        raise DeviceSpecError(f"device file {target}: expected one device, found {len(keys)}")
+    return keys[0]
+
+
 def get_device(target: Union[str, DeviceSpec]) -> DeviceSpec:
-    """The spec for ``target`` ("h100", "h200", "a100", an alias, or a DeviceSpec)."""
+    """The spec for ``target`` ("h100", "h200", "a100", an alias, a device file's path, or
+    a DeviceSpec)."""
     if isinstance(target, DeviceSpec):
         return target
-    _ensure_loaded()
+    target = resolve_target(target)
     try:
         return _DEVICES[target.lower()]
     except KeyError:

@@ -18,7 +18,7 @@ from hlo.ir import Computation, Instruction, Module
 
 from ..base import PassError, register_pass
 from . import greedy, priority  # noqa: F401  (register the built-in policies)
-from .cost_model import count_kernels, get_device, predict
+from .cost_model import count_kernels, get_device, predict, resolve_target
 from .attention import find_attention, form_attention_group
 from .explain import FusionDecision, FusionReport, attach
 from .legality import Decision, can_duplicate, can_fuse_siblings, can_merge, fusible
@@ -224,6 +224,7 @@ def with_target(spec: str, target: str | None) -> str:
     from ..base import PASSES
     if not target or not spec:
         return spec
+    target = resolve_target(target)     # a device file registers its device, by key
     get_device(target)          # an unknown target fails here, naming the known ones
     names = [n for n, cls in PASSES.items()
              if any(f.name == "target" for f in dataclasses.fields(cls))]

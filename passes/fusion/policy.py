@@ -73,11 +73,8 @@ def producer_consumer_candidates(state: FusionState, duplicates: bool = True,
 def sibling_candidates(state: FusionState, min_shared_bytes: int = 1 << 16) -> Iterator[Candidate]:
     """Pairs of groups (in program order) that read the same input of at least
     ``min_shared_bytes``."""
-    from .cost_model import array_bytes
     seen: set[tuple[int, int]] = set()
-    for inst in state.comp.instructions:
-        if array_bytes(inst.shape) < min_shared_bytes:
-            continue
+    for inst in state.values_of_at_least(min_shared_bytes):
         readers = [n for n in state.user_nodes(inst) if isinstance(n, Group)]
         readers = sorted({g.id: g for g in readers}.values(), key=state._first)
         for a, b in zip(readers, readers[1:]):
@@ -87,7 +84,12 @@ def sibling_candidates(state: FusionState, min_shared_bytes: int = 1 << 16) -> I
 
 
 def estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:
-    """(unfused, fused): predicted cost of the kernels involved, apart and after fusing."""
+    """(unfused, fused): predicted cost of the kernels involved, apart and after fusing
+    (computed once per candidate: ``FusionState.candidate_estimates``)."""
+    return state.candidate_estimates(c.key, lambda: _estimates(c, state))
+
+
+def _estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:
     p = c.producer
     if c.action == "duplicate":
         apart = state.node_estimate(p)

@@ -16,8 +16,9 @@ machine without a GPU. ``runtime.jit(f, backend="cuda")`` picks it by itself whe
 no GPU but ``TRITON_INTERPRET=1`` is set.
 
 Options (keyword arguments, or environment for ``runtime.jit``): ``cuda_graphs``
-(``HLOTK_CUDA_GRAPHS``, default on), ``autotune`` (``HLOTK_AUTOTUNE``, default off: Triton
-configs from the heuristics; on: tuned on first launch, persisted), ``poison``
+(``HLOTK_CUDA_GRAPHS``, default on), ``autotune`` (``HLOTK_AUTOTUNE``: 0 off, the
+templates' configs; 1 the cost model's best few configs timed on first launch; 2 every
+config; results persisted, ``codegen/triton/autotune.py``), ``poison``
 (``HLOTK_POISON_ARENA``: 0xFF bytes in the arena and outputs before every run).
 
 Two host paths (``report()`` says which one an executable takes, and why):
@@ -30,11 +31,12 @@ Two host paths (``report()`` says which one an executable takes, and why):
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import weakref
 from collections import OrderedDict
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from hlo.evaluator.core import EvalContext, Evaluator
 from hlo.errors import InvalidArgumentError
@@ -134,7 +136,7 @@ def default_target(device: Any) -> str:
 class CudaExecutable:
     def __init__(self, module: Module, assignment: BufferAssignment, *,
                  device: Optional[str] = None, cuda_graphs: Optional[bool] = None,
-                 autotune: Optional[bool] = None, poison: Optional[bool] = None,
+                 autotune: Optional[bool | int] = None, poison: Optional[bool] = None,
                  target: Optional[str] = None, communicator: Optional[Any] = None,
                  capture_collectives: Optional[bool] = None):
         self.device = resolve_device(device)
@@ -148,7 +150,8 @@ class CudaExecutable:
         self.module = module
         self.assignment = assignment
         self.target = target or default_target(self.device)
-        self.autotune = _env_flag("HLOTK_AUTOTUNE", False) if autotune is None else autotune
+        from codegen.triton.autotune import autotune_level
+        self.autotune = autotune_level(autotune)
         self.poison = _env_flag("HLOTK_POISON_ARENA", False) if poison is None else poison
         graphs = _env_flag("HLOTK_CUDA_GRAPHS", True) if cuda_graphs is None else cuda_graphs
         self.graphs = GraphSettings(enabled=bool(graphs) and self.on_gpu)
@@ -167,6 +170,8 @@ class CudaExecutable:
         t0 = time.perf_counter()
         self.sequence = self._sequence(module.entry)
         self.build_seconds = time.perf_counter() - t0
+        self._untuned = sum(1 for k in self._triton_kernels() if k.autotune)
+        self._precompiled = not self.on_gpu or _interpret()
         self.parameter_slots = [[(ix, table[p.uid][ix]) for ix, _ in array_leaves(p.shape)]
                                 for p in module.entry.parameters]
         self.output_slots = [table[module.entry.root.uid][ix]
@@ -472,7 +477,11 @@ class CudaExecutable:
         ctx.graphs = self.graphs          # type: ignore[attr-defined]
         self.stats["runs"] = self.stats.get("runs", 0) + 1
         t1 = clock()
-        self.sequence.run(mem, ctx)
+        if self._precompiled and not self._untuned:
+            self.sequence.run(mem, ctx)
+        else:
+            with self.first_run(mem):
+                self.sequence.run(mem, ctx)
         t2 = clock()
         results, event = ar.output_values(mem, self.output_slots, output, self.device)
         t3 = clock()
@@ -574,7 +583,52 @@ class CudaExecutable:
                     once()
                 ms = (time.perf_counter() - t0) * 1e3 / reps
             out.append((t.describe().strip().splitlines()[0], ms))
+            kernel = getattr(t, "kernel", None)
+            if self.on_gpu and kernel is not None and hasattr(kernel, "predicted_us"):
+                from codegen.triton.autotune import record_measurement
+                record_measurement(kernel, ms * 1e3, source="profile")
         return out
+
+    @contextlib.contextmanager
+    def first_run(self, mem: ar.Memory) -> Iterator[None]:
+        """Around the first run (this one's, or the native graph's warm-up): every kernel
+        compiled at once first, then one progress bar over the kernels it autotunes."""
+        if not self._precompiled:
+            self._precompile(mem)
+        if not self._untuned:
+            yield
+            return
+        from codegen.triton.autotune import autotune_progress
+        with autotune_progress(self._untuned, self.module.name):
+            yield
+        self._untuned = 0
+
+    def _precompile(self, mem: ar.Memory) -> None:
+        """Before the first launch: every Triton kernel (and every config autotuning will
+        time) compiled at once in a process pool (codegen/triton/parallel.py) instead of
+        one after another at each launch."""
+        from codegen.triton.autotune import ranked_candidates
+        from codegen.triton.parallel import precompile
+        from passes.fusion.cost_model import get_device
+        self._precompiled = True
+        t0 = time.perf_counter()
+        jobs = []
+        for t in self.thunks():
+            if not isinstance(t, KernelThunk) or t.state != "new" or not hasattr(t.kernel, "plan"):
+                continue
+            k = t.kernel
+            try:
+                args = k._args(t._outs(mem)[0], [mem.view(s) for s in t.inputs])
+            except Exception:  # noqa: BLE001  (the launch reports it)
+                continue
+            configs = ranked_candidates(k, k.autotune, get_device(k.target)) if k.autotune \
+                else [k.config]
+            jobs += [(k, args, c) for c in configs]
+        self.stats["precompile"] = precompile(jobs)
+        self.stats["precompile_s"] = time.perf_counter() - t0
+
+    def _triton_kernels(self) -> list[Any]:
+        return [t.kernel for t in self.thunks() if hasattr(getattr(t, "kernel", None), "plan")]
 
     # --- reports -------------------------------------------------------------------------
     def thunks(self) -> list[Thunk]:

@@ -138,8 +138,9 @@ class NativeGraph:
         # (indices in range).
         ctx = self._context()
         mem_a = self._memory(staging_a)
-        for t in self.thunks:
-            t.run(mem_a, ctx)
+        with exe.first_run(mem_a):       # kernels compiled in parallel, then tuned
+            for t in self.thunks:
+                t.run(mem_a, ctx)
         torch.cuda.synchronize(device)
         fell_back = [t for t in self.thunks if not t.capturable]
         if fell_back:

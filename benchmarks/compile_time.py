@@ -1,0 +1,212 @@
+"""Compile time of the GPU suite (issue 13): hlotk's first call, cold and warm, per phase,
+beside XLA's lower + compile of the same program in the same process.
+
+    PYTHONUNBUFFERED=1 python3 -m benchmarks.compile_time [--only NAME,...] [--autotune 0|1|2]
+        [--out benchmarks/compile_time.md]            # on a GPU: backend="cuda"
+    python -m benchmarks.compile_time --deviceless    # no GPU: passes and codegen only
+
+Each program runs in two fresh processes sharing one cache directory (hlotk's
+``HLOTK_CACHE_DIR`` and Triton's ``TRITON_CACHE_DIR``, both empty before the first):
+**cold** (nothing cached) and **warm** (a new process, caches filled by the cold one).
+Phases, in seconds: ``init`` (the runtime's first use in a process: importing torch, the
+CUDA device; not per program), ``lower`` (trace, export, import: JAX's work and ours), ``passes``
+(the HLO pipeline, or reading the optimized module from the cache), ``codegen`` (Triton
+source for each fusion, library calls, the thunk sequence), ``other`` (buffer assignment,
+arena, constants), ``pool`` (every kernel and autotuning candidate compiled at once by the
+compile workers, codegen/triton/parallel.py), ``triton`` (the rest of the first call
+besides autotuning: loading compiled kernels, launches, the native graph), ``autotune`` (timing candidate
+configs; HLOTK_AUTOTUNE level as given), ``capture`` (the second call, which records the
+CUDA graphs). ``first call`` = lower + compile + the first call (not init). XLA: ``jax.jit(f).lower(*a)
+.compile()`` in the same process (XLA's persistent cache is off, so warm is a compile too).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, ".")
+
+PHASES = ("init", "lower", "passes", "codegen", "other", "pool", "triton", "autotune", "capture")
+
+
+def _program(name: str):
+    from benchmarks.gpu_suite import programs
+    for prog in programs():
+        if prog[0] == name:
+            return prog
+    raise SystemExit(f"unknown program {name!r}")
+
+
+def child_gpu(name: str, level: str) -> dict:
+    import jax
+    os.environ["HLOTK_AUTOTUNE"] = level
+    import runtime
+    from codegen.triton import autotune
+    from runtime.cuda import executable_of
+    fn, args = _program(name)[2:4]
+    dev_args = jax.device_put(args)
+    jax.block_until_ready(dev_args)
+    row: dict = {"name": name}
+    t0 = time.perf_counter()
+    xc = jax.jit(fn).lower(*dev_args).compile()
+    row["xla"] = time.perf_counter() - t0
+    want = jax.block_until_ready(xc(*dev_args))
+    t0 = time.perf_counter()
+    from runtime.jit import default_client
+    default_client("cuda")                    # torch, the CUDA device: once per process
+    row["init"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    lowered = runtime.jit(fn, backend="cuda").lower(*dev_args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    exe = executable_of(compiled)
+    got = jax.block_until_ready(compiled(*dev_args))
+    t3 = time.perf_counter()
+    jax.block_until_ready(compiled(*dev_args))
+    t4 = time.perf_counter()
+    records = compiled.executable.pass_records
+    row["lower"] = t1 - t0
+    hit = getattr(compiled.executable, "module_cache_hit", False)
+    row["passes"] = (t2 - t1) - exe.build_seconds if hit or not records else \
+        sum(r.seconds for r in records)
+    row["module_cache_hit"] = hit
+    row["codegen"] = exe.build_seconds
+    row["other"] = max(0.0, (t2 - t1) - row["passes"] - row["codegen"])
+    row["autotune"] = autotune.SECONDS["tune"] - autotune.SECONDS["tune_compile"]
+    row["pool"] = exe.stats.get("precompile_s", 0.0)
+    row["triton"] = (t3 - t2) - row["autotune"] - row["pool"]
+    row["capture"] = t4 - t3
+    row["first_call"] = t3 - t0
+    row["precompile"] = exe.stats.get("precompile", {})
+    row["tuned_kernels"] = autotune.SECONDS["tuned_kernels"]
+    if os.environ.get("HLOTK_CT_PROFILE") == "1":
+        # Each kernel timed alone: recorded beside its prediction (calibration data).
+        t0 = time.perf_counter()
+        exe.profile(list(jax.tree_util.tree_leaves(dev_args)), reps=5)
+        row["profile_s"] = time.perf_counter() - t0
+    leaves = zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want))
+    import numpy as np
+    row["max_rel_err"] = max((float(np.linalg.norm(np.asarray(g, np.float64) - np.asarray(w, np.float64))
+                                    / max(np.linalg.norm(np.asarray(w, np.float64)), 1e-30))
+                              for g, w in leaves), default=0.0)
+    return row
+
+
+def child_deviceless(name: str) -> dict:
+    import runtime
+    from codegen.triton import compile_fusion
+    fn, args = _program(name)[2:4]
+    row: dict = {"name": name}
+    t0 = time.perf_counter()
+    lowered = runtime.jit(fn, pipeline="none").lower(*args)
+    t1 = time.perf_counter()
+    from passes.pipelines import pipeline_spec
+    from passes.fusion.pass_ import with_target
+    from runtime import compile_cache
+    from runtime.tools import compile_module
+    spec = with_target(pipeline_spec("default", "cuda"), "h200")
+    module, records, hit = compile_cache.compiled(
+        lowered.module, spec, "cuda", lambda m: compile_module(m, spec, backend="cuda")[0])
+    t2 = time.perf_counter()
+    for comp in module.computations:
+        for inst in comp.instructions:
+            if inst.opcode == "fusion":
+                try:
+                    compile_fusion(inst, target="h200")
+                except Exception:  # noqa: BLE001  (such a fusion runs another way)
+                    pass
+    t3 = time.perf_counter()
+    row.update(lower=t1 - t0, passes=t2 - t1, codegen=t3 - t2, first_call=t3 - t0,
+               cache_hit=hit)
+    return row
+
+
+def run_child(name: str, cache: str, opts) -> dict:
+    first = not os.path.exists(os.path.join(cache, "hlotk"))
+    env = dict(os.environ, HLOTK_CACHE_DIR=os.path.join(cache, "hlotk"),
+               HLOTK_CT_PROFILE="1" if first and opts.profile else "0",
+               TRITON_CACHE_DIR=os.path.join(cache, "triton"), PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "benchmarks.compile_time", "--child", name,
+           "--autotune", opts.autotune] + (["--deviceless"] if opts.deviceless else [])
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=opts.child_timeout)
+    except subprocess.TimeoutExpired:
+        return {"name": name, "failed": f"over {opts.child_timeout} s"}
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"name": name, "failed": (p.stderr or p.stdout)[-800:]}
+
+
+def fmt(row: dict, key: str) -> str:
+    v = row.get(key)
+    return "-" if v is None else f"{v:.2f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="")
+    ap.add_argument("--autotune", default="1")
+    ap.add_argument("--deviceless", action="store_true")
+    ap.add_argument("--child", default="")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--records", default="", help="append the cold runs' measured kernels "
+                    "(calibration records) to this file")
+    ap.add_argument("--child-timeout", type=float, default=90.0)
+    ap.add_argument("--profile", action="store_true", help="after the cold run's phases, "
+                    "time every kernel alone (exe.profile): more calibration records")
+    opts = ap.parse_args()
+    if opts.child:
+        row = child_deviceless(opts.child) if opts.deviceless else child_gpu(opts.child, opts.autotune)
+        print("RESULT " + json.dumps(row))
+        return
+    from benchmarks.gpu_suite import programs
+    only = set(filter(None, opts.only.split(",")))
+    first = ("transformer", "mlp_train", "adam_step")     # the issue's table first
+    names = sorted((p[0] for p in programs() if not only or p[0] in only),
+                   key=lambda n: (n not in first, first.index(n) if n in first else 0))
+    phases = ("lower", "passes", "codegen") if opts.deviceless else PHASES
+    head = "| program | run | " + " | ".join(phases) + " | first call | XLA lower+compile | ratio |"
+    lines = [head, "|" + "---|" * (len(phases) + 5)]
+    rows = []
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix="hlotk_ct_") as cache:
+            for run in ("cold", "warm"):
+                row = run_child(name, cache, opts)
+                row["run"] = run
+                rows.append(row)
+                if "failed" in row:
+                    print(f"{name} {run}: FAILED {row['failed']}", file=sys.stderr)
+                    lines.append(f"| {name} | {run} | failed |")
+                    continue
+                xla = row.get("xla")
+                ratio = f"{row['first_call'] / xla:.2f}" if xla else "-"
+                lines.append(f"| {name} | {run} | " + " | ".join(fmt(row, k) for k in phases)
+                             + f" | {row['first_call']:.2f} | {fmt(row, 'xla')} | {ratio} |")
+                print(lines[-1], flush=True)
+            records = os.path.join(cache, "hlotk", "calibration", "records.jsonl")
+            if opts.records and os.path.exists(records):
+                with open(records) as src, open(opts.records, "a") as dst:
+                    dst.write(src.read())
+        if opts.out:
+            write(opts, phases, lines, rows)
+    print("\n".join(lines))
+
+
+def write(opts, phases, lines, rows) -> None:
+    with open(opts.out, "w") as f:
+        f.write(f"# Compile time (issue 13), seconds; autotune level {opts.autotune}"
+                f"{' (deviceless: passes and codegen only)' if opts.deviceless else ''}\n\n"
+                + "\n".join(lines) + "\n")
+    with open(opts.out.replace(".md", ".json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

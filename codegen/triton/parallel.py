@@ -1,0 +1,254 @@
+"""Compile many Triton kernel variants at once, in worker processes, before their first launch.
+
+Triton compiles a ``@triton.jit`` function at its first launch with given arguments, one
+after another, each 0.3-2 s of Python, MLIR, LLVM and ptxas. ``precompile(jobs)`` asks
+Triton what each (kernel, arguments, config) would compile, without compiling it: a
+``jit_cache_hook`` that returns True stops the JIT after it has worked out the
+specialization (argument types, alignment, constants, options) and hands us that as JSON.
+Worker processes (one per CPU, started once per process, no GPU needed) load the kernel's
+source file and compile that specialization for the target it names into Triton's on-disk
+cache (``JITFunction.preload``'s work, minus asking a driver for the device); the real
+launches then find it there, under exactly the key they look up. Anything that fails here
+is left to the launch, which compiles it as before, so this only ever saves time.
+
+Variants compiled once are remembered (``$HLOTK_CACHE_DIR/triton/compiled.txt``, by kernel
+hash, config, device and Triton version), so a warm process starts no pool at all.
+"""
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+from codegen.cache import cache_root
+
+_POOL: Optional["WorkerPool"] = None
+_DONE: Optional[set[str]] = None
+
+
+def pool_size() -> int:
+    """Workers at most: one per CPU (a compile is one busy core), 32 at most."""
+    return max(1, min(32, os.cpu_count() or 1))
+
+
+class WorkerPool:
+    """Compile workers: ``python -m codegen.triton.parallel`` processes reading one JSON job
+    per line and answering ``ok``/``error ...``. Plain subprocesses, not multiprocessing:
+    spawn would re-import the user's ``__main__`` script in every worker."""
+
+    def __init__(self) -> None:
+        self.root = str(Path(__file__).resolve().parents[2])
+        self.env = dict(os.environ)
+        self.env["PYTHONPATH"] = self.root + (os.pathsep + self.env["PYTHONPATH"]
+                                              if self.env.get("PYTHONPATH") else "")
+        self.procs: list[subprocess.Popen] = []
+        self.lock = threading.Lock()
+
+    def grow(self, jobs: int) -> None:
+        """Start workers up to one per job, ``pool_size()`` at most."""
+        while len(self.procs) < min(jobs, pool_size()):
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "codegen.triton.parallel"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=self.env,
+                cwd=self.root))
+
+    def run(self, jobs: list[tuple[str, str, str]]) -> list[bool]:
+        """Each job on some worker; True where it compiled."""
+        self.grow(len(jobs))
+        results = [False] * len(jobs)
+        todo = list(enumerate(jobs))
+
+        def feed(proc: subprocess.Popen) -> None:
+            while True:
+                with self.lock:
+                    if not todo:
+                        return
+                    k, job = todo.pop(0)
+                try:
+                    assert proc.stdin is not None and proc.stdout is not None
+                    proc.stdin.write(json.dumps(job) + "\n")
+                    proc.stdin.flush()
+                    results[k] = proc.stdout.readline().strip() == "ok"
+                except (OSError, ValueError, AssertionError):
+                    return              # a dead worker: the others take the rest
+        threads = [threading.Thread(target=feed, args=(p,), daemon=True) for p in self.procs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+
+    def close(self) -> None:
+        for p in self.procs:
+            try:
+                if p.stdin is not None:
+                    p.stdin.close()
+                p.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                p.kill()
+
+
+def _pool() -> WorkerPool:
+    global _POOL
+    if _POOL is None:
+        _POOL = WorkerPool()
+        atexit.register(_POOL.close)
+    return _POOL
+
+
+def _done_path():
+    return cache_root() / "triton" / "compiled.txt"
+
+
+def _done() -> set[str]:
+    global _DONE
+    if _DONE is None:
+        try:
+            _DONE = set(_done_path().read_text().split())
+        except OSError:
+            _DONE = set()
+    return _DONE
+
+
+def _mark(keys: list[str]) -> None:
+    _done().update(keys)
+    try:
+        path = _done_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write("".join(k + "\n" for k in keys))
+    except OSError:
+        pass
+
+
+def variant_key(kernel: Any, config: dict) -> str:
+    from .autotune import tuning_key
+    cfg = json.dumps(config, sort_keys=True, separators=(",", ":"))
+    return tuning_key(kernel.key).replace(" ", "_") + "|" + cfg
+
+
+def _split(config: dict) -> tuple[dict, int, int]:
+    cfg = dict(config)
+    return cfg, cfg.pop("num_warps", 4), cfg.pop("num_stages", 1)
+
+
+def _specialization(kernel: Any, args: list, config: dict) -> Optional[str]:
+    """What Triton would compile for this launch (its ``specialization_data`` JSON), or
+    None when it has that variant in memory already."""
+    from triton import knobs
+    seen: list[str] = []
+
+    def hook(*, compile: dict, **_: Any) -> bool:
+        seen.append(compile["specialization_data"])
+        return True          # stop here: the pool compiles it
+    old = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        cfg, warps, stages = _split(config)
+        kernel.fn.warmup(*args, grid=kernel.plan.grid(dict(cfg)), **cfg,
+                         num_warps=warps, num_stages=stages)
+    finally:
+        knobs.runtime.jit_cache_hook = old
+    return seen[0] if seen else None
+
+
+def _load_fn(path: str, name: str) -> Any:
+    mod_name = f"hlotk_triton_{os.path.basename(path)[:-3]}"
+    mod = sys.modules.get(mod_name)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = mod
+        spec.loader.exec_module(mod)
+    return getattr(mod, name)
+
+
+def compile_specialization(fn: Any, data: str) -> Any:
+    """Compile what ``data`` (Triton's ``specialization_data``) describes, for the target
+    it names, without a GPU: what ``JITFunction.preload`` does, minus asking the driver
+    for the device, so a worker needs no CUDA context. Plain constants only (ours are
+    block sizes); anything else raises and the caller uses ``preload``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, dict):
+            raise ValueError("a non-plain constant")
+        return tuple(plain(x) for x in v) if isinstance(v, list) else v
+    obj = json.loads(data)
+    target = GPUTarget(**obj["target"])
+    backend = make_backend(target)
+    constexprs = {tuple(k): plain(v) for k, v in zip(obj["constant_keys"], obj["constant_vals"])}
+    attrs = dict(zip(map(tuple, obj["attrs_keys"]), obj["attrs_vals"]))
+    signature = {k: plain(v) for k, v in obj["signature"].items()}
+    options = backend.parse_options({k: tuple(v) if isinstance(v, list) else v
+                                     for k, v in obj["options"].items()})
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
+                          options=options.__dict__)
+
+
+def _preload(path: str, name: str, data: str) -> bool:
+    """In a worker: compile one specialization into Triton's on-disk cache."""
+    fn = _load_fn(path, name)
+    try:
+        compile_specialization(fn, data)
+    except Exception:  # noqa: BLE001  (another Triton's format: its own preload, on a GPU)
+        fn.preload(data)
+    return True
+
+
+def precompile(jobs: list[tuple[Any, list, dict]]) -> dict[str, int]:
+    """Compile each (kernel, launch arguments, config) in the process pool. Returns counts:
+    ``compiled`` (in the pool), ``known`` (compiled by an earlier process), ``failed`` (left
+    to the launch)."""
+    stats = {"compiled": 0, "known": 0, "failed": 0}
+    pending: dict[str, tuple[str, str, str]] = {}
+    keys: dict[str, str] = {}
+    for kernel, args, config in jobs:
+        vkey = variant_key(kernel, config)
+        if vkey in _done() or vkey in keys.values():
+            stats["known"] += 1
+            continue
+        try:
+            data = _specialization(kernel, args, config)
+        except Exception:  # noqa: BLE001  (the launch will say what is wrong)
+            stats["failed"] += 1
+            continue
+        if data is None:
+            stats["known"] += 1
+            continue
+        pending[data] = (str(kernel.path), kernel.name, data)
+        keys[data] = vkey
+    if not pending:
+        return stats
+    datas = list(pending)
+    done = _pool().run([pending[d] for d in datas])
+    ok = [keys[d] for d, good in zip(datas, done) if good]
+    stats["compiled"] += len(ok)
+    stats["failed"] += len(datas) - len(ok)
+    _mark(ok)
+    return stats
+
+
+def worker_main() -> None:
+    """A compile worker: one JSON job ``[path, name, specialization]`` per stdin line."""
+    for line in sys.stdin:
+        try:
+            _preload(*json.loads(line))
+            answer = "ok"
+        except Exception as e:  # noqa: BLE001  (reported; the launch compiles it instead)
+            answer = f"error {type(e).__name__}: {e}".replace("\n", " ")[:500]
+        sys.stdout.write(answer + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    worker_main()

@@ -1,0 +1,81 @@
+"""The on-disk cache of optimized modules: a new process compiling a module it has compiled
+before skips the passes (JAX's persistent compilation cache, for hlotk's pipeline).
+
+Key: the input module's full HLO text (constants and metadata included), the pass spec,
+the backend and a hash of hlotk's own ``hlo/`` and ``passes/`` sources, so a changed pass
+never reads an old result. Value: the optimized module, pickled (parsing HLO text back
+costs as much as the passes on a big module), stored only when the unpickled copy prints
+the same HLO text. ``$HLOTK_CACHE_DIR/modules/<key>.pickle``; ``HLOTK_COMPILE_CACHE=0`` turns it off. A hit gives
+the pass records of the run that produced the module, and no fusion report
+(``explain-fusion`` and ``--dump`` run the passes).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from pathlib import Path
+from typing import Callable, Optional
+
+import hlo
+from codegen.cache import cache_root, content_key
+
+_SOURCE_HASH: Optional[str] = None
+
+
+def enabled() -> bool:
+    return os.environ.get("HLOTK_COMPILE_CACHE", "1").strip().lower() not in ("0", "off", "false")
+
+
+def source_hash() -> str:
+    """A hash of every .py file of hlo/ and passes/ (what decides a compiled module)."""
+    global _SOURCE_HASH
+    if _SOURCE_HASH is None:
+        root = Path(hlo.__file__).resolve().parent.parent
+        h = hashlib.sha256()
+        for pkg in ("hlo", "passes"):
+            for path in sorted((root / pkg).rglob("*.py")) + sorted((root / pkg).rglob("*.json")):
+                h.update(str(path.relative_to(root)).encode())
+                h.update(path.read_bytes())
+        _SOURCE_HASH = h.hexdigest()
+    return _SOURCE_HASH
+
+
+def _path(key: str) -> Path:
+    return cache_root() / "modules" / f"{key}.pickle"
+
+
+def compiled(module: hlo.Module, spec: str, backend: str,
+             run: Callable[[hlo.Module], list]) -> tuple[hlo.Module, list, bool]:
+    """A copy of ``module`` after ``run`` (the passes, in place), from the cache when it
+    holds it. Returns (module, pass records, hit). ``module`` itself is not modified."""
+    if not enabled():
+        copy = module.clone()
+        return copy, run(copy), False
+    key = content_key(module.to_text(), spec, backend, source_hash())[:32]
+    path = _path(key)
+    try:
+        data = path.read_bytes()
+    except OSError:
+        data = None
+    if data is not None:
+        try:
+            cached, records = pickle.loads(data)
+            if isinstance(cached, hlo.Module):
+                return cached, records, True
+        except Exception:  # noqa: BLE001  (a damaged or stale entry: compile again)
+            pass
+    copy = module.clone()
+    records = run(copy)
+    try:
+        # Pickled (parsing the text back costs as much as the passes on a big module);
+        # stored only if the copy prints exactly as the module does.
+        data = pickle.dumps((copy, records), protocol=pickle.HIGHEST_PROTOCOL)
+        if pickle.loads(data)[0].to_text() == copy.to_text():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+    except Exception:  # noqa: BLE001  (an unpicklable attribute: just not cached)
+        pass
+    return copy, records, False

@@ -1,0 +1,199 @@
+"""Autotuning bookkeeping without a GPU: levels, cost-model pruning of candidate configs,
+the persisted tuning table (kernel source hash + device + Triton version) and the
+calibration records beside the cost model's prediction."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hlo
+from codegen.triton import TritonCodegenError, compile_fusion
+from codegen.triton import autotune as at
+from passes import run_pipeline
+from passes.fusion.cost_model import get_device
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("HLOTK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(at, "device_name", lambda: "NVIDIA H200")
+
+
+def _fusion(fn, *args):
+    module = hlo.from_jax(fn, *args)
+    run_pipeline(module, "inline,fixpoint(simplify,cse,dce),layout-assignment{target=gpu},"
+                         "fusion{target=h200}")
+    fusions = [i for i in module.entry.instructions if i.opcode == "fusion"]
+    assert len(fusions) == 1
+    return fusions[0]
+
+
+def _gemm_fusion():
+    a = np.ones((2048, 1024), jnp.bfloat16)
+    b = np.ones((1024, 4096), jnp.bfloat16)
+    return _fusion(lambda a, b: jnp.tanh(a @ b) * 2, a, b)
+
+
+@pytest.mark.parametrize("value,level", [(None, 0), ("0", 0), ("1", 1), ("2", 2), ("on", 1),
+                                         (True, 1), (False, 0), (5, 2)])
+def test_levels(value, level, monkeypatch):
+    monkeypatch.delenv("HLOTK_AUTOTUNE", raising=False)
+    assert at.autotune_level(value) == level
+
+
+def test_bad_level_names_the_variable(monkeypatch):
+    monkeypatch.setenv("HLOTK_AUTOTUNE", "fast")
+    with pytest.raises(TritonCodegenError, match="HLOTK_AUTOTUNE='fast'"):
+        at.autotune_level()
+
+
+def test_wave_model_prefers_full_waves():
+    spec = get_device("h200")        # 132 SMs
+    # 132 programs of 4 warps: one partial wave (132 of 132*16 slots) -> slower than the
+    # same work in 16*132 programs, which fill the machine.
+    few = at.predict_config_us(100.0, (132,), {"num_warps": 4}, spec)
+    full = at.predict_config_us(100.0, (16 * 132,), {"num_warps": 4}, spec)
+    assert full == pytest.approx(100.0)
+    assert few > full
+    # Fewer programs than SMs: only that share of the machine works.
+    half = at.predict_config_us(100.0, (66,), {"num_warps": 32}, spec)
+    assert half == pytest.approx(2.0 + 98.0 * 2)
+
+
+def test_pruned_keeps_default_and_best_three_exhaustive_keeps_all():
+    kernel = compile_fusion(_gemm_fusion(), target="h200")
+    cands = kernel.plan.candidates
+    assert len(cands) > at.PRUNED_TOP + 1
+    spec = get_device("h200")
+    pruned = at.ranked_candidates(kernel, 1, spec)
+    assert pruned[0] == kernel.config and len(pruned) == at.PRUNED_TOP + 1
+    rest = [c for c in cands if c != kernel.config]
+    costs = {json.dumps(c, sort_keys=True): at.predict_config_us(
+        kernel.predicted_us, kernel.plan.grid(dict(c)), c, spec) for c in rest}
+    worst_kept = max(costs[json.dumps(c, sort_keys=True)] for c in pruned[1:])
+    dropped = [c for c in rest if c not in pruned]
+    assert all(costs[json.dumps(c, sort_keys=True)] >= worst_kept for c in dropped)
+    assert at.ranked_candidates(kernel, 2, spec) == cands
+
+
+def test_stored_result_is_reused_only_for_same_device_and_triton(monkeypatch):
+    fusion = _gemm_fusion()
+    kernel = compile_fusion(fusion, target="h200", autotune=1)
+    assert kernel.autotune == 1 and kernel.predicted_us > 0
+    best = dict(kernel.plan.candidates[-1])
+    at.store(kernel, best, [(dict(kernel.config), 30.0), (best, 20.0)])
+    again = compile_fusion(fusion, target="h200", autotune=1)
+    assert again.autotune == 0 and again.config == best      # nothing left to measure
+    with monkeypatch.context() as m:
+        m.setattr(at, "triton_version", lambda: "99.0")
+        other = compile_fusion(fusion, target="h200", autotune=1)
+        assert other.autotune == 1 and other.config == kernel.config
+    with monkeypatch.context() as m:
+        m.setattr(at, "device_name", lambda: "NVIDIA H100 80GB HBM3")
+        assert compile_fusion(fusion, target="h200", autotune=1).autotune == 1
+    # Off: the template's default config, whatever is stored.
+    assert compile_fusion(fusion, target="h200", autotune=0).config == kernel.config
+
+
+def test_measurements_are_recorded_beside_the_prediction():
+    kernel = compile_fusion(_gemm_fusion(), target="h200")
+    at.store(kernel, kernel.config, [(dict(kernel.config), 42.0)])
+    at.record_measurement(kernel, 40.0)
+    recs = [json.loads(ln) for ln in at.records_path().read_text().splitlines()]
+    assert [r["measured_us"] for r in recs] == [42.0, 40.0]
+    assert [r["source"] for r in recs] == ["autotune", "profile"]
+    r = recs[0]
+    assert r["predicted_us"] == pytest.approx(kernel.predicted_us)
+    assert r["device"] == "NVIDIA H200" and r["template"] == "gemm"
+    # the GEMM reads a, b and writes the result once: 2 * (2048*1024 + 1024*4096 + 2048*4096)
+    assert r["bytes"] == 2 * (2048 * 1024 + 1024 * 4096 + 2048 * 4096)
+    assert r["flops"] >= 2 * 2048 * 1024 * 4096
+
+
+def test_progress_bar_is_quiet_off_a_terminal(capsys, monkeypatch):
+    monkeypatch.setenv("HLOTK_PROGRESS", "1")
+    assert not at.progress_enabled()      # pytest's stderr is not a terminal
+    with at.autotune_progress(3, "m"):
+        at._advance("k")
+    assert capsys.readouterr().err == ""
+
+
+def test_precompile_skips_known_variants_and_leaves_failures_to_the_launch():
+    from codegen.triton import parallel
+
+    class Fn:
+        def warmup(self, *args, **kwargs):
+            raise RuntimeError("no GPU here")
+    kernel = compile_fusion(_gemm_fusion(), target="h200")
+    kernel._fn = Fn()
+    parallel._DONE = None
+    assert parallel.precompile([(kernel, [], kernel.config)]) == \
+        {"compiled": 0, "known": 0, "failed": 1}
+    parallel._mark([parallel.variant_key(kernel, kernel.config)])
+    parallel._DONE = None                       # a new process reads the file
+    other = dict(kernel.config, num_warps=2)
+    assert parallel.precompile([(kernel, [], kernel.config), (kernel, [], other)]) == \
+        {"compiled": 0, "known": 1, "failed": 1}
+    assert parallel._POOL is None               # nothing to compile: no pool started
+
+
+def _pool_check(_tmp: str) -> None:
+    """The body of the next test, in a process of its own (Triton imported in interpret
+    mode, as other test modules leave it, cannot compile for a GPU)."""
+    import os
+    from pathlib import Path
+
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    from codegen.triton import parallel
+
+    class StandIn:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_active_torch_device(self):
+            return torch.device("cpu")
+    cache = Path(os.environ["TRITON_CACHE_DIR"])
+    driver.set_active(StandIn())
+    x = np.ones((512, 128), np.float32)
+    kernel = compile_fusion(_fusion(lambda x, y: jnp.tanh(x) * y + 1, x, x), target="h200")
+    t = torch.ones(512, 128)
+    args = kernel._args([torch.empty(512, 128)], [t, t])
+    stats = parallel.precompile([(kernel, args, kernel.config)])
+    assert stats["compiled"] == 1, stats
+    entries = sorted(cache.iterdir())
+    cfg, warps, stages = parallel._split(kernel.config)
+    kernel.fn.warmup(*args, grid=kernel.plan.grid(dict(cfg)), **cfg, num_warps=warps,
+                     num_stages=stages)
+    assert sorted(cache.iterdir()) == entries, "the JIT compiled the variant again"
+
+
+def test_pool_compiles_what_the_jit_then_finds_in_tritons_cache(tmp_path):
+    """The compile workers compile exactly the variant a launch looks up: after
+    ``precompile`` the JIT's own compile of that launch adds nothing to Triton's cache.
+    A stand-in driver plays the H200 (the JIT asks a driver for device, stream, target)."""
+    import os
+    import subprocess
+    import sys
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), HLOTK_CACHE_DIR=str(tmp_path / "c"),
+               PYTHONPATH=str(root), JAX_PLATFORMS="cpu")
+    p = subprocess.run([sys.executable, "-c", "import sys, tests.test_autotune as t; "
+                        "t._pool_check(sys.argv[1])", str(tmp_path)], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
