@@ -5,9 +5,10 @@ Key: the input module's full HLO text (constants and metadata included), the pas
 the backend and a hash of hlotk's own ``hlo/`` and ``passes/`` sources, so a changed pass
 never reads an old result. Value: the optimized module, pickled (parsing HLO text back
 costs as much as the passes on a big module), stored only when the unpickled copy prints
-the same HLO text. ``$HLOTK_CACHE_DIR/modules/<key>.pickle``; ``HLOTK_COMPILE_CACHE=0`` turns it off. A hit gives
-the pass records of the run that produced the module, and no fusion report
-(``explain-fusion`` and ``--dump`` run the passes).
+the same HLO text. ``$HLOTK_CACHE_DIR/modules/<key>.pickle``; ``HLOTK_COMPILE_CACHE=0``
+turns it off. A hit gives the pass records and the fusion report (``report_for``) of the run
+that produced the module, so ``exe.report()``, the viewer and the tests that read the
+report see the same thing warm as cold.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Callable, Optional
 
 import hlo
 from codegen.cache import cache_root, content_key
+from passes.fusion.explain import attach, report_for
 
 _SOURCE_HASH: Optional[str] = None
 
@@ -60,8 +62,10 @@ def compiled(module: hlo.Module, spec: str, backend: str,
         data = None
     if data is not None:
         try:
-            cached, records = pickle.loads(data)
+            cached, records, report = pickle.loads(data)
             if isinstance(cached, hlo.Module):
+                if report is not None:
+                    attach(cached, report)
                 return cached, records, True
         except Exception:  # noqa: BLE001  (a damaged or stale entry: compile again)
             pass
@@ -70,7 +74,8 @@ def compiled(module: hlo.Module, spec: str, backend: str,
     try:
         # Pickled (parsing the text back costs as much as the passes on a big module);
         # stored only if the copy prints exactly as the module does.
-        data = pickle.dumps((copy, records), protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps((copy, records, report_for(copy)),
+                            protocol=pickle.HIGHEST_PROTOCOL)
         if pickle.loads(data)[0].to_text() == copy.to_text():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".tmp{os.getpid()}")
