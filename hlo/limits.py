@@ -13,7 +13,12 @@ The limits, most specific first:
   evaluating (``None`` keeps a limit as it is; ``0`` means no limit);
 * the environment: ``HLOTK_MAX_ELEMENTS`` (elements of one array) and ``HLOTK_MAX_BYTES``
   (bytes of one value, and of one executable's arena);
-* the defaults: 2**32 elements and 64 GiB, above any array a host or one GPU holds today.
+* the defaults: 2**36 elements and 256 GiB, above any array one GPU holds today (an
+  H200 holds 141 GB, so 2**32 elements of f32 would refuse real programs there).
+
+A host arena is also checked against the host's physical memory (``check_arena(...,
+capacity=host_memory_bytes())``): numpy's ``np.empty`` of more than that succeeds lazily
+and the process is killed when the pages are touched, so it must stop here instead.
 """
 from __future__ import annotations
 
@@ -27,8 +32,8 @@ from .errors import HlotkError
 
 ENV_MAX_ELEMENTS = "HLOTK_MAX_ELEMENTS"
 ENV_MAX_BYTES = "HLOTK_MAX_BYTES"
-DEFAULT_MAX_ELEMENTS = 1 << 32
-DEFAULT_MAX_BYTES = 64 << 30
+DEFAULT_MAX_ELEMENTS = 1 << 36
+DEFAULT_MAX_BYTES = 256 << 30
 
 HOW_TO_RAISE = (f"raise it with {ENV_MAX_ELEMENTS}=N / {ENV_MAX_BYTES}=N in the environment or "
                 "`with hlo.resource_limits(max_elements=N, max_bytes=N):` (0 = no limit)")
@@ -145,6 +150,22 @@ def check_module(module, what: str = "") -> None:
             check_shape(f"{what}instruction %{inst.name} in %{comp.name}", inst.shape, limits)
 
 
-def check_arena(allocations, what: str = "buffer arena") -> None:
-    """The total of an executable's allocations (``.size`` bytes each) against max_bytes."""
-    check_bytes(what, sum(int(a.size) for a in allocations))
+def host_memory_bytes() -> Optional[int]:
+    """This host's physical memory, or None where the OS does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_arena(allocations, what: str = "buffer arena",
+                capacity: Optional[int] = None) -> None:
+    """The total of an executable's allocations (``.size`` bytes each) against max_bytes,
+    and against ``capacity`` (the memory it will live in) unless the limits are off."""
+    total = sum(int(a.size) for a in allocations)
+    limits = current()
+    check_bytes(what, total, limits)
+    if limits.max_bytes and capacity and total > capacity:
+        raise ResourceLimitError(
+            f"{what}: {_human(total)} ({total} bytes), more than this host's "
+            f"{_human(capacity)} of memory; {HOW_TO_RAISE}")

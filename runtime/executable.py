@@ -22,7 +22,7 @@ from hlo.evaluator.core import EvalContext, Evaluator
 from hlo.ir import Computation, Instruction, Module
 from hlo.layout_util import to_physical
 from hlo.shape import leaf_paths
-from hlo.limits import check_arena, check_module
+from hlo.limits import check_arena, check_module, host_memory_bytes
 from passes.buffer_assignment import BufferAssignment, assign_buffers
 from passes.dataflow import array_leaves
 
@@ -72,7 +72,8 @@ class CpuExecutable:
               target: Optional[str] = None) -> "CpuExecutable":
         check_module(module)       # absurd shapes stop here, before the arena exists
         assignment = assign_buffers(module)
-        check_arena(assignment.allocations, f"the buffer arena of {module.name}")
+        check_arena(assignment.allocations, f"the buffer arena of {module.name}",
+                    capacity=host_memory_bytes())
         return cls(module, assignment, poison, target)
 
     # --- building ------------------------------------------------------------------------

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 torch = pytest.importorskip("torch")
+if torch.cuda.is_available():
+    # TRITON_INTERPRET is read per process: set here it would turn every GPU test collected
+    # after this file into an interpreter run. The GPU tests run these kernels for real.
+    pytest.skip("runs Triton's interpreter on CPU tensors; skipped where CUDA is present",
+                allow_module_level=True)
+os.environ.setdefault("TRITON_INTERPRET", "1")     # before triton is imported
 pytest.importorskip("triton")
 
 import hlo  # noqa: E402

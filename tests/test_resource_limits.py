@@ -67,3 +67,17 @@ def test_limits_can_be_lowered_and_raised(monkeypatch):
     monkeypatch.setenv("HLOTK_MAX_ELEMENTS", "lots")
     with pytest.raises(ResourceLimitError, match="not a number"):
         current()
+
+
+def test_cpu_arena_larger_than_the_host_is_refused(monkeypatch):
+    # Under the element and byte limits but over the host's memory: np.empty would succeed
+    # lazily and the process would be killed on first touch, so the arena check stops it.
+    import runtime.executable as executable
+    monkeypatch.setattr(executable, "host_memory_bytes", lambda: 1 << 20)
+    f = lambda x: jnp.tanh(x) * 2 + 1  # noqa: E731
+    x = np.ones((1 << 19,), np.float32)   # 2 MiB in, 2 MiB out
+    with pytest.raises(ResourceLimitError, match=r"more than this host's 1\.0 MiB of memory"):
+        runtime.jit(f, backend="cpu")(x)
+    with resource_limits(max_bytes=0):    # limits off: the host check is off too
+        np.testing.assert_allclose(runtime.jit(f, backend="cpu")(x), np.tanh(x) * 2 + 1,
+                                   rtol=1e-6)
