@@ -19,7 +19,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 
 def _mesh(shape=(4,), names=("x",)):
-    return jax.make_mesh(shape, names, axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+    # Host CPU devices (conftest makes 8) even where JAX's default backend is one GPU.
+    return jax.make_mesh(shape, names, axis_types=(jax.sharding.AxisType.Auto,) * len(shape),
+                         devices=jax.devices("cpu")[:int(np.prod(shape))])
 
 
 MESH = _mesh()
@@ -304,7 +306,8 @@ def test_shard_map_manual_over_one_axis_of_two():
     """axis_names={"d"}: the body is per-device along "d" and whole along the automatic
     "m" (every device of an "m" group runs it on the same piece: correct, not split)."""
     from jax import shard_map
-    mesh = jax.make_mesh((2, 4), ("d", "m"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    mesh = jax.make_mesh((2, 4), ("d", "m"), axis_types=(jax.sharding.AxisType.Explicit,) * 2,
+                         devices=jax.devices("cpu")[:8])
 
     def f(x):
         return shard_map(lambda b: jax.lax.psum(jnp.sin(b), "d"), mesh=mesh, in_specs=P("d"),
