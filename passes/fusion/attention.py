@@ -517,9 +517,9 @@ def _outside_reason(read_outside: list[tuple[Instruction, Instruction]], ids: se
                      for x in _unique([x for x, _ in read_outside]))
     return (f"the backward is not matched: the gradient reads the forward's {read} and feeds "
             f"them to {', '.join('%' + d.name for d in dots)} (dV = P^T.dO, dS = "
-            "P*(dP - rowsum(dP*P)), dQ = dS.K, dK = dS^T.Q); hlotk has no fused attention "
-            "backward (recomputing P blockwise from q, k and the row max/sum), so the "
-            "probabilities stay in memory and neither the forward nor the backward is fused")
+            "P*(dP - rowsum(dP*P)), dQ = dS.K, dK = dS^T.Q), but not in a form the fused "
+            "backward (passes/fusion/attention_grad.py) takes, so the probabilities stay in "
+            "memory and neither the forward nor the backward is fused")
 
 
 _OUT_VIEWS = frozenset({"transpose", "copy", "bitcast", "reshape"})
