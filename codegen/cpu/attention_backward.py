@@ -42,13 +42,6 @@ def match_body(comp):
     raise InvalidArgumentError(f"{comp.name}: not a flash-attention backward body: {why}")
 
 
-def _dims(dot: Instruction, side: int) -> tuple[list, list, list]:
-    s = "lhs" if side == 0 else "rhs"
-    b = list(dot.attrs.get(f"{s}_batch_dims", ()))
-    c = list(dot.attrs.get(f"{s}_contracting_dims", ()))
-    return b, c, [d for d in range(dot.operands[side].shape.rank) if d not in b and d not in c]
-
-
 def _contract(dot: Instruction, value_side: int, value: np.ndarray, other: np.ndarray,
               acc) -> np.ndarray:
     """``dot``'s contraction with ``value`` as its ``value_side`` operand (rounded to that
@@ -59,6 +52,11 @@ def _contract(dot: Instruction, value_side: int, value: np.ndarray, other: np.nd
     return dot_general(lhs.astype(acc), rhs.astype(acc), a.get("lhs_batch_dims", ()),
                        a.get("rhs_batch_dims", ()), a.get("lhs_contracting_dims", ()),
                        a.get("rhs_contracting_dims", ()), acc)
+
+
+def _dims(dot: Instruction, side: int) -> tuple[list, list, list]:
+    from passes.fusion.attention_grad import _dims as dims
+    return dims(dot, side)
 
 
 def _side_of(dot: Instruction, src: Instruction) -> int:
