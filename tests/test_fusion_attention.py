@@ -158,27 +158,79 @@ def test_deviceless_h200_buffers_hold_no_score_tensor():
     assert buffers and max(bf.size for bf in buffers) < scores
 
 
-def test_gradient_matches_jax_and_says_what_was_not_fused():
-    q, k, v = _inputs((1, 24, 2, 8))
-    f = _attention(causal=True)
+def _grad_case(f, args, tol, target=None):
+    """jax.grad of sum(o² · w) for q, k, v through hlotk (one forward and one backward
+    attention fusion) against jax.jit."""
+    w = np.random.default_rng(9).standard_normal(
+        np.asarray(jax.eval_shape(f, *args).shape)).astype(np.float32)
 
-    def loss(q, k, v):
-        return jnp.sum(f(q, k, v) ** 2)
+    def loss(q, k, v, *extra):
+        return jnp.sum(f(q, k, v, *extra).astype(jnp.float32) ** 2 * w)
     g = jax.grad(loss, argnums=(0, 1, 2))
+    jf = runtime.jit(g, target=target) if target else runtime.jit(g)
+    compiled = jf.lower(*args).compile()
+    kinds = [fusion_kind(i) for c in compiled.module.computations for i in c.instructions
+             if i.opcode == "fusion"]
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, \
+        compiled.as_text()
+    for a, b in zip(jf(*args), jax.jit(g)(*args)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                   rtol=tol, atol=tol)
+    return compiled
+
+
+@pytest.fixture
+def small_backward_blocks(monkeypatch):
+    from codegen.cpu import attention_backward
+    monkeypatch.setattr(attention_backward, "BLOCK_K", 16)
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+@pytest.mark.parametrize("case", ["causal", "bias_mask", "gqa", "causal_bf16"])
+def test_gradient_fused_forward_and_backward_match_jax(case):
+    if case == "causal":
+        _grad_case(_attention(causal=True), _inputs((1, 37, 2, 8)), 5e-5)
+    elif case == "bias_mask":
+        q, k, v = _inputs((2, 2, 24, 8))
+        bias = np.random.default_rng(1).standard_normal((1, 2, 24, 24)).astype(np.float32)
+        mask = np.random.default_rng(2).random((2, 1, 1, 24)) > 0.3
+        mask[..., 0] = True
+        f = _attention(bias=True, mask=True, heads_first=True)
+        _grad_case(lambda q, k, v: f(q, k, v, bias, mask), (q, k, v), 5e-5)
+    elif case == "gqa":
+        rng = np.random.default_rng(3)
+        q = rng.standard_normal((2, 20, 4, 8)).astype(np.float32)
+        k, v = (rng.standard_normal((2, 20, 2, 8)).astype(np.float32) for _ in range(2))
+        base = _attention(causal=True)
+        _grad_case(lambda q, k, v: base(q, jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)),
+                   (q, k, v), 5e-5)
+    else:
+        import ml_dtypes
+        _grad_case(_attention(causal=True), _inputs((1, 40, 2, 16), ml_dtypes.bfloat16), 3e-2)
+
+
+def test_gradient_deviceless_h200_buffers_hold_no_score_tensor():
+    b, s, h, d = 1, 256, 2, 16
+    c = _grad_case(_attention(causal=True), _inputs((b, s, h, d)), 5e-5, target="h200")
+    scores = b * h * s * s * 4
+    buffers = c.buffer_assignment().buffers
+    assert buffers and max(bf.size for bf in buffers) < scores
+    assert c.memory_analysis().temp_size_in_bytes < scores
+
+
+def test_gradient_with_bias_gradient_is_explained_not_fused():
+    """A gradient w.r.t. the bias reads dS itself: the backward is not fused and the note
+    says which instruction is read outside it."""
+    q, k, v = _inputs((1, 2, 16, 8))
+    bias = np.random.default_rng(1).standard_normal((1, 2, 16, 16)).astype(np.float32)
+    f = _attention(bias=True, heads_first=True)
+    g = jax.grad(lambda q, k, v, b: jnp.sum(f(q, k, v, b) ** 2), argnums=(0, 1, 2, 3))
     jf = runtime.jit(g)
-    got = jf(q, k, v)
-    want = jax.jit(g)(q, k, v)
-    for a, b in zip(got, want):
+    for a, b in zip(jf(q, k, v, bias), jax.jit(g)(q, k, v, bias)):
         np.testing.assert_allclose(a, b, rtol=5e-5, atol=5e-5)
-    report = report_for(jf.lower(q, k, v).compile().module)
-    assert any("flash-attention" in n for n in report.pattern_notes()), report.table()
-    # No fused backward: the note names the forward values the backward reads (P is the
-    # divide) and the backward dots, not the forward's own p.v dot.
+    report = report_for(jf.lower(q, k, v, bias).compile().module)
     (note,) = [n for n in report.pattern_notes() if "backward is not matched" in n]
-    pv = note.split(":")[0]
-    assert "(divide [1, 2, 24, 24])" in note and "feeds them to %dot" in note, note
-    backward_dots = note.split("feeds them to ")[1].split(" (dV")[0].split(", ")
-    assert backward_dots and pv not in backward_dots, note
+    assert "outside it" in note, note
 
 
 # --- the Triton kernel: TRITON_INTERPRET=1 on the CPU, the real thing on a GPU -------------

@@ -74,6 +74,9 @@ def compile_fusion(fusion_inst: Instruction) -> Kernel:
     if fusion_kind(fusion_inst) == "attention":
         from .attention import AttentionKernel
         return AttentionKernel(fusion_inst)    # type: ignore[return-value]
+    if fusion_kind(fusion_inst) == "attention_backward":
+        from .attention_backward import AttentionBackwardKernel
+        return AttentionBackwardKernel(fusion_inst)    # type: ignore[return-value]
     memo = _BY_INST.get(fusion_inst)
     if memo is not None and memo[0] is comp:
         return memo[1]

@@ -64,7 +64,7 @@ class _Slicer:
 
     def _at(self, inst: Instruction, dim: int) -> np.ndarray:
         op = inst.opcode
-        if inst is self.qk:
+        if op == "dot":
             a = inst.attrs
             lb, lc = list(a.get("lhs_batch_dims", ())), list(a.get("lhs_contracting_dims", ()))
             rb, rc = list(a.get("rhs_batch_dims", ())), list(a.get("rhs_contracting_dims", ()))
@@ -118,10 +118,12 @@ class _Slicer:
 def run_attention(comp, operands: list[np.ndarray], block_k: Optional[int] = None,
                   ctx: Optional[EvalContext] = None) -> np.ndarray:
     """Evaluate a flash-attention fused computation on ``operands``."""
-    from passes.fusion.attention import NoMatch, attention_root, match_attention
-    pv, out_where = attention_root(comp.root)
+    from passes.fusion.attention import NoMatch, attention_root, match_attention, row_stats
+    outs = list(comp.root.operands) if comp.root.opcode == "tuple" else [comp.root]
+    o_out = next((o for o in outs if attention_root(o)[0].opcode == "dot"), comp.root)
+    pv, out_where = attention_root(o_out)
     try:
-        m = match_attention(pv)
+        m = match_attention(pv, stats_out=len(outs) > 1)
     except NoMatch as e:
         raise InvalidArgumentError(f"{comp.name}: not a flash-attention body: {e}") from None
     if m is None:
@@ -178,7 +180,21 @@ def run_attention(comp, operands: list[np.ndarray], block_k: Optional[int] = Non
     if not m.p_is_lhs:      # dot(v, p): [batch..., dv, rows...]
         out = np.moveaxis(out, -1, nb)
     # the fused output views (a transpose to the consumer's order): root dim i is pv dim where[i]
-    return np.transpose(out, out_where).astype(pv.shape.dtype.np_dtype)
+    o = np.transpose(out, out_where).astype(pv.shape.dtype.np_dtype)
+    if comp.root.opcode != "tuple":
+        return o
+    # A forward for a backward also outputs its row max and row sum (the logsumexp).
+    stats = dict(zip((id(i) for i in row_stats(m)), (m_run, l_run)))
+    results = []
+    for r in outs:
+        if r is o_out:
+            results.append(o)
+        elif id(r) in stats:
+            results.append(stats[id(r)].reshape(r.shape.dims).astype(r.shape.dtype.np_dtype))
+        else:
+            raise InvalidArgumentError(f"{comp.name}: output %{r.name} of a flash-attention "
+                                       "fusion is not its result, row max or row sum")
+    return tuple(results)
 
 
 def _strip(inst: Instruction) -> Instruction:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 from hlo.ir import Computation, Instruction
 from hlo.shape import Shape
@@ -301,7 +301,25 @@ def transpose_template(em: Emitter, comp: Computation, big: bool) -> Plan:
 
 
 # --- row/column reduction and normalization template -------------------------------------------
-def rows_template(em: Emitter, comp: Computation, big: bool, max_row_block: int = 16384) -> Plan:
+# A row whose input is at most this many bytes is one tile (one load, registers): bf16 rows
+# up to 32K, f32 up to 16K. The 8192x32000 bf16 cross-entropy row as one 32768 tile ran at
+# 0.50x XLA against 0.84x looped in 4096-wide passes (H200, benchmarks/NOTES.md issue 14).
+ROW_TILE_BYTES = 65536
+MAX_ROW_TILE = 32768
+
+
+def row_tile_limit(comp: Computation, full_dims: tuple) -> int:
+    """Largest power-of-two row tile for ``comp``'s reduction: ROW_TILE_BYTES of its
+    widest full-shaped parameter (16K when no parameter is read at full shape)."""
+    widths = [p.shape.dtype.bits // 8 for p in comp.parameters
+              if p.shape.is_array and math.prod(p.shape.dims) == math.prod(full_dims)]
+    if not widths:
+        return 16384
+    return max(16384 // 4, min(MAX_ROW_TILE, ROW_TILE_BYTES // max(1, max(widths))))
+
+
+def rows_template(em: Emitter, comp: Computation, big: bool,
+                  max_row_block: Optional[int] = None) -> Plan:
     outs = outputs_of(comp)
     reduces = [i for i in comp.instructions if i.opcode == "reduce"]
     if not reduces:
@@ -322,6 +340,8 @@ def rows_template(em: Emitter, comp: Computation, big: bool, max_row_block: int 
     layout = first.operands[0].shape.layout
     minor = layout.minor_to_major[0] if layout is not None and layout.minor_to_major else len(full_dims) - 1
     column = minor in kept_dims and M > 1
+    if max_row_block is None:
+        max_row_block = row_tile_limit(comp, full_dims)
     single = (not column) and next_pow2(R) <= max_row_block
     if column:
         # Each program owns BM adjacent kept elements (contiguous: coalesced loads) and walks

@@ -166,8 +166,11 @@ def _through(inst: Instruction, converts: bool = True) -> tuple[Instruction, tup
 
 
 # --- the match ---------------------------------------------------------------------------------
-def _softmax(p_operand: Instruction) -> tuple[Instruction, Instruction, list[Instruction]]:
-    """(exp, logits, softmax instructions) for p = exp(x - max) / sum(exp(x - max))."""
+def _softmax(p_operand: Instruction, stats_given: bool = False
+             ) -> tuple[Instruction, Instruction, list[Instruction]]:
+    """(exp, logits, softmax instructions) for p = exp(x - max) / sum(exp(x - max)).
+    ``stats_given``: the row max and sum may be parameters (a backward fusion's body reads
+    them from the forward fusion)."""
     div, where, views = _through(p_operand)
     if div.opcode != "divide":
         raise NoMatch(f"%{div.name} ({div.opcode}) feeding %{p_operand.name} is not a softmax's "
@@ -180,7 +183,8 @@ def _softmax(p_operand: Instruction) -> tuple[Instruction, Instruction, list[Ins
     if ex.opcode != "exponential" or not _is_identity(w_e, div.shape.dims):
         raise NoMatch(f"the softmax numerator %{ex.name} is a {ex.opcode}, not exp(x - max)")
     l_red, w_l, l_views = _through(bl)
-    if not _row_reduce(l_red, "add", ex) or not _is_row_broadcast(w_l, div.shape.dims):
+    given = stats_given and l_red.opcode == "parameter"
+    if not (given or _row_reduce(l_red, "add", ex)) or not _is_row_broadcast(w_l, div.shape.dims):
         raise NoMatch(f"the softmax denominator %{l_red.name} is not a sum of %{ex.name} "
                       "over the last dimension, broadcast back")
     sub, w_s, s_views = _through(ex.operands[0])
@@ -189,11 +193,12 @@ def _softmax(p_operand: Instruction) -> tuple[Instruction, Instruction, list[Ins
                       "the online softmax needs the max subtracted")
     x, w_x, x_views = _through(sub.operands[0])
     m_red, w_m, m_views = _through(sub.operands[1])
-    if not _is_identity(w_x, div.shape.dims) or not _row_reduce(m_red, "maximum", x) or \
-            not _is_row_broadcast(w_m, div.shape.dims):
+    given = stats_given and m_red.opcode == "parameter"
+    if not _is_identity(w_x, div.shape.dims) or not (given or _row_reduce(m_red, "maximum", x)) \
+            or not _is_row_broadcast(w_m, div.shape.dims):
         raise NoMatch(f"%{sub.name} does not subtract the row maximum of its input")
-    m_in = _through(m_red.operands[0])[2]
-    l_in = _through(l_red.operands[0])[2]
+    m_in = _through(m_red.operands[0])[2] if m_red.operands else []
+    l_in = _through(l_red.operands[0])[2] if l_red.operands else []
     insts = [div, ex, l_red, sub, m_red] + views + e_views + l_views + s_views + x_views + \
         m_views + m_in + l_in
     return ex, x, insts
@@ -383,8 +388,8 @@ def score_dims(x: Instruction, qk: Instruction) -> tuple:
     return where
 
 
-def _check_dots(qk: Instruction, pv: Instruction, p_is_lhs: bool, x: Instruction) -> bool:
-    """Checks the two dots; returns whether k is q·k's lhs."""
+def check_qk(qk: Instruction, x: Instruction) -> bool:
+    """Checks q·k under the softmax input ``x``; returns whether k is its lhs."""
     a = qk.attrs
     nb = len(a.get("lhs_batch_dims", ()))
     if len(a.get("lhs_contracting_dims", ())) != 1 or len(a.get("rhs_contracting_dims", ())) != 1:
@@ -399,6 +404,13 @@ def _check_dots(qk: Instruction, pv: Instruction, p_is_lhs: bool, x: Instruction
     if kop.shape.rank - nb - 1 != 1:
         raise NoMatch(f"%{qk.name}'s key operand %{kop.name} has {kop.shape.rank - nb - 1} free "
                       "dims; the softmax axis must be its one sequence dim")
+    return k_is_lhs
+
+
+def _check_dots(qk: Instruction, pv: Instruction, p_is_lhs: bool, x: Instruction) -> bool:
+    """Checks the two dots; returns whether k is q·k's lhs."""
+    k_is_lhs = check_qk(qk, x)
+    nb = len(qk.attrs.get("lhs_batch_dims", ()))
     b = pv.attrs
     side, other = ("lhs", "rhs") if p_is_lhs else ("rhs", "lhs")
     rank = x.shape.rank
@@ -413,9 +425,9 @@ def _check_dots(qk: Instruction, pv: Instruction, p_is_lhs: bool, x: Instruction
     return k_is_lhs
 
 
-def match_attention(pv: Instruction) -> Optional[AttentionMatch]:
-    """The attention ending at ``pv``, None when ``pv`` is not the end of a softmax·V, or
-    raises NoMatch (with the reason) for a near miss."""
+def _match_forward(pv: Instruction) -> Optional[tuple[AttentionMatch, list[Instruction]]]:
+    """(match, every instruction from q·k to p·v incl. mask cones) with members not yet
+    checked for readers outside."""
     if pv.opcode != "dot" or pv.shape.is_tuple:
         return None
     for p_side in (0, 1):
@@ -429,7 +441,8 @@ def match_attention(pv: Instruction) -> Optional[AttentionMatch]:
     qk = _find_qk(x)
     k_is_lhs = _check_dots(qk, pv, p_side == 0, x)
     steps, score = _score_steps(x, qk)
-    members = _unique([qk] + score + soft + _through(p_op)[2] + [pv])
+    core = _unique([qk] + score + soft + _through(p_op)[2] + [pv])
+    members = core
     # Constants are cloned into the body (or read as operands); a generated mask piece that
     # other code also reads stays outside and becomes an operand.
     members = [i for i in members if i.opcode != "constant"]
@@ -441,9 +454,29 @@ def match_attention(pv: Instruction) -> Optional[AttentionMatch]:
             break
         members = [i for i in members if i not in shared]
         ids = {id(i) for i in members}
-    m = AttentionMatch(qk, pv, p_side == 0, x, k_is_lhs, steps, members)
-    read_outside = [(i, u) for i in members if i is not pv
-                     for u in i.users if id(u) not in ids]
+    return AttentionMatch(qk, pv, p_side == 0, x, k_is_lhs, steps, members), core
+
+
+def row_stats(m: AttentionMatch) -> tuple[Instruction, Instruction]:
+    """(row max, row sum) instructions of a matched softmax."""
+    div = _through(m.pv.operands[0 if m.p_is_lhs else 1])[0]
+    sub = _through(_through(div.operands[0])[0].operands[0])[0]
+    return _through(sub.operands[1])[0], _through(div.operands[1])[0]
+
+
+def match_attention(pv: Instruction, stats_out: bool = False) -> Optional[AttentionMatch]:
+    """The attention ending at ``pv``, None when ``pv`` is not the end of a softmax·V, or
+    raises NoMatch (with the reason) for a near miss. ``stats_out``: the row max and row
+    sum may be read outside (the fusion then also outputs them, for a backward)."""
+    found = _match_forward(pv)
+    if found is None:
+        return None
+    m = found[0]
+    members = m.members
+    ids = {id(i) for i in members}
+    allowed = {id(i) for i in row_stats(m)} if stats_out else set()
+    read_outside = [(i, u) for i in members if i is not pv and id(i) not in allowed
+                    for u in i.users if id(u) not in ids]
     if read_outside:
         raise NoMatch(_outside_reason(read_outside, ids))
     m.out_views, m.out_where = output_views(pv)
@@ -484,9 +517,9 @@ def _outside_reason(read_outside: list[tuple[Instruction, Instruction]], ids: se
                      for x in _unique([x for x, _ in read_outside]))
     return (f"the backward is not matched: the gradient reads the forward's {read} and feeds "
             f"them to {', '.join('%' + d.name for d in dots)} (dV = P^T.dO, dS = "
-            "P*(dP - rowsum(dP*P)), dQ = dS.K, dK = dS^T.Q); hlotk has no fused attention "
-            "backward (recomputing P blockwise from q, k and the row max/sum), so the "
-            "probabilities stay in memory and neither the forward nor the backward is fused")
+            "P*(dP - rowsum(dP*P)), dQ = dS.K, dK = dS^T.Q), but not in a form the fused "
+            "backward (passes/fusion/attention_grad.py) takes, so the probabilities stay in "
+            "memory and neither the forward nor the backward is fused")
 
 
 _OUT_VIEWS = frozenset({"transpose", "copy", "bitcast", "reshape"})
@@ -540,9 +573,48 @@ def attention_root(root: Instruction) -> tuple[Instruction, tuple]:
     return cur, where
 
 
-def _find(instructions: list[Instruction]) -> tuple[list[AttentionMatch],
-                                                  list[tuple[Instruction, str]]]:
-    """Every attention ending at a dot of ``instructions``; near misses with reasons."""
+def _with_backward(pv: Instruction):
+    """(forward, backward) when the forward's probabilities are read by jax.grad's
+    backward (passes/fusion/attention_grad.py): the backward gets its own copy of the
+    recompute chain, the forward also outputs its row max and row sum. Raises NoMatch
+    (with what was not matched) and leaves the graph alone then."""
+    from .attention_grad import match_backward, split_backward
+    m, core = _match_forward(pv)
+    div = _through(m.pv.operands[0 if m.p_is_lhs else 1])[0]
+    b = match_backward(div, fwd=m)
+    stats = {id(i) for i in row_stats(m)}
+    core_ids = {id(i) for i in core}
+    # Forward views the backward also reads (the row sum broadcast) are recomputed.
+    b.nodes = [i for i in b.nodes if id(i) not in core_ids]
+    # Broadcast constants (the scale) that the forward also reads: the backward gets a copy.
+    shared_constants = [i for i in b.nodes if _scalar_constant(i) is not None
+                        and i not in b.outputs and i.opcode != "constant"]
+    b.nodes = [i for i in b.nodes if i not in shared_constants]
+    bwd = {id(i) for i in b.nodes}
+    outs = {id(i) for i in b.outputs}
+    for i in b.nodes:
+        for u in i.users:
+            if id(i) not in outs and id(u) not in bwd:
+                raise NoMatch(f"the backward's %{i.name} is also read by %{u.name} outside "
+                              "it (a bias gradient or a returned dS are not fused)")
+    for i in core:
+        for u in i.users:
+            if i is not pv and id(i) not in stats and id(u) not in core_ids | bwd:
+                raise NoMatch(f"%{i.name} ({i.opcode}, inside the attention) is also read by "
+                              f"%{u.name}, which is neither the forward nor its backward")
+    recompute = [i for i in core if i is not pv and id(i) not in stats] + shared_constants
+    clones = split_backward(b, recompute)
+    b.nodes = b.nodes + [c for c in clones if c.opcode != "constant"]
+    fwd = match_attention(pv, stats_out=True)
+    assert fwd is not None
+    return fwd, b
+
+
+def _find(instructions: list[Instruction], backward: bool = False
+          ) -> tuple[list, list[tuple[Instruction, str]]]:
+    """Every attention ending at a dot of ``instructions``; near misses with reasons.
+    ``backward``: also match jax.grad's backward of an attention (rewrites the graph: the
+    backward gets its own recompute chain)."""
     found, missed = [], []
     taken: set[int] = set()
     for inst in instructions:
@@ -551,8 +623,16 @@ def _find(instructions: list[Instruction]) -> tuple[list[AttentionMatch],
         try:
             m = match_attention(inst)
         except NoMatch as e:
-            missed.append((inst, str(e)))
-            continue
+            if not backward:
+                missed.append((inst, str(e)))
+                continue
+            try:
+                pair = _with_backward(inst)
+            except NoMatch as e2:
+                missed.append((inst, f"{e}; {e2}" if "backward" in str(e) else str(e)))
+                continue
+            m = pair[0]
+            found.append(pair[1])
         if m is None:
             continue
         if any(id(i) in taken for i in m.members):
@@ -560,7 +640,8 @@ def _find(instructions: list[Instruction]) -> tuple[list[AttentionMatch],
             continue
         taken.update(id(i) for i in m.members)
         found.append(m)
-    return found, missed
+    inside = {id(i) for m in found for i in m.members}
+    return found, [(i, why) for i, why in missed if id(i) not in inside]
 
 
 # --- in the fusion pass ------------------------------------------------------------------------
@@ -568,8 +649,10 @@ REASON = ("flash attention: q·k, softmax and ·v in one kernel with an online s
           "scores never leave the chip")
 
 
-def find_attention(instructions: list[Instruction], report=None) -> list[AttentionMatch]:
-    found, missed = _find(instructions)
+def find_attention(instructions: list[Instruction], report=None, backward: bool = False
+                   ) -> list:
+    """Attention matches (AttentionMatch, and with ``backward`` BackwardMatch too)."""
+    found, missed = _find(list(instructions), backward)
     if report is not None:
         from .explain import FusionDecision
         for inst, why in missed:
@@ -586,7 +669,11 @@ def form_attention_group(state, m: AttentionMatch, report=None):
     groups = _unique_groups(state.group_of(i) for i in m.members)
     apart = sum(state.node_estimate(g).time_us for g in groups)
     g = state.merge_many(groups, "attention")
-    g.config = backend_config(m)
+    if isinstance(m, AttentionMatch):
+        g.config = backend_config(m)
+    else:
+        from .attention_grad import backend_config as backward_config
+        g.config = backward_config(m)
     if report is not None:
         est = state.node_estimate(g).time_us
         for i in m.members:

@@ -12,7 +12,7 @@ from typing import Literal
 from hlo.ir import Instruction
 
 FusionKind = Literal["loop", "input", "multi_output", "normalization", "gemm", "attention",
-                     "custom"]
+                     "attention_backward", "custom"]
 
 TRITON_NORMALIZATION = '{"fusion_backend_config":{"kind":"__triton"}}'
 TRITON_GEMM = '{"fusion_backend_config":{"kind":"__triton_gemm"}}'
@@ -25,6 +25,8 @@ def backend_kind(inst: Instruction) -> str:
     text = getattr(cfg, "text", cfg) or ""
     if '"__flash_attention"' in text:
         return "__flash_attention"
+    if '"__flash_attention_backward"' in text:
+        return "__flash_attention_backward"
     if '"__triton_gemm"' in text:
         return "__triton_gemm"
     if '"__triton"' in text:
@@ -45,6 +47,8 @@ def fusion_kind(inst: Instruction) -> FusionKind:
             return "normalization"
         if b == "__flash_attention":
             return "attention"
+        if b == "__flash_attention_backward":
+            return "attention_backward"
         return "custom"
     root = inst.attrs["calls"].root
     if root is not None and root.opcode == "tuple":

@@ -138,7 +138,7 @@ def fuse_computation(comp: Computation, policy: FusionPolicy, target: str, repor
                      library_dots: frozenset[str] = frozenset(), attention: bool = True) -> int:
     spec = get_device(target)
     may_fuse = library_dot_rule(library_dots)
-    matches = find_attention(comp.instructions, report) if attention else []
+    matches = find_attention(comp.instructions, report, backward=True) if attention else []
     # Dots of an attention are one kernel with it, whatever library_dots says.
     in_attention = {id(i) for m in matches for i in m.members}
     state = FusionState(comp, spec,

@@ -272,6 +272,9 @@ class CudaExecutable:
             t = linalg_call_thunk(inst, self.leaves)
             if t is not None:
                 return [t]
+        if op == "fusion" and fusion_kind(inst) == "attention_backward":
+            # No Triton kernel yet: the blocked CPU reference (codegen/cpu/attention_backward).
+            return [self._host(inst, "flash attention backward: no GPU kernel")]
         if op == "fusion":
             t = self._kernel(inst, inst, wrapped=False)
             return list(t.thunks) if isinstance(t, SplitThunk) else [t]
@@ -302,6 +305,8 @@ class CudaExecutable:
         from codegen.triton.attention import Unsupported, flash_attention, plan_for
         ins = [self._array_slot(o) for o in inst.operands]
         out = self._array_slot(inst)
+        if inst.shape.is_tuple:     # a forward that also outputs its row max and row sum
+            return self._host(inst, "flash attention with row statistics: no GPU kernel")
         try:
             plan_for(inst)
         except Unsupported as e:
