@@ -47,6 +47,16 @@ def _inputs(shape, dtype=np.float32, n=3, seed=0):
     return [rng.standard_normal(shape).astype(dtype) for _ in range(n)]
 
 
+def _bias_mask_case(batch: int, d: int):
+    """Heads-first attention with an additive bias and a per-batch key mask (key 0 always
+    kept, so no row is fully masked): (f, q, k, v, bias, mask), 2 heads, 24 positions."""
+    q, k, v = _inputs((batch, 2, 24, d))
+    bias = np.random.default_rng(1).standard_normal((1, 2, 24, 24)).astype(np.float32)
+    mask = np.random.default_rng(2).random((batch, 1, 1, 24)) > 0.3
+    mask[..., 0] = True
+    return _attention(bias=True, mask=True, heads_first=True), q, k, v, bias, mask
+
+
 def _attention_fusions(compiled) -> list:
     return [i for c in compiled.module.computations for i in c.instructions
             if i.opcode == "fusion" and fusion_kind(i) == "attention"]
@@ -83,11 +93,8 @@ def test_bf16_with_and_without_f32_upcast():
 
 
 def test_bias_and_boolean_mask_arguments_heads_first():
-    q, k, v = _inputs((2, 2, 24, 8))
-    bias = np.random.default_rng(1).standard_normal((1, 2, 24, 24)).astype(np.float32)
-    mask = np.random.default_rng(2).random((2, 1, 1, 24)) > 0.3
-    mask[..., 0] = True      # every row keeps a key
-    c = _check(_attention(bias=True, mask=True, heads_first=True), (q, k, v, bias, mask))
+    f, *args = _bias_mask_case(batch=2, d=8)
+    c = _check(f, tuple(args))
     cfg = str(_attention_fusions(c)[0].attrs["backend_config"])
     assert '"bias":true' in cfg and '"mask":true' in cfg
 
@@ -191,11 +198,7 @@ def test_gradient_fused_forward_and_backward_match_jax(case):
     if case == "causal":
         _grad_case(_attention(causal=True), _inputs((1, 37, 2, 8)), 5e-5)
     elif case == "bias_mask":
-        q, k, v = _inputs((2, 2, 24, 8))
-        bias = np.random.default_rng(1).standard_normal((1, 2, 24, 24)).astype(np.float32)
-        mask = np.random.default_rng(2).random((2, 1, 1, 24)) > 0.3
-        mask[..., 0] = True
-        f = _attention(bias=True, mask=True, heads_first=True)
+        f, q, k, v, bias, mask = _bias_mask_case(batch=2, d=8)
         _grad_case(lambda q, k, v: f(q, k, v, bias, mask), (q, k, v), 5e-5)
     elif case == "gqa":
         rng = np.random.default_rng(3)
@@ -267,12 +270,8 @@ def test_triton_flash_attention_kernel(case):
         # query blocks past the first: key blocks below the diagonal run unmasked
         _triton_case(_attention(causal=True), _inputs((1, 150, 1, 16)), 1e-4)
     elif case == "bias_mask_f32":
-        q, k, v = _inputs((1, 2, 24, 16))
-        bias = np.random.default_rng(1).standard_normal((1, 2, 24, 24)).astype(np.float32)
-        mask = np.random.default_rng(2).random((1, 1, 1, 24)) > 0.3
-        mask[..., 0] = True
-        _triton_case(_attention(bias=True, mask=True, heads_first=True),
-                     (q, k, v, bias, mask), 1e-4)
+        f, *args = _bias_mask_case(batch=1, d=16)
+        _triton_case(f, tuple(args), 1e-4)
     else:
         rng = np.random.default_rng(4)
         q = rng.standard_normal((1, 40, 4, 32)).astype(np.float32)

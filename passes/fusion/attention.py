@@ -59,8 +59,23 @@ class ScoreStep:
     dtype: str = ""
 
 
+class QKOperands:
+    """q and k of a match's ``qk = dot(q, k)`` (``k_is_lhs``: k is the dot's lhs), shared
+    by the forward and backward matches."""
+    qk: Instruction
+    k_is_lhs: bool
+
+    @property
+    def q(self) -> Instruction:
+        return self.qk.operands[1 if self.k_is_lhs else 0]
+
+    @property
+    def k(self) -> Instruction:
+        return self.qk.operands[0 if self.k_is_lhs else 1]
+
+
 @dataclass
-class AttentionMatch:
+class AttentionMatch(QKOperands):
     qk: Instruction                 # dot(q, k): scores [batch..., rows..., k]
     pv: Instruction                 # dot(p, v) or dot(v, p)
     p_is_lhs: bool
@@ -72,14 +87,6 @@ class AttentionMatch:
     # the layout its consumer reads (output_views); out_where[i] = pv dim of output dim i.
     out_views: list[Instruction] = field(default_factory=list)
     out_where: tuple = ()
-
-    @property
-    def q(self) -> Instruction:
-        return self.qk.operands[1 if self.k_is_lhs else 0]
-
-    @property
-    def k(self) -> Instruction:
-        return self.qk.operands[0 if self.k_is_lhs else 1]
 
     @property
     def v(self) -> Instruction:

@@ -31,15 +31,15 @@ import numpy as np
 
 from hlo.ir import Instruction
 
-from .attention import (NoMatch, _find_qk, _is_identity, _score_steps, _scalar_constant, _softmax,
-                        _through, check_qk, score_dims)
+from .attention import (NoMatch, QKOperands, _find_qk, _is_identity, _scalar_constant,
+                        _score_steps, _softmax, _through, check_qk, score_dims)
 from .views import VIEW_OPS, view_step
 
 FLASH_ATTENTION_BACKWARD = "__flash_attention_backward"
 
 
 @dataclass
-class BackwardMatch:
+class BackwardMatch(QKOperands):
     div: Instruction            # P = e / l
     ex: Instruction
     sub: Instruction            # x - m
@@ -58,14 +58,6 @@ class BackwardMatch:
     selects: list = field(default_factory=list)   # (pred, keep_if_true) applied to dX
     scale: float = 1.0
     nodes: list = field(default_factory=list)     # backward instructions (not the recompute)
-
-    @property
-    def q(self) -> Instruction:
-        return self.qk.operands[1 if self.k_is_lhs else 0]
-
-    @property
-    def k(self) -> Instruction:
-        return self.qk.operands[0 if self.k_is_lhs else 1]
 
     @property
     def members(self) -> list[Instruction]:
