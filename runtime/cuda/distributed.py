@@ -385,12 +385,16 @@ _MESHES: dict[tuple[int, str], GpuMesh] = {}
 
 def shared_mesh(num_devices: int, backend: Optional[str] = None) -> GpuMesh:
     """One mesh per (size, backend) per process, started on first use and reused by every
-    partitioned executable (starting workers costs seconds)."""
+    partitioned executable (starting workers costs seconds). ``HLOTK_MESH_TIMEOUT_S``
+    (default 300) bounds each command: a collective that never completes becomes a
+    ``CollectiveError`` after that long (benchmarks under a watchdog set it lower)."""
     import torch
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     mesh = _MESHES.get((num_devices, backend))
     if mesh is None or not mesh.alive:
-        mesh = _MESHES[(num_devices, backend)] = GpuMesh(num_devices, backend=backend)
+        timeout = float(os.environ.get("HLOTK_MESH_TIMEOUT_S", "300"))
+        mesh = _MESHES[(num_devices, backend)] = GpuMesh(num_devices, backend=backend,
+                                                         timeout=timeout)
     return mesh
 
 
