@@ -116,7 +116,9 @@ def transformer_block_2d(n, small):
     def block(x, wq, wk, wv, wo, w1, w2):
         h = norm(x)
         q, k, v = ((h @ w).reshape(B, S, H, D // H) for w in (wq, wk, wv))
-        s = jnp.einsum("bshd,bthd->bhst", q, k) / np.sqrt(D // H)
+        # A Python float keeps bf16 (a numpy scalar would promote the rest of the block
+        # to f32: JAX types numpy scalars strongly).
+        s = jnp.einsum("bshd,bthd->bhst", q, k) / float(np.sqrt(D // H))
         a = jnp.einsum("bhst,bthd->bshd", jax.nn.softmax(s, axis=-1), v).reshape(B, S, D)
         x = x + a @ wo
         return x + jax.nn.relu(norm(x) @ w1) @ w2

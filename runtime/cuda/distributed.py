@@ -121,9 +121,10 @@ def _device_tensor(a: np.ndarray, device: str) -> Any:
     import torch
     from hlo.dtypes import from_numpy
     from .arena import torch_dtype
+    shape = np.shape(a)          # ascontiguousarray makes a 0-d array 1-d: keep the shape
     a = np.ascontiguousarray(a)
     raw = torch.from_numpy(a.reshape(-1).view(np.uint8).copy()).to(device)
-    return raw.view(torch_dtype(from_numpy(a.dtype))).reshape(a.shape)
+    return raw.view(torch_dtype(from_numpy(a.dtype))).reshape(shape)
 
 
 def _time(exe: Any, args: Sequence[np.ndarray], reps: int, device: str) -> float:
