@@ -2,6 +2,8 @@
 
     python -m benchmarks.spmd_gpu [--out benchmarks/spmd_gpu.md] [--devices 2]
     python -m benchmarks.spmd_gpu --small        # tiny shapes: a smoke run, also on the CPU
+    bash benchmarks/spmd_gpu_run.sh              # one device call: this under a watchdog, a
+                                                 # no-capture retry, the multi-process tests
 
 Each program is compiled by ``runtime.jit(f, backend="cuda", in_shardings=, mesh=)`` and by
 ``jax.jit`` with the same shardings on the same GPUs, run on the same random inputs, checked
