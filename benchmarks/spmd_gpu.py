@@ -2,6 +2,8 @@
 
     python -m benchmarks.spmd_gpu [--out benchmarks/spmd_gpu.md] [--devices 2]
     python -m benchmarks.spmd_gpu --small        # tiny shapes: a smoke run, also on the CPU
+    bash benchmarks/spmd_gpu_run.sh              # one device call: this under a watchdog, a
+                                                 # no-capture retry, the multi-process tests
 
 Each program is compiled by ``runtime.jit(f, backend="cuda", in_shardings=, mesh=)`` and by
 ``jax.jit`` with the same shardings on the same GPUs, run on the same random inputs, checked
@@ -116,7 +118,9 @@ def transformer_block_2d(n, small):
     def block(x, wq, wk, wv, wo, w1, w2):
         h = norm(x)
         q, k, v = ((h @ w).reshape(B, S, H, D // H) for w in (wq, wk, wv))
-        s = jnp.einsum("bshd,bthd->bhst", q, k) / np.sqrt(D // H)
+        # A Python float keeps bf16 (a numpy scalar would promote the rest of the block
+        # to f32: JAX types numpy scalars strongly).
+        s = jnp.einsum("bshd,bthd->bhst", q, k) / float(np.sqrt(D // H))
         a = jnp.einsum("bhst,bthd->bshd", jax.nn.softmax(s, axis=-1), v).reshape(B, S, D)
         x = x + a @ wo
         return x + jax.nn.relu(norm(x) @ w1) @ w2
@@ -201,7 +205,7 @@ def run(p: Program, n: int, reps: int, small: bool, trace_dir: str) -> dict:
     try:
         got = compiled_hl(*dev_args)       # compiles the kernels on every worker
     except Exception as e:  # noqa: BLE001  (the shared-buffer path failed: say so, go on)
-        shared_error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:160]}"
+        shared_error = _last_line(e)
         print(f"{p.name}: sharded jax.Array call failed ({shared_error}); host arrays",
               file=sys.stderr, flush=True)
         got = compiled_hl(*args)
@@ -223,6 +227,7 @@ def run(p: Program, n: int, reps: int, small: bool, trace_dir: str) -> dict:
         for d, piece in enumerate(split_array(np.asarray(a), s, n)):
             per_device[d].append(piece)
     gpu_mesh, key = spmd.gpu_mesh()
+    reports = list(gpu_mesh.reports)   # the captured executable's (load() below replaces them)
     # Collectives outside CUDA graphs first (the PR 17 baseline), then captured with them.
     plain = gpu_mesh.load(spmd.module, capture_collectives=False)
     hl_plain_ms = gpu_mesh.time(plain, per_device, reps=reps)
@@ -230,24 +235,37 @@ def run(p: Program, n: int, reps: int, small: bool, trace_dir: str) -> dict:
     xla_ms = _time_jax(compiled, dev_args, reps)
     call_ms = float("nan") if shared_error else _time_call(compiled_hl, dev_args,
                                                            max(reps // 4, 2))
-    profile = gpu_mesh.profile(key, per_device)[0] if hl_ms > 1.2 * xla_ms else []
+    profile, extras_failed = [], []    # the per-thunk profile and the timeline are extras:
+    if hl_ms > 1.2 * xla_ms:             # their failure is reported beside the timings
+        try:
+            profile = gpu_mesh.profile(key, per_device)[0]
+        except Exception as e:  # noqa: BLE001
+            extras_failed.append(f"profile failed ({_last_line(e)})")
     row = dict(name=p.name, note=p.note, hl_ms=hl_ms, xla_ms=xla_ms, call_ms=call_ms, err=err,
                hl_plain_ms=hl_plain_ms,
                profile=profile, hl_compile=hl_compile, xla_compile=xla_compile,
                hl_coll=_fmt(collective_stats(spmd.module)),
                xla_coll=_fmt(_xla_collectives(compiled.as_text())),
-               report=gpu_mesh.reports[0].splitlines()[0],
+               report=reports[0].splitlines()[0],
+               capture_failures=[ln.strip() for ln in reports[0].splitlines()
+                                 if "graph capture failed" in ln],
                shared=spmd.transfers["sharded_arguments"], shared_error=shared_error)
     predicted = predicted_overlap(spmd.module.entry, "h200", n)
     row["predicted"] = predicted
     if p.trace:
         from runtime.cuda.timeline import events_from_trace, overlap, render
-        files = gpu_mesh.trace(key, per_device, os.path.join(trace_dir, p.name.split()[0]))
-        events = events_from_trace(files[0])
-        row["timeline"] = render(events)
-        row["overlap"] = overlap(events)
-        row["trace_files"] = files
+        try:
+            files = gpu_mesh.trace(key, per_device, os.path.join(trace_dir, p.name.split()[0]))
+            events = events_from_trace(files[0])
+            row.update(timeline=render(events), overlap=overlap(events), trace_files=files)
+        except Exception as e:  # noqa: BLE001
+            extras_failed.append(f"timeline failed ({_last_line(e)})")
+    row["extras_failed"] = extras_failed
     return row
+
+
+def _last_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1][:160]}"
 
 
 def _time_call(compiled, dev_args, reps: int) -> float:
@@ -261,6 +279,12 @@ def _time_call(compiled, dev_args, reps: int) -> float:
     return float(np.median(batches))
 
 
+def _wanted(only: str, name: str) -> bool:
+    """``--only a,b``: the programs whose name contains any of the comma-separated texts."""
+    keys = [k.strip() for k in only.split(",") if k.strip()]
+    return not keys or any(k in name for k in keys)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "spmd_gpu.md"))
@@ -269,14 +293,16 @@ def main(argv=None) -> None:
     ap.add_argument("--small", action="store_true", help="tiny shapes (a smoke run)")
     ap.add_argument("--trace-dir", default=os.path.join(os.path.dirname(__file__),
                                                         "spmd_gpu_traces"))
-    ap.add_argument("--only", default="", help="run the programs whose name has this text")
+    ap.add_argument("--only", default="",
+                    help="comma-separated texts: run the programs whose name has one of them")
     a = ap.parse_args(argv)
+    chosen = [p for p in PROGRAMS if _wanted(a.only, p.name)]
+    if not chosen:
+        ap.error(f"--only {a.only!r} matches none of: {', '.join(p.name for p in PROGRAMS)}")
     import jax
     import torch
     rows = []
-    for p in PROGRAMS:
-        if a.only and a.only not in p.name:
-            continue
+    for p in chosen:
         try:
             rows.append(run(p, a.devices, a.reps, a.small, a.trace_dir))
             r = rows[-1]
@@ -285,11 +311,22 @@ def main(argv=None) -> None:
         except Exception:   # noqa: BLE001  (one program's failure is reported, not fatal)
             rows.append(dict(name=p.name, note=p.note, error=traceback.format_exc()))
             print(rows[-1]["error"], file=sys.stderr, flush=True)
+        # Written after every program: a run killed by a watchdog keeps what it measured.
+        text = _report(rows, a, jax.__version__, torch)
+        with open(a.out, "w") as f:
+            f.write(text)
+    print(text)
+
+
+def _report(rows: list[dict], a: argparse.Namespace, jax_version: str, torch) -> str:
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else \
         "CPU (gloo workers, Triton interpreter)"
+    capture = os.environ.get("HLOTK_CAPTURE_COLLECTIVES", "")
     lines = [f"# Partitioned programs on {a.devices} devices: hlotk (NCCL) vs jax.jit\n",
-             f"{device} x{a.devices}; jax {jax.__version__}, torch {torch.__version__}"
-             f"{'; --small shapes' if a.small else ''}. ms = wall per call (median), arguments "
+             f"{device} x{a.devices}; jax {jax_version}, torch {torch.__version__}"
+             f"{'; --small shapes' if a.small else ''}"
+             f"{f'; HLOTK_CAPTURE_COLLECTIVES={capture}' if capture else ''}. "
+             "ms = wall per call (median), arguments "
              "on the GPUs; collectives outside graphs = the same executable with "
              "capture_collectives=False; call ms = hlotk's whole call with sharded jax.Array "
              "arguments.\n",
@@ -317,7 +354,9 @@ def main(argv=None) -> None:
         lines.append(f"- {r['name']}: {r['note']}; worker 0: {r['report']}; latency-hiding "
                      f"schedule predicts {hidden:.0f} of {total:.0f} us of collectives hidden"
                      + (f"; sharded jax.Array call FAILED: {r['shared_error']}"
-                        if r["shared_error"] else ""))
+                        if r["shared_error"] else "")
+                     + "".join(f"; worker 0: {f}" for f in r["capture_failures"])
+                     + "".join(f"; {f}" for f in r["extras_failed"]))
     for r in rows:
         if r.get("timeline"):
             o = r["overlap"]
@@ -326,16 +365,13 @@ def main(argv=None) -> None:
                       f"communication with compute running beside it {o['overlapped_us']:.0f} us "
                       f"({100 * o['overlapped_us'] / max(o['comm_us'], 1e-9):.0f}%), step "
                       f"{o['span_us']:.0f} us. `#` compute kernels, `=` NCCL; traces: "
-                      + ", ".join(os.path.relpath(f, os.path.dirname(a.out))
+                      + ", ".join(os.path.relpath(f, os.path.dirname(os.path.abspath(a.out)))
                                   for f in r["trace_files"]) + "\n", "```", r["timeline"], "```"]
     for r in rows:
         if r.get("profile"):
             lines.append(f"\n{r['name']}, device 0, device ms per thunk (each run alone):\n")
             lines += [f"    {ms:8.3f}  {label}" for label, ms in r["profile"]]
-    with open(a.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
+    return "\n".join(lines) + "\n"
 
 if __name__ == "__main__":
     main()

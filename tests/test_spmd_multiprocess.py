@@ -204,7 +204,11 @@ def test_a_worker_failure_is_a_clear_error_and_ends_the_mesh():
 
 @pytest.mark.skipif(not HAS_CUDA, reason="counts GPUs")
 def test_more_devices_than_gpus_is_a_clear_error():
-    fn, shardings, args = megatron_mlp(8)
+    fn, shardings, args = megatron_mlp(2)
+    # Eight devices JAX has wherever it runs (conftest's host devices), also where JAX's
+    # default backend is the two GPUs (JAX_PLATFORMS=cuda,cpu).
+    shardings["mesh"] = jax.sharding.Mesh(np.array(jax.devices("cpu")[:8]), ("model",),
+                                          axis_types=(jax.sharding.AxisType.Auto,))
     with pytest.raises(HlotkError, match="partitioned over 8 devices but this machine has"):
         runtime.jit(fn, backend="cuda", **shardings)(*args)
 
@@ -274,10 +278,11 @@ def test_sharded_jax_arrays_reach_the_workers_through_shared_buffers():
     from jax.sharding import NamedSharding
     on_mesh = [jax.device_put(a, NamedSharding(mesh, s))
                for a, s in zip(args, shardings["in_shardings"])]
-    compiled = runtime.jit(fn, backend="cuda", **shardings).lower(*on_mesh).compile()
-    spmd = compiled.executable
+    # Traced at full f32 (f32 dots at DEFAULT precision are TF32 on a GPU, as XLA:GPU's).
     with jax.default_matmul_precision("highest"):
+        compiled = runtime.jit(fn, backend="cuda", **shardings).lower(*on_mesh).compile()
         want = np.asarray(jax.jit(fn)(*args))
+    spmd = compiled.executable
     for _ in range(2):
         np.testing.assert_allclose(np.asarray(compiled(*on_mesh)), want, rtol=2e-4, atol=2e-5)
     gpu_mesh, key = spmd.gpu_mesh()
@@ -285,6 +290,19 @@ def test_sharded_jax_arrays_reach_the_workers_through_shared_buffers():
     # Handles cross the pipes once per (argument, device); the second call sends ids.
     assert gpu_mesh._staging.stats["handles_sent"] == 3 * 2
     assert all(s["shared_buffers_opened"] == 3 for s in gpu_mesh.stats(key))
+
+
+def test_device_tensor_keeps_the_shape_of_scalars_and_bf16():
+    """The workers' time/trace/profile arguments: a 0-d argument stays 0-d (else the
+    executable does not take it as its device buffer and reads it back through numpy)."""
+    import ml_dtypes
+    from runtime.cuda.distributed import _device_tensor
+    t = _device_tensor(np.array(2.5, np.float32), "cpu")
+    assert tuple(t.shape) == () and t.dtype == torch.float32 and float(t) == 2.5
+    b = _device_tensor(np.arange(6, dtype=np.float32).reshape(2, 3).astype(ml_dtypes.bfloat16),
+                       "cpu")
+    assert tuple(b.shape) == (2, 3) and b.dtype == torch.bfloat16
+    assert b.float().tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
 
 
 def test_collectives_join_cuda_graphs_only_on_nccl_and_pairs_only_when_all_between_do():

@@ -121,9 +121,10 @@ def _device_tensor(a: np.ndarray, device: str) -> Any:
     import torch
     from hlo.dtypes import from_numpy
     from .arena import torch_dtype
+    shape = np.shape(a)          # ascontiguousarray makes a 0-d array 1-d: keep the shape
     a = np.ascontiguousarray(a)
     raw = torch.from_numpy(a.reshape(-1).view(np.uint8).copy()).to(device)
-    return raw.view(torch_dtype(from_numpy(a.dtype))).reshape(a.shape)
+    return raw.view(torch_dtype(from_numpy(a.dtype))).reshape(shape)
 
 
 def _time(exe: Any, args: Sequence[np.ndarray], reps: int, device: str) -> float:
@@ -385,12 +386,16 @@ _MESHES: dict[tuple[int, str], GpuMesh] = {}
 
 def shared_mesh(num_devices: int, backend: Optional[str] = None) -> GpuMesh:
     """One mesh per (size, backend) per process, started on first use and reused by every
-    partitioned executable (starting workers costs seconds)."""
+    partitioned executable (starting workers costs seconds). ``HLOTK_MESH_TIMEOUT_S``
+    (default 300) bounds each command: a collective that never completes becomes a
+    ``CollectiveError`` after that long (benchmarks under a watchdog set it lower)."""
     import torch
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     mesh = _MESHES.get((num_devices, backend))
     if mesh is None or not mesh.alive:
-        mesh = _MESHES[(num_devices, backend)] = GpuMesh(num_devices, backend=backend)
+        timeout = float(os.environ.get("HLOTK_MESH_TIMEOUT_S", "300"))
+        mesh = _MESHES[(num_devices, backend)] = GpuMesh(num_devices, backend=backend,
+                                                         timeout=timeout)
     return mesh
 
 
