@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,6 +31,12 @@ from codegen.cache import cache_root
 
 _POOL: Optional["WorkerPool"] = None
 _DONE: Optional[set[str]] = None
+# What the pool did in this process (benchmarks/compile_time.py reports it): workers
+# started, seconds spent starting them, jobs run, the sum and the longest of their
+# seconds (each from sending the job to its answer, so a worker's start-up counts in its
+# first job), and the wall seconds of ``run``.
+STATS: dict[str, float] = {"workers": 0, "start_s": 0.0, "jobs": 0, "job_s": 0.0,
+                           "job_max_s": 0.0, "wall_s": 0.0}
 
 
 def pool_size() -> int:
@@ -52,14 +59,18 @@ class WorkerPool:
 
     def grow(self, jobs: int) -> None:
         """Start workers up to one per job, ``pool_size()`` at most."""
+        t0 = time.perf_counter()
         while len(self.procs) < min(jobs, pool_size()):
+            STATS["workers"] += 1
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "codegen.triton.parallel"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=self.env,
                 cwd=self.root))
+        STATS["start_s"] += time.perf_counter() - t0
 
     def run(self, jobs: list[tuple[str, str, str]]) -> list[bool]:
         """Each job on some worker; True where it compiled."""
+        t_run = time.perf_counter()
         self.grow(len(jobs))
         results = [False] * len(jobs)
         todo = list(enumerate(jobs))
@@ -70,11 +81,17 @@ class WorkerPool:
                     if not todo:
                         return
                     k, job = todo.pop(0)
+                t0 = time.perf_counter()
                 try:
                     assert proc.stdin is not None and proc.stdout is not None
                     proc.stdin.write(json.dumps(job) + "\n")
                     proc.stdin.flush()
                     results[k] = proc.stdout.readline().strip() == "ok"
+                    dt = time.perf_counter() - t0
+                    with self.lock:
+                        STATS["jobs"] += 1
+                        STATS["job_s"] += dt
+                        STATS["job_max_s"] = max(STATS["job_max_s"], dt)
                 except (OSError, ValueError, AssertionError):
                     return              # a dead worker: the others take the rest
         threads = [threading.Thread(target=feed, args=(p,), daemon=True) for p in self.procs]
@@ -82,6 +99,7 @@ class WorkerPool:
             t.start()
         for t in threads:
             t.join()
+        STATS["wall_s"] += time.perf_counter() - t_run
         return results
 
     def close(self) -> None:
