@@ -8,15 +8,22 @@ beside XLA's lower + compile of the same program in the same process.
 Each program runs in two fresh processes sharing one cache directory (hlotk's
 ``HLOTK_CACHE_DIR`` and Triton's ``TRITON_CACHE_DIR``, both empty before the first):
 **cold** (nothing cached) and **warm** (a new process, caches filled by the cold one).
-Phases, in seconds: ``init`` (the runtime's first use in a process: importing torch, the
-CUDA device; not per program), ``lower`` (trace, export, import: JAX's work and ours), ``passes``
-(the HLO pipeline, or reading the optimized module from the cache), ``codegen`` (Triton
-source for each fusion, library calls, the thunk sequence), ``other`` (buffer assignment,
-arena, constants), ``pool`` (every kernel and autotuning candidate compiled at once by the
-compile workers, codegen/triton/parallel.py), ``triton`` (the rest of the first call
-besides autotuning: loading compiled kernels, launches, the native graph), ``autotune`` (timing candidate
-configs; HLOTK_AUTOTUNE level as given), ``capture`` (the second call, which records the
-CUDA graphs). ``first call`` = lower + compile + the first call (not init). XLA: ``jax.jit(f).lower(*a)
+Phases, in seconds (the JSON beside the table has more: imports of jax/triton/hlotk, the
+pool's per-job seconds, Triton's cache entries): ``import_torch``, ``cuda_init`` (torch's
+CUDA context), ``init`` (the runtime's client; starts runtime/cuda/prewarm.py's thread),
+``lower`` (trace, export, import), ``passes`` (the HLO pipeline, or reading the optimized
+module from the cache), ``codegen`` (Triton source per fusion, library calls, thunks),
+``other`` (buffer assignment, arena, constants), ``pool`` (every kernel and autotuning
+candidate compiled at once by the compile workers, codegen/triton/parallel.py),
+``jit_s`` (Triton's ``_do_compile``: a launch's lookup in Triton's cache, or its compile),
+``load_s`` (``_init_handles``: loading binaries, building launchers), ``autotune`` (timing
+candidate configs; HLOTK_AUTOTUNE level as given), ``warmup`` (the whole first run: pool,
+JIT, loads, autotune, first launches), ``native`` (the native graph's captures and
+patching), ``call_rest`` (the first call minus warmup and native: the native launcher's
+library, JAX's jit of the FFI call), ``capture`` (the second call). ``first call`` = lower +
+compile + the first call, after imports and device init (XLA's ``lower+compile`` is measured
+the same way: after JAX's import and device init); ``fresh process`` adds the imports and
+inits (XLA's: jax import + device init + lower + compile). XLA: ``jax.jit(f).lower(*a)
 .compile()`` in the same process (XLA's persistent cache is off, so warm is a compile too).
 """
 from __future__ import annotations
