@@ -126,6 +126,8 @@ class WorkerPool:
                 p.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired):
                 p.kill()
+            if p.stdout is not None:
+                p.stdout.close()
 
 
 # How a worker starts: its file loaded by path, so that neither ``codegen/__init__`` (numpy,
