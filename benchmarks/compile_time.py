@@ -58,25 +58,21 @@ def _hooks() -> dict:
     from triton.compiler.compiler import CompiledKernel
     from triton.runtime.jit import JITFunction
     acc = {"jit_s": 0.0, "jit_n": 0, "load_s": 0.0, "load_n": 0}
-    do_compile, init_handles = JITFunction._do_compile, CompiledKernel._init_handles
 
-    def compile_wrapper(self, *a, **k):
-        t0 = time.perf_counter()
-        try:
-            return do_compile(self, *a, **k)
-        finally:
-            acc["jit_s"] += time.perf_counter() - t0
-            acc["jit_n"] += 1
-
-    def load_wrapper(self, *a, **k):
-        if getattr(self, "module", None) is not None:
-            return init_handles(self, *a, **k)
-        t0 = time.perf_counter()
-        try:
-            return init_handles(self, *a, **k)
-        finally:
-            acc["load_s"] += time.perf_counter() - t0
-            acc["load_n"] += 1
+    def timed(orig, what: str, loaded_already=lambda self: False):
+        def wrapper(self, *a, **k):
+            if loaded_already(self):
+                return orig(self, *a, **k)
+            t0 = time.perf_counter()
+            try:
+                return orig(self, *a, **k)
+            finally:
+                acc[what + "_s"] += time.perf_counter() - t0
+                acc[what + "_n"] += 1
+        return wrapper
+    compile_wrapper = timed(JITFunction._do_compile, "jit")
+    load_wrapper = timed(CompiledKernel._init_handles, "load",
+                         lambda self: getattr(self, "module", None) is not None)
     JITFunction._do_compile = compile_wrapper
     CompiledKernel._init_handles = load_wrapper
     return acc
