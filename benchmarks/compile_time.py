@@ -8,20 +8,28 @@ beside XLA's lower + compile of the same program in the same process.
 Each program runs in two fresh processes sharing one cache directory (hlotk's
 ``HLOTK_CACHE_DIR`` and Triton's ``TRITON_CACHE_DIR``, both empty before the first):
 **cold** (nothing cached) and **warm** (a new process, caches filled by the cold one).
-Phases, in seconds: ``init`` (the runtime's first use in a process: importing torch, the
-CUDA device; not per program), ``lower`` (trace, export, import: JAX's work and ours), ``passes``
-(the HLO pipeline, or reading the optimized module from the cache), ``codegen`` (Triton
-source for each fusion, library calls, the thunk sequence), ``other`` (buffer assignment,
-arena, constants), ``pool`` (every kernel and autotuning candidate compiled at once by the
-compile workers, codegen/triton/parallel.py), ``triton`` (the rest of the first call
-besides autotuning: loading compiled kernels, launches, the native graph), ``autotune`` (timing candidate
-configs; HLOTK_AUTOTUNE level as given), ``capture`` (the second call, which records the
-CUDA graphs). ``first call`` = lower + compile + the first call (not init). XLA: ``jax.jit(f).lower(*a)
+Phases, in seconds (the JSON beside the table has more: imports of jax/triton/hlotk, the
+pool's per-job seconds, Triton's cache entries): ``import_torch``, ``cuda_init`` (torch's
+CUDA context), ``init`` (the runtime's client; starts runtime/cuda/prewarm.py's thread),
+``lower`` (trace, export, import), ``passes`` (the HLO pipeline, or reading the optimized
+module from the cache), ``codegen`` (Triton source per fusion, library calls, thunks),
+``other`` (buffer assignment, arena, constants), ``pool`` (every kernel and autotuning
+candidate compiled at once by the compile workers, codegen/triton/parallel.py),
+``jit_s`` (Triton's ``_do_compile``: a launch's lookup in Triton's cache, or its compile),
+``load_s`` (``_init_handles``: loading binaries, building launchers), ``autotune`` (timing
+candidate configs; HLOTK_AUTOTUNE level as given), ``warmup`` (the whole first run: pool,
+JIT, loads, autotune, first launches), ``native`` (the native graph's captures and
+patching), ``call_rest`` (the first call minus warmup and native: the native launcher's
+library, JAX's jit of the FFI call), ``capture`` (the second call). ``first call`` = lower +
+compile + the first call, after imports and device init (XLA's ``lower+compile`` is measured
+the same way: after JAX's import and device init); ``fresh process`` adds the imports and
+inits (XLA's: jax import + device init + lower + compile). XLA: ``jax.jit(f).lower(*a)
 .compile()`` in the same process (XLA's persistent cache is off, so warm is a compile too).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -31,7 +39,8 @@ import time
 
 sys.path.insert(0, ".")
 
-PHASES = ("init", "lower", "passes", "codegen", "other", "pool", "triton", "autotune", "capture")
+PHASES = ("import_torch", "cuda_init", "init", "lower", "passes", "codegen", "other", "pool",
+          "jit_s", "load_s", "autotune", "warmup", "native", "call_rest", "capture")
 
 
 def _program(name: str):
@@ -42,34 +51,116 @@ def _program(name: str):
     raise SystemExit(f"unknown program {name!r}")
 
 
+def _hooks() -> dict:
+    """Benchmark-only wrappers around Triton's JIT: seconds in ``_do_compile`` (a launch's
+    compile, or its lookup in Triton's on-disk cache) and in ``_init_handles`` (loading a
+    binary and building its launcher), and how many of each."""
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime.jit import JITFunction
+    acc = {"jit_s": 0.0, "jit_n": 0, "load_s": 0.0, "load_n": 0}
+
+    def timed(orig, what: str, loaded_already=lambda self: False):
+        def wrapper(self, *a, **k):
+            if loaded_already(self):
+                return orig(self, *a, **k)
+            t0 = time.perf_counter()
+            try:
+                return orig(self, *a, **k)
+            finally:
+                acc[what + "_s"] += time.perf_counter() - t0
+                acc[what + "_n"] += 1
+        return wrapper
+    compile_wrapper = timed(JITFunction._do_compile, "jit")
+    load_wrapper = timed(CompiledKernel._init_handles, "load",
+                         lambda self: getattr(self, "module", None) is not None)
+    JITFunction._do_compile = compile_wrapper
+    CompiledKernel._init_handles = load_wrapper
+    return acc
+
+
+def _cache_entries() -> int:
+    try:
+        return len(os.listdir(os.environ.get("TRITON_CACHE_DIR", "")))
+    except OSError:
+        return 0
+
+
+def _cache_kinds() -> dict:
+    """Triton's cache directory by what its entries hold: kernels (a cubin), compiled
+    launchers or utilities (a shared library), anything else."""
+    root = os.environ.get("TRITON_CACHE_DIR", "")
+    kinds = {"cubin": 0, "so": 0, "other": 0}
+    try:
+        for d in os.listdir(root):
+            names = os.listdir(os.path.join(root, d))
+            kind = "cubin" if any(n.endswith(".cubin") for n in names) else \
+                "so" if any(n.endswith(".so") for n in names) else "other"
+            kinds[kind] += 1
+    except OSError:
+        pass
+    return kinds
+
+
 def child_gpu(name: str, level: str) -> dict:
+    row: dict = {"name": name}
+    clock = time.perf_counter
+    t0 = clock()
     import jax
+    row["import_jax"] = clock() - t0
+    t0 = clock()
+    import torch
+    row["import_torch"] = clock() - t0
+    t0 = clock()
+    import triton  # noqa: F401
+    row["import_triton"] = clock() - t0
     os.environ["HLOTK_AUTOTUNE"] = level
+    t0 = clock()
     import runtime
-    from codegen.triton import autotune
+    from codegen.triton import autotune, parallel
     from runtime.cuda import executable_of
+    from runtime.cuda.backend import CudaExecutable
+    row["import_hlotk"] = clock() - t0
     fn, args = _program(name)[2:4]
+    t0 = clock()
     dev_args = jax.device_put(args)
     jax.block_until_ready(dev_args)
-    row: dict = {"name": name}
-    t0 = time.perf_counter()
+    row["jax_init"] = clock() - t0           # JAX's backend and device, the inputs' copy
+    t0 = clock()
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    row["cuda_init"] = clock() - t0          # torch's CUDA context
+    t0 = clock()
     xc = jax.jit(fn).lower(*dev_args).compile()
-    row["xla"] = time.perf_counter() - t0
+    row["xla"] = clock() - t0
     want = jax.block_until_ready(xc(*dev_args))
-    t0 = time.perf_counter()
+    t0 = clock()
     from runtime.jit import default_client
-    default_client("cuda")                    # torch, the CUDA device: once per process
-    row["init"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    default_client("cuda")                    # the runtime's client: once per process
+    row["init"] = clock() - t0
+    acc = _hooks()
+    warm: list[float] = []
+    first_run = CudaExecutable.first_run
+
+    @contextlib.contextmanager
+    def timed_first_run(self, mem):
+        t = clock()
+        with first_run(self, mem):
+            yield
+        torch.cuda.synchronize()
+        warm.append(clock() - t)
+    CudaExecutable.first_run = timed_first_run
+    entries0 = _cache_entries()
+    t0 = clock()
     lowered = runtime.jit(fn, backend="cuda").lower(*dev_args)
-    t1 = time.perf_counter()
+    t1 = clock()
     compiled = lowered.compile()
-    t2 = time.perf_counter()
+    t2 = clock()
     exe = executable_of(compiled)
+    entries1 = _cache_entries()
     got = jax.block_until_ready(compiled(*dev_args))
-    t3 = time.perf_counter()
+    t3 = clock()
     jax.block_until_ready(compiled(*dev_args))
-    t4 = time.perf_counter()
+    t4 = clock()
     records = compiled.executable.pass_records
     row["lower"] = t1 - t0
     hit = getattr(compiled.executable, "module_cache_hit", False)
@@ -80,21 +171,34 @@ def child_gpu(name: str, level: str) -> dict:
     row["other"] = max(0.0, (t2 - t1) - row["passes"] - row["codegen"])
     row["autotune"] = autotune.SECONDS["tune"] - autotune.SECONDS["tune_compile"]
     row["pool"] = exe.stats.get("precompile_s", 0.0)
+    row["warmup"] = sum(warm)                # the first run: pool, autotune, first launches
+    row.update(acc)
+    native = getattr(exe, "native", None)
+    row["native"] = getattr(native, "build_seconds", 0.0) - row["warmup"] if native else 0.0
+    row["native_path"] = getattr(exe, "native_reason", "")
     row["triton"] = (t3 - t2) - row["autotune"] - row["pool"]
+    row["call_rest"] = (t3 - t2) - row["warmup"] - max(row["native"], 0.0)
     row["capture"] = t4 - t3
     row["first_call"] = t3 - t0
+    row["fresh_process"] = t3 - t0 + row["init"] + row["cuda_init"] + row["import_torch"] \
+        + row["import_triton"] + row["import_hlotk"] + row["import_jax"] + row["jax_init"]
+    row["xla_fresh_process"] = row["xla"] + row["import_jax"] + row["jax_init"]
     row["precompile"] = exe.stats.get("precompile", {})
+    row["pool_stats"] = dict(parallel.STATS)
     row["tuned_kernels"] = autotune.SECONDS["tuned_kernels"]
+    row["triton_cache_new"] = [entries1 - entries0, _cache_entries() - entries1]
+    row["triton_cache_kinds"] = _cache_kinds()
     if os.environ.get("HLOTK_CT_PROFILE") == "1":
         # Each kernel timed alone: recorded beside its prediction (calibration data).
-        t0 = time.perf_counter()
+        t0 = clock()
         exe.profile(list(jax.tree_util.tree_leaves(dev_args)), reps=5)
-        row["profile_s"] = time.perf_counter() - t0
-    leaves = zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want))
+        row["profile_s"] = clock() - t0
+    leaves = list(zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)))
     import numpy as np
     row["max_rel_err"] = max((float(np.linalg.norm(np.asarray(g, np.float64) - np.asarray(w, np.float64))
                                     / max(np.linalg.norm(np.asarray(w, np.float64)), 1e-30))
                               for g, w in leaves), default=0.0)
+    row["leaves"] = len(leaves)
     return row
 
 

@@ -132,12 +132,12 @@ def test_precompile_skips_known_variants_and_leaves_failures_to_the_launch():
     kernel._fn = Fn()
     parallel._DONE = None
     assert parallel.precompile([(kernel, [], kernel.config)]) == \
-        {"compiled": 0, "known": 0, "failed": 1}
+        {"compiled": 0, "known": 0, "failed": 1, "inline": 0}
     parallel._mark([parallel.variant_key(kernel, kernel.config)])
     parallel._DONE = None                       # a new process reads the file
     other = dict(kernel.config, num_warps=2)
     assert parallel.precompile([(kernel, [], kernel.config), (kernel, [], other)]) == \
-        {"compiled": 0, "known": 1, "failed": 1}
+        {"compiled": 0, "known": 1, "failed": 1, "inline": 0}
     assert parallel._POOL is None               # nothing to compile: no pool started
 
 
@@ -171,6 +171,13 @@ def _pool_check(_tmp: str) -> None:
     kernel = compile_fusion(_fusion(lambda x, y: jnp.tanh(x) * y + 1, x, x), target="h200")
     t = torch.ones(512, 128)
     args = kernel._args([torch.empty(512, 128)], [t, t])
+    # One new variant and no pool yet: left to the launch (cheaper than starting workers).
+    assert parallel.precompile([(kernel, args, kernel.config)])["inline"] == 1
+    assert parallel._POOL is None
+    assert parallel.start_for([(kernel, kernel.config)]) == 1 and parallel._POOL is None
+    parallel.INLINE_MAX = 0                     # as if there were more: the pool compiles it
+    assert parallel.start_for([(kernel, kernel.config)]) == 1
+    assert len(parallel._POOL.procs) == 1
     stats = parallel.precompile([(kernel, args, kernel.config)])
     assert stats["compiled"] == 1, stats
     entries = sorted(cache.iterdir())
@@ -197,3 +204,24 @@ def test_pool_compiles_what_the_jit_then_finds_in_tritons_cache(tmp_path):
                         "t._pool_check(sys.argv[1])", str(tmp_path)], cwd=root, env=env,
                        capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_compile_worker_imports_triton_and_nothing_of_hlotk():
+    """A worker's start-up is Triton's import: it must not pull in numpy, jax, torch or
+    hlotk's packages (``-X importtime`` lists every module it imported)."""
+    import subprocess
+    import sys
+    pytest.importorskip("triton")
+    from codegen.triton import parallel
+    import os
+    # As on a GPU: Triton's interpreter (which other test modules turn on) imports numpy.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-X", "importtime", "-c", parallel._LAUNCH,
+                        str(parallel.WORKER)], input="", capture_output=True, text=True,
+                       timeout=120, cwd=str(Path(__file__).resolve().parents[1]), env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    imported = {ln.split("|")[-1].strip().split(".")[0] for ln in p.stderr.splitlines()
+                if ln.startswith("import time:")}
+    assert "triton" in imported
+    assert not imported & {"numpy", "jax", "torch", "hlo", "codegen", "passes", "runtime"}, \
+        sorted(imported & {"numpy", "jax", "torch", "hlo", "codegen", "passes", "runtime"})

@@ -3,8 +3,9 @@ measured once per (kernel source, device, Triton version) and remembered on disk
 
 ``HLOTK_AUTOTUNE`` picks the level: ``0`` (off: each template's default config), ``1``
 (pruned: the cost model ranks a template's candidate configs and only the best
-``PRUNED_TOP`` plus the default are compiled and timed) or ``2`` (exhaustive: every
-candidate). Results live in ``$HLOTK_CACHE_DIR/triton/tuning.json`` keyed by the kernel's
+``PRUNED_TOP`` plus the default are compiled, in parallel, and timed in one batch of
+CUDA-event launches, milliseconds per kernel) or ``2`` (exhaustive: every candidate, each
+timed with ``triton.testing.do_bench``). Results live in ``$HLOTK_CACHE_DIR/triton/tuning.json`` keyed by the kernel's
 content key (a hash of its source), the device name and the Triton version, so a re-run
 measures nothing it already knows. Every timed config is also appended, beside the fusion
 cost model's prediction for the kernel, to ``$HLOTK_CACHE_DIR/calibration/records.jsonl``
@@ -227,16 +228,14 @@ def _advance(kernel_name: str) -> None:
 
 
 # --- tuning one kernel ------------------------------------------------------------------------
-def tune(kernel: Any, outputs: list, inputs: list, args: list, level: int) -> dict:
-    """Time the ranked configs of ``kernel`` on these tensors; store and return the best."""
+BATCH_REPS = 10      # launches per config and round at level 1
+BATCH_ROUNDS = 2     # rounds over the configs, interleaved; each config keeps its best
+
+
+def _bench_each(kernel: Any, outputs: list, inputs: list, configs: list[dict]) -> list:
+    """Level 2: ``triton.testing.do_bench`` per config (L2 flushed between runs, 20 ms of
+    repetitions each): careful, ~0.15 s per config."""
     import triton.testing
-    from passes.fusion.cost_model import get_device
-    from .parallel import precompile
-    t0 = time.perf_counter()
-    configs = ranked_candidates(kernel, level, get_device(kernel.target))
-    precompile([(kernel, args, c) for c in configs])
-    SECONDS["tune_compile"] += time.perf_counter() - t0
-    best, best_ms = dict(kernel.config), float("inf")
     timed: list[tuple[dict, float]] = []
     for c in configs:
         try:
@@ -245,8 +244,53 @@ def tune(kernel: Any, outputs: list, inputs: list, args: list, level: int) -> di
         except Exception:  # noqa: BLE001  (a config may not fit the device: skip it)
             continue
         timed.append((dict(c), ms * 1e3))
-        if ms < best_ms:
-            best, best_ms = dict(c), ms
+    return timed
+
+
+def _bench_batch(kernel: Any, outputs: list, inputs: list, configs: list[dict]) -> list:
+    """Level 1: every config launched once (loading what the pool compiled), then all of
+    them timed in one queue: ``BATCH_ROUNDS`` interleaved rounds of ``BATCH_REPS`` launches
+    between CUDA events, one synchronization at the end. Milliseconds per kernel instead of
+    do_bench's ~0.15 s per config; enough to rank configs that differ by more than a few
+    per cent, which is what the pruned set is for."""
+    import torch
+    usable = []
+    for c in configs:
+        try:
+            kernel.launch(outputs, inputs, config=c)
+        except Exception:  # noqa: BLE001  (a config may not fit the device: skip it)
+            continue
+        usable.append(c)
+    marks: list[tuple[int, Any, Any]] = []
+    for _ in range(BATCH_ROUNDS):
+        for k, c in enumerate(usable):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(BATCH_REPS):
+                kernel.launch(outputs, inputs, config=c)
+            end.record()
+            marks.append((k, start, end))
+    torch.cuda.synchronize()
+    best = [float("inf")] * len(usable)
+    for k, start, end in marks:
+        best[k] = min(best[k], start.elapsed_time(end) * 1e3 / BATCH_REPS)
+    return [(dict(c), us) for c, us in zip(usable, best)]
+
+
+def tune(kernel: Any, outputs: list, inputs: list, args: list, level: int) -> dict:
+    """Time the ranked configs of ``kernel`` on these tensors; store and return the best."""
+    from passes.fusion.cost_model import get_device
+    from .parallel import precompile
+    t0 = time.perf_counter()
+    configs = ranked_candidates(kernel, level, get_device(kernel.target))
+    precompile([(kernel, args, c) for c in configs])
+    SECONDS["tune_compile"] += time.perf_counter() - t0
+    if level >= 2:
+        timed = _bench_each(kernel, outputs, inputs, configs)
+    else:
+        timed = _bench_batch(kernel, outputs, inputs, configs)
+    best = dict(min(timed, key=lambda t: t[1])[0]) if timed else dict(kernel.config)
     store(kernel, best, timed)
     _advance(kernel.name)
     SECONDS["tune"] += time.perf_counter() - t0

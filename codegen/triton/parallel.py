@@ -13,16 +13,23 @@ is left to the launch, which compiles it as before, so this only ever saves time
 
 Variants compiled once are remembered (``$HLOTK_CACHE_DIR/triton/compiled.txt``, by kernel
 hash, config, device and Triton version), so a warm process starts no pool at all.
+
+When: ``start_for(variants)`` is called as soon as an executable's kernels are known (end of
+codegen, before its first call: the workers import Triton while the arena, the constants
+and the native launcher are prepared) and starts one worker per variant not yet compiled,
+``pool_size()`` at most; none for ``INLINE_MAX`` variants or fewer (compiling those at
+their launches costs less than starting processes). The pool lives as long as the process
+and serves every later compile. The workers (``compile_worker.py``) import only Triton.
 """
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,6 +37,16 @@ from codegen.cache import cache_root
 
 _POOL: Optional["WorkerPool"] = None
 _DONE: Optional[set[str]] = None
+# What the pool did in this process (benchmarks/compile_time.py reports it): workers
+# started, seconds spent starting them, jobs run, the sum and the longest of their
+# seconds (each from sending the job to its answer, so a worker's start-up counts in its
+# first job), and the wall seconds of ``run``.
+STATS: dict[str, float] = {"workers": 0, "start_s": 0.0, "jobs": 0, "job_s": 0.0,
+                           "job_max_s": 0.0, "wall_s": 0.0}
+
+
+INLINE_MAX = 2       # this many new variants or fewer: no pool, the launches compile them
+WORKER = Path(__file__).with_name("compile_worker.py")
 
 
 def pool_size() -> int:
@@ -38,9 +55,10 @@ def pool_size() -> int:
 
 
 class WorkerPool:
-    """Compile workers: ``python -m codegen.triton.parallel`` processes reading one JSON job
-    per line and answering ``ok``/``error ...``. Plain subprocesses, not multiprocessing:
-    spawn would re-import the user's ``__main__`` script in every worker."""
+    """Compile workers: ``compile_worker.py`` processes reading one JSON job per line and
+    answering ``ok``/``error ...``. Plain subprocesses, not multiprocessing: spawn would
+    re-import the user's ``__main__`` script in every worker. Started by file path (not
+    ``-m``), so a worker imports Triton and nothing of hlotk."""
 
     def __init__(self) -> None:
         self.root = str(Path(__file__).resolve().parents[2])
@@ -49,17 +67,26 @@ class WorkerPool:
                                               if self.env.get("PYTHONPATH") else "")
         self.procs: list[subprocess.Popen] = []
         self.lock = threading.Lock()
+        self.running = threading.Lock()     # one ``run`` at a time feeds the workers
 
     def grow(self, jobs: int) -> None:
         """Start workers up to one per job, ``pool_size()`` at most."""
+        t0 = time.perf_counter()
         while len(self.procs) < min(jobs, pool_size()):
+            STATS["workers"] += 1
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "codegen.triton.parallel"], stdin=subprocess.PIPE,
+                [sys.executable, "-c", _LAUNCH, str(WORKER)], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=self.env,
                 cwd=self.root))
+        STATS["start_s"] += time.perf_counter() - t0
 
     def run(self, jobs: list[tuple[str, str, str]]) -> list[bool]:
         """Each job on some worker; True where it compiled."""
+        with self.running:
+            return self._run(jobs)
+
+    def _run(self, jobs: list[tuple[str, str, str]]) -> list[bool]:
+        t_run = time.perf_counter()
         self.grow(len(jobs))
         results = [False] * len(jobs)
         todo = list(enumerate(jobs))
@@ -70,11 +97,17 @@ class WorkerPool:
                     if not todo:
                         return
                     k, job = todo.pop(0)
+                t0 = time.perf_counter()
                 try:
                     assert proc.stdin is not None and proc.stdout is not None
                     proc.stdin.write(json.dumps(job) + "\n")
                     proc.stdin.flush()
                     results[k] = proc.stdout.readline().strip() == "ok"
+                    dt = time.perf_counter() - t0
+                    with self.lock:
+                        STATS["jobs"] += 1
+                        STATS["job_s"] += dt
+                        STATS["job_max_s"] = max(STATS["job_max_s"], dt)
                 except (OSError, ValueError, AssertionError):
                     return              # a dead worker: the others take the rest
         threads = [threading.Thread(target=feed, args=(p,), daemon=True) for p in self.procs]
@@ -82,6 +115,7 @@ class WorkerPool:
             t.start()
         for t in threads:
             t.join()
+        STATS["wall_s"] += time.perf_counter() - t_run
         return results
 
     def close(self) -> None:
@@ -92,6 +126,15 @@ class WorkerPool:
                 p.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired):
                 p.kill()
+            if p.stdout is not None:
+                p.stdout.close()
+
+
+# How a worker starts: its file loaded by path, so that neither ``codegen/__init__`` (numpy,
+# hlo) nor the script's own directory (module names like ``kernel``) comes into it.
+_LAUNCH = ("import importlib.util as u, sys; s = u.spec_from_file_location("
+           "'hlotk_compile_worker', sys.argv[1]); m = u.module_from_spec(s); "
+           "s.loader.exec_module(m); m.main()")
 
 
 def _pool() -> WorkerPool:
@@ -158,58 +201,21 @@ def _specialization(kernel: Any, args: list, config: dict) -> Optional[str]:
     return seen[0] if seen else None
 
 
-def _load_fn(path: str, name: str) -> Any:
-    mod_name = f"hlotk_triton_{os.path.basename(path)[:-3]}"
-    mod = sys.modules.get(mod_name)
-    if mod is None:
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = mod
-        spec.loader.exec_module(mod)
-    return getattr(mod, name)
-
-
-def compile_specialization(fn: Any, data: str) -> Any:
-    """Compile what ``data`` (Triton's ``specialization_data``) describes, for the target
-    it names, without a GPU: what ``JITFunction.preload`` does, minus asking the driver
-    for the device, so a worker needs no CUDA context. Plain constants only (ours are
-    block sizes); anything else raises and the caller uses ``preload``."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
-
-    def plain(v: Any) -> Any:
-        if isinstance(v, dict):
-            raise ValueError("a non-plain constant")
-        return tuple(plain(x) for x in v) if isinstance(v, list) else v
-    obj = json.loads(data)
-    target = GPUTarget(**obj["target"])
-    backend = make_backend(target)
-    constexprs = {tuple(k): plain(v) for k, v in zip(obj["constant_keys"], obj["constant_vals"])}
-    attrs = dict(zip(map(tuple, obj["attrs_keys"]), obj["attrs_vals"]))
-    signature = {k: plain(v) for k, v in obj["signature"].items()}
-    options = backend.parse_options({k: tuple(v) if isinstance(v, list) else v
-                                     for k, v in obj["options"].items()})
-    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
-                          options=options.__dict__)
-
-
-def _preload(path: str, name: str, data: str) -> bool:
-    """In a worker: compile one specialization into Triton's on-disk cache."""
-    fn = _load_fn(path, name)
-    try:
-        compile_specialization(fn, data)
-    except Exception:  # noqa: BLE001  (another Triton's format: its own preload, on a GPU)
-        fn.preload(data)
-    return True
+def start_for(variants: list[tuple[Any, dict]]) -> int:
+    """Start (in the background: processes, not waited for) one worker per (kernel,
+    config) not compiled before, ``pool_size()`` at most; none for ``INLINE_MAX`` or fewer
+    unless a pool runs already. Returns how many variants are new."""
+    new = {variant_key(k, c) for k, c in variants} - _done()
+    if len(new) > INLINE_MAX or (new and _POOL is not None):
+        _pool().grow(len(new))
+    return len(new)
 
 
 def precompile(jobs: list[tuple[Any, list, dict]]) -> dict[str, int]:
     """Compile each (kernel, launch arguments, config) in the process pool. Returns counts:
     ``compiled`` (in the pool), ``known`` (compiled by an earlier process), ``failed`` (left
-    to the launch)."""
-    stats = {"compiled": 0, "known": 0, "failed": 0}
+    to the launch), ``inline`` (so few that the launches compile them, no pool started)."""
+    stats = {"compiled": 0, "known": 0, "failed": 0, "inline": 0}
     pending: dict[str, tuple[str, str, str]] = {}
     keys: dict[str, str] = {}
     for kernel, args, config in jobs:
@@ -229,6 +235,9 @@ def precompile(jobs: list[tuple[Any, list, dict]]) -> dict[str, int]:
         keys[data] = vkey
     if not pending:
         return stats
+    if len(pending) <= INLINE_MAX and _POOL is None:
+        stats["inline"] = len(pending)      # left to the launches: cheaper than a pool
+        return stats
     datas = list(pending)
     done = _pool().run([pending[d] for d in datas])
     ok = [keys[d] for d, good in zip(datas, done) if good]
@@ -236,19 +245,3 @@ def precompile(jobs: list[tuple[Any, list, dict]]) -> dict[str, int]:
     stats["failed"] += len(datas) - len(ok)
     _mark(ok)
     return stats
-
-
-def worker_main() -> None:
-    """A compile worker: one JSON job ``[path, name, specialization]`` per stdin line."""
-    for line in sys.stdin:
-        try:
-            _preload(*json.loads(line))
-            answer = "ok"
-        except Exception as e:  # noqa: BLE001  (reported; the launch compiles it instead)
-            answer = f"error {type(e).__name__}: {e}".replace("\n", " ")[:500]
-        sys.stdout.write(answer + "\n")
-        sys.stdout.flush()
-
-
-if __name__ == "__main__":
-    worker_main()

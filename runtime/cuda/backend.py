@@ -48,6 +48,7 @@ from passes.fusion.kinds import fusion_kind
 from runtime.thunks import Slot
 
 from . import arena as ar
+from . import prewarm
 from .collectives import ASYNC_COLLECTIVES, COLLECTIVE_OPS
 from .errors import NoCudaDeviceError
 from .graphs import GraphSegment, GraphSettings, segment
@@ -512,6 +513,7 @@ class CudaExecutable:
         from .native import driver_library, front, launcher, warn_fallback
         reason = front.disabled() or launcher.eligibility(self) or front.jax_sees(self.device)
         if reason is None:
+            prewarm.wait()        # the library may be building in the background
             try:
                 driver_library()
             except NativeLauncherError as e:     # once per process: no compiler, no driver
@@ -612,25 +614,37 @@ class CudaExecutable:
         """Before the first launch: every Triton kernel (and every config autotuning will
         time) compiled at once in a process pool (codegen/triton/parallel.py) instead of
         one after another at each launch."""
-        from codegen.triton.autotune import ranked_candidates
         from codegen.triton.parallel import precompile
-        from passes.fusion.cost_model import get_device
         self._precompiled = True
         t0 = time.perf_counter()
         jobs = []
-        for t in self.thunks():
-            if not isinstance(t, KernelThunk) or t.state != "new" or not hasattr(t.kernel, "plan"):
-                continue
+        for t, configs in self._variant_thunks():
             k = t.kernel
             try:
                 args = k._args(t._outs(mem)[0], [mem.view(s) for s in t.inputs])
             except Exception:  # noqa: BLE001  (the launch reports it)
                 continue
-            configs = ranked_candidates(k, k.autotune, get_device(k.target)) if k.autotune \
-                else [k.config]
             jobs += [(k, args, c) for c in configs]
         self.stats["precompile"] = precompile(jobs)
         self.stats["precompile_s"] = time.perf_counter() - t0
+
+    def _variant_thunks(self) -> list[tuple[Any, list[dict]]]:
+        """Each Triton kernel thunk not launched yet, with the configs its first call
+        compiles: the kernel's own, or every candidate autotuning will time."""
+        from codegen.triton.autotune import ranked_candidates
+        from passes.fusion.cost_model import get_device
+        out = []
+        for t in self.thunks():
+            if not isinstance(t, KernelThunk) or t.state != "new" or not hasattr(t.kernel, "plan"):
+                continue
+            k = t.kernel
+            out.append((t, ranked_candidates(k, k.autotune, get_device(k.target)) if k.autotune
+                        else [k.config]))
+        return out
+
+    def variants(self) -> list[tuple[Any, list[dict]]]:
+        """(kernel, configs) its first call compiles (``prewarm.start_workers``)."""
+        return [(t.kernel, configs) for t, configs in self._variant_thunks()]
 
     def _triton_kernels(self) -> list[Any]:
         return [t.kernel for t in self.thunks() if hasattr(getattr(t, "kernel", None), "plan")]
@@ -736,6 +750,7 @@ class CudaBackend:
         self.device = resolve_device(device)    # fails now, clearly, without a GPU
         self.device_kind = (__import__("torch").cuda.get_device_name(self.device)
                             if self.device.type == "cuda" else "cpu (Triton interpreter)")
+        prewarm.start(self.device)
 
     def prepare(self, module: Module, poison: Optional[bool] = None,
                 target: Optional[str] = None) -> Any:
@@ -745,6 +760,7 @@ class CudaBackend:
             Schedule().run(module)
         target = target if target in ("h100", "h200", "a100") else None
         exe = CudaExecutable.build(module, device=str(self.device), poison=poison, target=target)
+        prewarm.start_workers(exe)
 
         def run(args: list[Any], donated: frozenset[int] = frozenset()) -> list[Any]:
             return exe.run(args, output="numpy")
