@@ -151,15 +151,19 @@ class NativeGraph:
         # Capture A is kept and instantiated; B (other staging buffers) and C (A's again),
         # into the same pool (so that what the thunks allocate during capture tends to land
         # where it did in A), only for the diff (patch.py).
-        self._graph = self._capture(mem_a)
-        graph_b = self._capture(self._memory(staging_b))
-        graph_c = self._capture(mem_a)
+        # Copies and fills of an argument or result become kernel nodes (graph_launch.cc,
+        # LowerCopies) in each capture before the diff.
+        self._graph, self.lowered_copies = self._capture(mem_a, staging_a)
+        graph_b, _ = self._capture(self._memory(staging_b), staging_b)
+        graph_c, _ = self._capture(mem_a, staging_a)
         self.nodes = self._describe(self._graph.raw_cuda_graph())
         nodes_b = self._describe(graph_b.raw_cuda_graph())
         nodes_c = self._describe(graph_c.raw_cuda_graph())
+        self.host_words: list[str] = []     # capture-local host words kept (patch.py)
         self.sites: list[PatchSite] = patch_sites(
             self.nodes, nodes_b, [t.data_ptr() for t in staging_a],
-            [t.data_ptr() for t in staging_b], self.sizes, nodes_c)
+            [t.data_ptr() for t in staging_b], self.sizes, nodes_c,
+            cuda_addresses=self._cuda_addresses, kept=self.host_words)
         del graph_b, graph_c
         self.id = self._create(self._graph.raw_cuda_graph(), device.index or 0)
         # A trial launch over capture B's buffers: every site re-pointed and the graph run
@@ -202,7 +206,9 @@ class NativeGraph:
         ctx.kernel_copies = True      # type: ignore[attr-defined]  (see thunks.copy_bytes)
         return ctx
 
-    def _capture(self, mem: Any) -> Any:
+    def _capture(self, mem: Any, staging: list[Any]) -> tuple[Any, int]:
+        """(the captured graph, how many copy/fill nodes touching ``staging`` became
+        kernels)."""
         import torch
         try:
             graph = torch.cuda.CUDAGraph(keep_graph=True)
@@ -220,7 +226,23 @@ class NativeGraph:
             finally:
                 graph.capture_end()
         current.wait_stream(self.stream)
-        return graph
+        err = ctypes.create_string_buffer(_ERRBUF)
+        lowered = self.lib.hk_graph_lower_copies(
+            graph.raw_cuda_graph(), len(staging), int_array((t.data_ptr() for t in staging),
+                                                            ctypes.c_uint64),
+            int_array((t.numel() for t in staging), ctypes.c_uint64), err, _ERRBUF)
+        if lowered < 0:
+            raise NotPatchable("replacing the copies of arguments/results by kernels failed: "
+                               + err.value.decode(errors="replace"))
+        return graph, lowered
+
+    def _cuda_addresses(self, words: list[int]) -> list[bool]:
+        """For each word: does the CUDA driver know it as an address of memory it manages
+        (device, pinned or managed)? A word it does not know cannot be read by a kernel."""
+        out = (ctypes.c_int32 * max(len(words), 1))()
+        if self.lib.hk_cuda_addresses(int_array(words, ctypes.c_uint64), len(words), out) < 0:
+            return [True] * len(words)          # cannot tell: treated as addresses
+        return [bool(v) for v in out[:len(words)]]
 
     def _describe(self, graph: int) -> list:
         err = ctypes.create_string_buffer(_ERRBUF)
@@ -299,8 +321,12 @@ class NativeGraph:
         return (f"one CUDA graph of {len(self.nodes)} nodes ("
                 + ", ".join(f"{v} {k}" for k, v in sorted(kinds.items()))
                 + f"), {len(self.sites)} address words in {patched} nodes patched per moved "
-                f"buffer; {len(self.buffers)} buffers ({self.num_args} arguments); built in "
-                f"{self.build_seconds:.2f} s")
+                f"buffer; {len(self.buffers)} buffers ({self.num_args} arguments); "
+                + (f"{self.lowered_copies} copies/fills of arguments or results run as "
+                   "kernels; " if self.lowered_copies else "")
+                + (f"{len(self.host_words)} host words kept as captured; "
+                   if self.host_words else "")
+                + f"built in {self.build_seconds:.2f} s")
 
 
 def ffi_call(exe_id: int, module: Any, aliases: dict[int, int], dry_run: bool = False) -> Any:

@@ -15,9 +15,16 @@ by ``cuFuncGetParamInfo``; memcpy/memset nodes as their parameter structs) and c
 - a word that differs must be ``staging_a[i] + d`` in one capture and ``staging_b[i] + d``
   in the other, for one buffer ``i`` and the same ``d`` in ``[0, size_i]``: it is then a
   patch site ``(node, byte offset, i, d)``, and each call writes ``address_i + d`` there;
+- a word that differs between A and B, is in neither capture a place in an argument or
+  result buffer, and is in both a host address the CUDA driver does not manage (``cuda_
+  addresses``: no kernel can read through it) is capture-local too, kept as A has it: torch's
+  sort and scatter/gather kernels (``CompareFunctor``, ``scatter_gather_elementwise``) pass
+  struct padding holding a host heap pointer that depends on which staging set the host
+  objects were built for (benchmarks/NOTES.md, issue 12);
 - anything else (a differing word that is not such a pair, different kernels or launch
   geometry, a memcpy/memset node or another kind whose parameters the driver will not
-  re-point at XLA's buffers) makes the executable not
+  re-point at XLA's buffers: the launcher replaces those touching an argument or result by
+  copy/fill kernels before the diff, graph_launch.cc's LowerCopies) makes the executable not
   patchable: ``NotPatchable`` says which node and why, and the executable keeps the Python
   path.
 """
@@ -26,7 +33,7 @@ from __future__ import annotations
 import bisect
 import struct
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 # CUgraphNodeType values (cuda.h) and what the launcher can do with each.
 NODE_KINDS = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "child graph", 5: "empty",
@@ -36,9 +43,9 @@ PATCHABLE = {"kernel"}                          # parameters rewritten per call
 PASSIVE = {"empty"}                             # no parameters
 # Read and compared, but never re-pointed: cuGraphExecMemcpyNodeSetParams accepted torch's
 # buffers and refused XLA's (CUDA_ERROR_INVALID_VALUE on the H200 with jax 0.11.2,
-# benchmarks/NOTES.md, issue 12 run 3), so a copy or fill of an argument or result keeps the
-# executable on the Python path (copies of whole buffers are captured as kernels for the
-# native launcher: thunks.copy_bytes).
+# benchmarks/NOTES.md, issue 12 run 3). The launcher replaces the copies and fills that touch
+# an argument or result by kernel nodes before the diff (graph_launch.cc, LowerCopies); one
+# it could not express (a 2-D copy, host memory) keeps the executable on the Python path.
 FIXED_ONLY = {"memcpy", "memset"}
 
 
@@ -107,11 +114,15 @@ class _Ranges:
 def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
                 staging_a: Sequence[int], staging_b: Sequence[int],
                 sizes: Sequence[int],
-                nodes_c: Optional[Sequence[NodeInfo]] = None) -> list[PatchSite]:
+                nodes_c: Optional[Sequence[NodeInfo]] = None,
+                cuda_addresses: Optional[Callable[[list[int]], list[bool]]] = None,
+                kept: Optional[list[str]] = None) -> list[PatchSite]:
     """The patch sites of capture A (buffers at ``staging_a``) given capture B of the same
     executable (buffers at ``staging_b``) and, optionally, capture C (buffers at
     ``staging_a`` again: words that differ between A and C are capture-local, kept as A
-    has them); raises NotPatchable."""
+    has them); raises NotPatchable. ``cuda_addresses(words)`` says which words the CUDA
+    driver manages memory at; with it, differing host words that no kernel can read are kept
+    as A has them too, each described in ``kept``."""
     if not (len(staging_a) == len(staging_b) == len(sizes)):
         raise ValueError("one staging address and size per buffer in each capture")
     if set(staging_a) & set(staging_b):
@@ -123,6 +134,7 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
         raise NotPatchable(f"the captures have {len(nodes_a)}, {len(nodes_b)} and "
                            f"{len(nodes_c)} nodes")
     sites: list[PatchSite] = []
+    host_words: list[tuple[str, int, int, int]] = []   # (where, byte, word in A, word in B)
     for n, (a, b, c) in enumerate(zip(nodes_a, nodes_b, nodes_c)):
         where = f"node {n} ({a.label()})"
         if any(x.kind != a.kind or x.key != a.key or len(x.blob) != len(a.blob) for x in (b, c)):
@@ -148,10 +160,30 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
             if wa == wb or wa != wc:        # fixed, or local to a capture
                 continue
             hit_a, hit_b = ranges_a.find(wa), ranges_b.find(wb)
-            if hit_a is None or hit_a != hit_b:
-                raise NotPatchable(
-                    f"{where}: the word at byte {8 * k} is {wa:#x} in one capture and {wb:#x} "
-                    "in the other, which is not the same place in one argument or result "
-                    "buffer (an address the launcher cannot re-point)")
-            sites.append(PatchSite(n, 8 * k, hit_a[0], hit_a[1]))
+            if hit_a is not None and hit_a == hit_b:
+                sites.append(PatchSite(n, 8 * k, hit_a[0], hit_a[1]))
+            elif (hit_a is None and hit_b is None and cuda_addresses is not None
+                  and _user_space(wa) and _user_space(wb)):
+                host_words.append((where, 8 * k, wa, wb))    # decided below, all at once
+            else:
+                raise NotPatchable(_not_an_address_pair(where, 8 * k, wa, wb))
+    if host_words:
+        known = cuda_addresses([w for _, _, wa, wb in host_words for w in (wa, wb)])
+        for i, (where, byte, wa, wb) in enumerate(host_words):
+            if known[2 * i] or known[2 * i + 1]:
+                raise NotPatchable(_not_an_address_pair(where, byte, wa, wb) + "; the CUDA "
+                                   "driver manages memory there")
+            if kept is not None:
+                kept.append(f"{where} byte {byte}")
     return sites
+
+
+def _user_space(word: int) -> bool:
+    """Could ``word`` be a host pointer (a user-space address, not a small number)?"""
+    return 1 << 16 <= word < 1 << 47
+
+
+def _not_an_address_pair(where: str, byte: int, wa: int, wb: int) -> str:
+    return (f"{where}: the word at byte {byte} is {wa:#x} in one capture and {wb:#x} in the "
+            "other, which is not the same place in one argument or result buffer (an address "
+            "the launcher cannot re-point)")
