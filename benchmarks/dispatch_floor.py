@@ -14,6 +14,8 @@ and a graph launch. Each of those is timed here on its own, for n inputs and n o
 
 - ``jit`` : ``jax.jit`` of one FFI call that launches nothing (the launcher's dry-run handler):
   the floor of the current design;
+- ``jit, n in / 1 out`` and ``jit, 1 in / n out``: the same with one side cut to one f32[1]
+  (where JAX's per-buffer cost lies: operands or results);
 - ``compiled`` : the same, ``.lower(...).compile()`` called directly (``jax.stages.Compiled``);
 - ``pjrt`` : its PJRT executable called directly, ``execute_sharded(leaves)`` and the results
   taken apart into ``jax.Array``s (no pytrees, no argument checks: the least JAX can do to
@@ -24,9 +26,12 @@ and a graph launch. Each of those is timed here on its own, for n inputs and n o
   returning n ``jnp.empty``: one JAX dispatch and fills), ``recycle`` (a pool of n arrays
   passed through a donated identity ``jax.jit``: one dispatch, no device work), ``dlpack``
   (n preallocated torch tensors imported with ``jax.dlpack.from_dlpack``; a real design would
-  also allocate them: ``torch.empty`` is timed separately);
+  also allocate them: ``torch.empty`` is timed separately), ``dlpack (one handshake)`` (the
+  Python path's export: one stream handshake a call, ``arena.JaxHandoff``);
 - ``launch`` : ``hk_exec_launch`` of the Adam step's patched graph through ctypes (addresses
   unchanged, then alternating: every address word re-patched), on torch's stream.
+
+Also the Adam step's wall time (idle GPU to result ready) for jax.jit and hlotk.
 
 The "outside dispatch" sum for a call = pointers + the cheapest outputs + launch (+ a stream
 handshake between torch's and JAX's streams, not counted: a lower bound). It is compared
@@ -76,8 +81,14 @@ def case(name: str, leaves: list, out_types: list, on_gpu: bool) -> dict:
     def recycled():
         pool[:] = recycle(*pool)
         return pool
+    one_in = [jax.ShapeDtypeStruct((1,), np.float32)]
+    floor_in = floor_function(in_types, one_in)          # JAX's cost per input ...
+    floor_out = floor_function(one_in, out_types)        # ... and per output
+    x1 = jnp.zeros(1, np.float32)
     calls = {
         "jit": lambda: floor(*leaves),
+        "jit, n in / 1 out": lambda: floor_in(*leaves),
+        "jit, 1 in / n out": lambda: floor_out(x1),
         "compiled": lambda: compiled(*leaves),
         "pjrt": lambda: pjrt.execute_sharded(leaves).disassemble_into_single_device_arrays(),
         "pointers": lambda: [x.unsafe_buffer_pointer() for x in leaves],
@@ -90,6 +101,13 @@ def case(name: str, leaves: list, out_types: list, on_gpu: bool) -> dict:
         tensors = [torch.empty(t.shape, dtype=getattr(torch, np.dtype(t.dtype).name),
                                device="cuda") for t in out_types]
         calls["dlpack"] = lambda: [jax.dlpack.from_dlpack(t) for t in tensors]
+        from runtime.cuda.arena import jax_handoff
+        handoff = jax_handoff(tensors[0].device)
+        if handoff is not None:       # the Python path's export: one handshake a call
+            def handed():
+                handoff.begin()
+                return [handoff.export(t) for t in tensors]
+            calls["dlpack (one handshake)"] = handed
         calls["torch.empty"] = lambda: [torch.empty(t.shape, dtype=t.dtype, device=t.device)
                                         for t in tensors]
     else:
@@ -144,6 +162,9 @@ def adam_launch(on_gpu: bool) -> tuple[dict, list, list, dict]:
             def moving():
                 flip[0] ^= 1
                 launch(graph.id, addr[flip[0]], n, stream, err, _ERRBUF)
+            from benchmarks.host_overhead import wall_us
+            info["wall"] = {"jax.jit": lambda: wall_us(calls["jax.jit"], reps=20),
+                            "hlotk": lambda: wall_us(calls["hlotk"], reps=20)}
             calls["launch (same addresses)"] = same
             calls["launch (every address moved)"] = moving
             info["sync"] = torch.cuda.synchronize
@@ -193,6 +214,8 @@ def main() -> None:
                 results.setdefault(cname, {}).setdefault(who, []).append(t)
                 if "sync" in info and who.startswith("launch"):
                     info["sync"]()
+        for who, fn in info.get("wall", {}).items():
+            results.setdefault("Adam wall (idle GPU to result)", {}).setdefault(who, []).append(fn())
     med = {c: {w: statistics.median(v) for w, v in d.items()} for c, d in results.items()}
     whos = list(dict.fromkeys(w for d in med.values() for w in d))
     lines = ["# Host µs per call outside jax.jit's dispatch (issue 12, candidate 2)", "",
@@ -203,10 +226,10 @@ def main() -> None:
         lines.append(f"| {w} | " + " | ".join(f"{med[c][w]:.1f}" if w in med[c] else "-"
                                              for c in med) + " |")
     a = med["Adam: 97 in, 73 out"]
-    outs = {k: a[k] for k in ("alloc", "recycle", "dlpack") if k in a}
+    outs = {k: a[k] for k in ("alloc", "recycle", "dlpack", "dlpack (one handshake)") if k in a}
     if on_gpu and "launch (every address moved)" in a:
         best_out = min(outs, key=outs.get)
-        extra = a.get("torch.empty", 0.0) if best_out == "dlpack" else 0.0
+        extra = a.get("torch.empty", 0.0) if best_out.startswith("dlpack") else 0.0
         total = a["pointers"] + outs[best_out] + extra + a["launch (every address moved)"]
         lines += ["", f"Adam, outside jax.jit's dispatch, lower bound: pointers "
                   f"{a['pointers']:.1f} + outputs ({best_out}{' + torch.empty' if extra else ''}) "

@@ -10,9 +10,10 @@ its arguments, on a second argument set (new addresses, the first results still 
 the first again; every result compared with ``jax.jit``'s under the zoo test's tolerances
 (``tests/test_cuda_runtime.py``). Recorded: the host path (``native`` or ``python``) and
 ``exe.native_reason``; for native graphs the nodes by kind, how many copies/fills of
-arguments or results became copy kernels and how many host words were kept as captured
-(``runtime/cuda/native/patch.py``). "before" is the path the same executable took before
-those two (issue 12 runs 1-3): Python wherever it needed either.
+arguments or results became copy kernels and how many differing words were kept as
+captured (host words, device words outside the arguments/results:
+``runtime/cuda/native/patch.py``). "before": Python wherever the graph needed either (the
+path before them, issue 12 runs 1-3).
 
 Without a GPU (``--static``, any machine): each program's CPU-mode CUDA executable and the
 reason its program alone keeps it off the native path (``launcher.program_reason``: host
@@ -64,10 +65,10 @@ def on_gpu(name: str) -> dict:
         kinds: dict = {}
         for n in graph.nodes:
             kinds[n.kind] = kinds.get(n.kind, 0) + 1
-        row.update(nodes=kinds, lowered=graph.lowered_copies, host_words=len(graph.host_words),
-                   kept=graph.host_words[:3])
+        row.update(nodes=kinds, lowered=graph.lowered_copies, kept_words=len(graph.kept_words),
+                   kept=graph.kept_words[:3])
     row["before"] = "native" if graph is not None and not row.get("lowered") and \
-        not row.get("host_words") else "python"
+        not row.get("kept_words") else "python"
     row["seconds"] = round(time.perf_counter() - t0, 1)
     return row
 
@@ -96,16 +97,16 @@ def table(rows: list[dict]) -> str:
     before = sum(r.get("before") == "native" for r in rows)
     unequal = [r["program"] for r in rows if r.get("equal") != "yes"]
     lines = [f"{len(rows)} zoo programs: {native} native, {len(rows) - native} on the Python "
-             f"path (before copy kernels and kept host words: {before} native, "
+             f"path (without copy kernels and kept words: {before} native, "
              f"{len(rows) - before} Python). Equal to jax.jit on every call: "
              f"{len(rows) - len(unequal)}" + (f" (not: {', '.join(unequal)})" if unequal else ""),
              "", "| program | path | before | equal to jax.jit | graph nodes | copy kernels | "
-             "host words kept | why the Python path |", "|---|---|---|---|---|---|---|---|"]
+             "words kept | why the Python path |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         nodes = ", ".join(f"{v} {k}" for k, v in sorted(r.get("nodes", {}).items()))
         lines.append(f"| {r['program']} | {r.get('path', '?')} | {r.get('before', '?')} | "
                      f"{r.get('equal', '?')} | {nodes} | {r.get('lowered', '')} | "
-                     f"{r.get('host_words', '')} | {r.get('reason', '')[:300]} |")
+                     f"{r.get('kept_words', '')} | {r.get('reason', '')[:300]} |")
     return "\n".join(lines)
 
 

@@ -73,34 +73,38 @@ def test_words_that_differ_between_captures_over_the_same_buffers_are_kept_as_ca
         patch_sites(a, b, A, B, SIZES, [kernel(words(A[0]))])
 
 
-def test_host_words_that_differ_per_staging_set_are_kept_only_where_no_kernel_can_read_them():
-    # torch's sort/scatter kernels: struct padding holding a host heap pointer that is the
-    # same in A and C (same staging set) and different in B. Kept as A has it only where the
-    # CUDA driver says no memory it manages lies there (no kernel can read through it).
+def test_words_that_differ_per_staging_set_are_kept_only_where_no_io_address_can_be():
+    # torch's sort/scatter kernels pass struct padding holding a host heap pointer, and some
+    # kernels a temporary of the capture's own pool, that are the same in A and C and differ
+    # in B. Kept as A has them only where the driver says no memory lies there (host) or the
+    # memory is an allocation holding no staging buffer (the graph's own).
     heap_a, heap_b = 0x5600_1234_5670, 0x5600_1234_9990
-    a = [kernel(words(A[0], heap_a, 7))]
-    b = [kernel(words(B[0], heap_b, 7))]
+    pool_a, pool_b = 0x7C00_0000_1200, 0x7C00_0000_2200
+    segment = {A[0]: 0x7F00_0000_0000, A[1]: 0x7F00_0000_0000, B[0]: 0x7E00_0000_0000,
+               B[1]: 0x7E00_0000_0000, pool_a: 0x7C00_0000_0000, pool_b: 0x7C00_0000_0000,
+               A[0] + 8192: 0x7F00_0000_0000}
     asked: list[list[int]] = []
 
-    def driver(known: bool):
-        def cuda_addresses(ws):
-            asked.append(list(ws))
-            return [known] * len(ws)
-        return cuda_addresses
+    def allocation_of(ws):
+        asked.append(list(ws))
+        return [segment.get(w, 0) for w in ws]
+
+    def diff(wa, wb, **kw):
+        a, b = [kernel(words(A[0], wa, 7))], [kernel(words(B[0], wb, 7))]
+        return patch_sites(a, b, A, B, SIZES, a, **kw)
     kept: list[str] = []
-    assert patch_sites(a, b, A, B, SIZES, a, cuda_addresses=driver(False), kept=kept) == \
-        [PatchSite(0, 0, 0, 0)]
-    assert kept == ["node 0 (kernel fusion_1) byte 8"] and asked == [[heap_a, heap_b]]
-    with pytest.raises(NotPatchable, match="byte 8 .*the CUDA driver manages memory there"):
-        patch_sites(a, b, A, B, SIZES, a, cuda_addresses=driver(True))
-    with pytest.raises(NotPatchable, match="the word at byte 8"):      # no driver to ask
-        patch_sites(a, b, A, B, SIZES, a)
-    # A small number that changed, or a word inside a staging buffer in one capture only,
-    # is never taken for a host pointer.
-    for wa, wb in ((5, 6), (A[0] + 8, heap_b)):
-        with pytest.raises(NotPatchable, match="the word at byte 8"):
-            patch_sites([kernel(words(FIXED, wa))], [kernel(words(FIXED, wb))], A, B, SIZES,
-                        cuda_addresses=driver(False))
+    assert diff(heap_a, heap_b, allocation_of=allocation_of, kept=kept) == [PatchSite(0, 0, 0, 0)]
+    assert diff(pool_a, pool_b, allocation_of=allocation_of, kept=kept) == [PatchSite(0, 0, 0, 0)]
+    assert kept == ["node 0 (kernel fusion_1) byte 8 (host word)",
+                    "node 0 (kernel fusion_1) byte 8 (device word outside the arguments/results)"]
+    assert asked[0] == [heap_a, heap_b] + A + B       # one question for all words
+    with pytest.raises(NotPatchable, match="byte 8 .*points into an argument or result's allocation"):
+        diff(A[0] + 8192, pool_b, allocation_of=allocation_of)    # past buffer 0's end
+    for wa, wb in ((5, 6), (heap_a, pool_b)):                      # a number; host vs device
+        with pytest.raises(NotPatchable, match="byte 8 .*it is no address"):
+            diff(wa, wb, allocation_of=allocation_of)
+    with pytest.raises(NotPatchable, match="the word at byte 8"):  # no driver to ask
+        diff(heap_a, heap_b)
 
 
 def test_identical_captures_need_no_patching():
@@ -602,27 +606,35 @@ def test_copy_and_fill_nodes_on_staged_buffers_become_kernels_with_the_drivers_r
 
 
 @gpu
-def test_a_copy_of_an_argument_runs_as_a_kernel_on_the_native_path():
-    # logsumexp's executable starts with a copy of its argument: captured as a memcpy node,
-    # which the driver will not re-point at XLA's buffers, so the launcher replaces it by its
-    # copy kernel. New arguments every call, earlier results held: all equal to jax.jit.
+def test_memcpy_nodes_of_arguments_and_results_run_as_copy_kernels_on_the_native_path(monkeypatch):
+    # The executable returns its argument (a copy into the result) and a reversed copy. With
+    # the runtime's own kernel copies off, the capture records memcpy nodes from the argument
+    # into the results, which the driver will not re-point at XLA's buffers: the launcher
+    # replaces them by its copy kernel. New arguments every call, earlier results held.
     import runtime
     from runtime.cuda import executable_of
-    from tests.zoo import by_name
+    from runtime.cuda.native import launcher
+    context = launcher.NativeGraph._context
+
+    def memcpy_context(self):
+        ctx = context(self)
+        ctx.kernel_copies = False          # thunks.copy_bytes: Tensor.copy_, a memcpy node
+        return ctx
+    monkeypatch.setattr(launcher.NativeGraph, "_context", memcpy_context)
     dev = _jax_gpu()
-    prog = by_name("logsumexp")
-    args = jax.device_put(prog.args(), dev)
-    c = runtime.jit(prog.fn, backend="cuda").lower(*args).compile()
+    fn = lambda x, y: (x, y * 2.0, x[::-1] + y)  # noqa: E731
+    spec = jax.ShapeDtypeStruct((1001,), jnp.float32)          # 4004 bytes: a byte tail
+    c = runtime.jit(fn, backend="cuda").lower(spec, spec).compile()
     rng = np.random.default_rng(1)
-    calls = [jax.tree.map(lambda x: jax.device_put(
-        rng.standard_normal(x.shape).astype(x.dtype), dev), args) for _ in range(3)]
+    calls = [[jax.device_put(rng.standard_normal(1001).astype(np.float32), dev) for _ in "xy"]
+             for _ in range(4)]
     held = [c(*a) for a in calls]
     exe = executable_of(c)
     assert exe.native is not None, exe.native_reason
-    assert "host path: native" in exe.report()
+    assert exe.native.lowered_copies >= 1 and "run as kernels" in exe.report(), exe.report()
     assert {n.kind for n in exe.native.nodes} == {"kernel"}, exe.report()
     for a, h in zip(calls, held):
-        _close(h, jax.jit(prog.fn)(*a), max(prog.rtol, prog.atol, 1e-5))
+        _close(h, jax.jit(fn)(*a), 0)
 
 
 @gpu

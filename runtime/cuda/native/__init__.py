@@ -193,7 +193,7 @@ def _declare(lib: Any) -> None:
         "hk_exec_destroy": (None, [c.c_int64]),
         "hk_graph_lower_copies": (c.c_int, [c.c_uint64, c.c_int32, u64p, u64p, c.c_char_p,
                                             c.c_size_t]),
-        "hk_cuda_addresses": (c.c_int, [u64p, c.c_int32, i32p]),
+        "hk_cuda_allocations": (c.c_int, [u64p, c.c_int32, u64p]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

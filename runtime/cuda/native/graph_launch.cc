@@ -70,6 +70,7 @@ constexpr size_t kMemcpy3DSize = 200;
 constexpr size_t kMemsetSize = 40;
 constexpr int kMemoryHost = 1, kMemoryDevice = 2, kMemoryUnified = 4;  // CUmemorytype
 constexpr int kPointerMemoryType = 2;   // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr int kPointerRangeStart = 11;  // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
 
 // The fields of CUDA_MEMCPY3D and CUDA_MEMSET_NODE_PARAMS that LowerCopies reads.
 struct Memcpy3D {
@@ -906,16 +907,17 @@ HK_EXPORT int hk_graph_lower_copies(uint64_t graph, int32_t n, const uint64_t* s
   }
 }
 
-// For each of `n` words: 1 if the driver knows it as an address of memory it manages (device,
-// pinned host, managed), else 0 (CUDA_ERROR_INVALID_VALUE: a host heap pointer, a number).
-// -1 where it cannot tell (no such driver call, no current context, another error).
-HK_EXPORT int hk_cuda_addresses(const uint64_t* words, int32_t n, int32_t* out) {
+// For each of `n` words: the start of the memory range the CUDA driver manages around it
+// (a cuMemAlloc'd block: device, pinned or managed memory), or 0 where it manages none there
+// (CUDA_ERROR_INVALID_VALUE: a host heap pointer, a number). Returns -1 where it cannot tell
+// (no such driver call, no current context, another error).
+HK_EXPORT int hk_cuda_allocations(const uint64_t* words, int32_t n, uint64_t* out) {
   if (!hk::g_cu.PointerGetAttribute) return -1;
   for (int32_t i = 0; i < n; ++i) {
-    unsigned int kind = 0;
-    hk::CUresult r = hk::g_cu.PointerGetAttribute(&kind, hk::kPointerMemoryType, words[i]);
+    hk::CUdeviceptr start = 0;
+    hk::CUresult r = hk::g_cu.PointerGetAttribute(&start, hk::kPointerRangeStart, words[i]);
     if (r != 0 && r != hk::kInvalidValue) return -1;
-    out[i] = r == 0;
+    out[i] = r == 0 ? start : 0;
   }
   return 0;
 }

@@ -153,17 +153,20 @@ class NativeGraph:
         # where it did in A), only for the diff (patch.py).
         # Copies and fills of an argument or result become kernel nodes (graph_launch.cc,
         # LowerCopies) in each capture before the diff.
+        # C runs over A's addresses through new tensor objects: struct padding that holds
+        # host pointers or stack bytes tied to the host objects then differs between A and C.
+        staging_c = [t.view(t.shape) for t in staging_a]
         self._graph, self.lowered_copies = self._capture(mem_a, staging_a)
         graph_b, _ = self._capture(self._memory(staging_b), staging_b)
-        graph_c, _ = self._capture(mem_a, staging_a)
+        graph_c, _ = self._capture(self._memory(staging_c), staging_c)
         self.nodes = self._describe(self._graph.raw_cuda_graph())
         nodes_b = self._describe(graph_b.raw_cuda_graph())
         nodes_c = self._describe(graph_c.raw_cuda_graph())
-        self.host_words: list[str] = []     # capture-local host words kept (patch.py)
+        self.kept_words: list[str] = []     # capture-local words kept (patch.py)
         self.sites: list[PatchSite] = patch_sites(
             self.nodes, nodes_b, [t.data_ptr() for t in staging_a],
             [t.data_ptr() for t in staging_b], self.sizes, nodes_c,
-            cuda_addresses=self._cuda_addresses, kept=self.host_words)
+            allocation_of=self._allocations, kept=self.kept_words)
         del graph_b, graph_c
         self.id = self._create(self._graph.raw_cuda_graph(), device.index or 0)
         # A trial launch over capture B's buffers: every site re-pointed and the graph run
@@ -236,13 +239,14 @@ class NativeGraph:
                                + err.value.decode(errors="replace"))
         return graph, lowered
 
-    def _cuda_addresses(self, words: list[int]) -> list[bool]:
-        """For each word: does the CUDA driver know it as an address of memory it manages
-        (device, pinned or managed)? A word it does not know cannot be read by a kernel."""
-        out = (ctypes.c_int32 * max(len(words), 1))()
-        if self.lib.hk_cuda_addresses(int_array(words, ctypes.c_uint64), len(words), out) < 0:
-            return [True] * len(words)          # cannot tell: treated as addresses
-        return [bool(v) for v in out[:len(words)]]
+    def _allocations(self, words: list[int]) -> list[int]:
+        """For each word, the start of the CUDA allocation holding it, or 0 where the driver
+        manages no memory there (no kernel can read through such a word)."""
+        out = (ctypes.c_uint64 * max(len(words), 1))()
+        if self.lib.hk_cuda_allocations(int_array(words, ctypes.c_uint64), len(words), out) < 0:
+            raise NotPatchable("the CUDA driver cannot say which memory a differing word "
+                               "points into (cuPointerGetAttribute)")
+        return list(out[:len(words)])
 
     def _describe(self, graph: int) -> list:
         err = ctypes.create_string_buffer(_ERRBUF)
@@ -324,8 +328,8 @@ class NativeGraph:
                 f"buffer; {len(self.buffers)} buffers ({self.num_args} arguments); "
                 + (f"{self.lowered_copies} copies/fills of arguments or results run as "
                    "kernels; " if self.lowered_copies else "")
-                + (f"{len(self.host_words)} host words kept as captured; "
-                   if self.host_words else "")
+                + (f"{len(self.kept_words)} capture-local words kept as captured; "
+                   if self.kept_words else "")
                 + f"built in {self.build_seconds:.2f} s")
 
 

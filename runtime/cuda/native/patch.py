@@ -16,11 +16,13 @@ by ``cuFuncGetParamInfo``; memcpy/memset nodes as their parameter structs) and c
   in the other, for one buffer ``i`` and the same ``d`` in ``[0, size_i]``: it is then a
   patch site ``(node, byte offset, i, d)``, and each call writes ``address_i + d`` there;
 - a word that differs between A and B, is in neither capture a place in an argument or
-  result buffer, and is in both a host address the CUDA driver does not manage (``cuda_
-  addresses``: no kernel can read through it) is capture-local too, kept as A has it: torch's
-  sort and scatter/gather kernels (``CompareFunctor``, ``scatter_gather_elementwise``) pass
-  struct padding holding a host heap pointer that depends on which staging set the host
-  objects were built for (benchmarks/NOTES.md, issue 12);
+  result buffer, and in both captures either is a host address the CUDA driver manages no
+  memory at (no kernel can read through it: struct padding holding a host pointer, as
+  torch's sort and scatter/gather kernels pass) or points into a CUDA allocation that holds
+  no staging buffer of that capture (the capture's own pool or a workspace: graph A keeps
+  its memory) is capture-local too, kept as A has it (``allocation_of``; benchmarks/NOTES.md,
+  issue 12). Capture C runs over A's addresses through new tensor objects, so that padding
+  tied to the host objects differs between A and C as well;
 - anything else (a differing word that is not such a pair, different kernels or launch
   geometry, a memcpy/memset node or another kind whose parameters the driver will not
   re-point at XLA's buffers: the launcher replaces those touching an argument or result by
@@ -115,14 +117,15 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
                 staging_a: Sequence[int], staging_b: Sequence[int],
                 sizes: Sequence[int],
                 nodes_c: Optional[Sequence[NodeInfo]] = None,
-                cuda_addresses: Optional[Callable[[list[int]], list[bool]]] = None,
+                allocation_of: Optional[Callable[[list[int]], list[int]]] = None,
                 kept: Optional[list[str]] = None) -> list[PatchSite]:
     """The patch sites of capture A (buffers at ``staging_a``) given capture B of the same
     executable (buffers at ``staging_b``) and, optionally, capture C (buffers at
     ``staging_a`` again: words that differ between A and C are capture-local, kept as A
-    has them); raises NotPatchable. ``cuda_addresses(words)`` says which words the CUDA
-    driver manages memory at; with it, differing host words that no kernel can read are kept
-    as A has them too, each described in ``kept``."""
+    has them); raises NotPatchable. ``allocation_of(words)`` gives, per word, the start of
+    the CUDA allocation holding it (0: none); with it, differing words that are no address
+    of an argument or result (module docstring) are kept as A has them too, each described
+    in ``kept``."""
     if not (len(staging_a) == len(staging_b) == len(sizes)):
         raise ValueError("one staging address and size per buffer in each capture")
     if set(staging_a) & set(staging_b):
@@ -134,7 +137,7 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
         raise NotPatchable(f"the captures have {len(nodes_a)}, {len(nodes_b)} and "
                            f"{len(nodes_c)} nodes")
     sites: list[PatchSite] = []
-    host_words: list[tuple[str, int, int, int]] = []   # (where, byte, word in A, word in B)
+    others: list[tuple[str, int, int, int]] = []   # (where, byte, word in A, word in B)
     for n, (a, b, c) in enumerate(zip(nodes_a, nodes_b, nodes_c)):
         where = f"node {n} ({a.label()})"
         if any(x.kind != a.kind or x.key != a.key or len(x.blob) != len(a.blob) for x in (b, c)):
@@ -162,20 +165,36 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
             hit_a, hit_b = ranges_a.find(wa), ranges_b.find(wb)
             if hit_a is not None and hit_a == hit_b:
                 sites.append(PatchSite(n, 8 * k, hit_a[0], hit_a[1]))
-            elif (hit_a is None and hit_b is None and cuda_addresses is not None
-                  and _user_space(wa) and _user_space(wb)):
-                host_words.append((where, 8 * k, wa, wb))    # decided below, all at once
+            elif hit_a is None and hit_b is None and allocation_of is not None:
+                others.append((where, 8 * k, wa, wb))    # decided below, all at once
             else:
                 raise NotPatchable(_not_an_address_pair(where, 8 * k, wa, wb))
-    if host_words:
-        known = cuda_addresses([w for _, _, wa, wb in host_words for w in (wa, wb)])
-        for i, (where, byte, wa, wb) in enumerate(host_words):
-            if known[2 * i] or known[2 * i + 1]:
-                raise NotPatchable(_not_an_address_pair(where, byte, wa, wb) + "; the CUDA "
-                                   "driver manages memory there")
-            if kept is not None:
-                kept.append(f"{where} byte {byte}")
+    if others:
+        _keep_capture_local(others, staging_a, staging_b, allocation_of, kept)
     return sites
+
+
+def _keep_capture_local(others: list[tuple[str, int, int, int]], staging_a: Sequence[int],
+                        staging_b: Sequence[int], allocation_of: Callable[[list[int]], list[int]],
+                        kept: Optional[list[str]]) -> None:
+    """Keep each (where, byte, word in A, word in B) that is a host word no kernel can read
+    or points into memory holding no staging buffer, in both captures; else NotPatchable."""
+    words = [w for _, _, wa, wb in others for w in (wa, wb)]
+    allocations = allocation_of(words + list(staging_a) + list(staging_b))
+    n = len(words)
+    staged = set(allocations[n:]) - {0}      # allocations holding a staging buffer
+    for i, (where, byte, wa, wb) in enumerate(others):
+        alloc_a, alloc_b = allocations[2 * i], allocations[2 * i + 1]
+        if alloc_a == 0 and alloc_b == 0 and _user_space(wa) and _user_space(wb):
+            what = "host word"
+        elif alloc_a and alloc_b and not {alloc_a, alloc_b} & staged:
+            what = "device word outside the arguments/results"
+        else:
+            why = ("it points into an argument or result's allocation" if
+                   {alloc_a, alloc_b} & staged else "it is no address")
+            raise NotPatchable(_not_an_address_pair(where, byte, wa, wb) + f"; {why}")
+        if kept is not None:
+            kept.append(f"{where} byte {byte} ({what})")
 
 
 def _user_space(word: int) -> bool:
