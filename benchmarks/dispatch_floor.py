@@ -51,7 +51,7 @@ os.environ.setdefault("HLOTK_CACHE_DIR", "/tmp/hlotk_cache")
 
 import numpy as np  # noqa: E402
 
-from benchmarks.host_overhead import dispatch_us, floor_function  # noqa: E402
+from benchmarks.host_overhead import dispatch_us, floor_function, write_report  # noqa: E402
 
 
 def per_call_us(fn, budget_s: float = 0.08, max_calls: int = 5000) -> float:
@@ -237,14 +237,7 @@ def main() -> None:
                   f" = {total:.1f} µs, against the native path's dispatch {a.get('hlotk', float('nan')):.1f}"
                   f" µs (jax.jit's {a['jax.jit']:.1f}; the floor, jit of an empty FFI call, "
                   f"{a['jit']:.1f}; PJRT execute alone {a['pjrt']:.1f}). hlotk path: {info.get('path')}"]
-    text = "\n".join(lines)
-    print(text)
-    for path in (opts.out, os.path.join(os.environ.get("OUT", "/tmp"), "dispatch_floor.md")):
-        try:
-            with open(path, "w") as f:
-                f.write(text + "\n")
-        except OSError:
-            pass
+    write_report("\n".join(lines), opts.out)
 
 
 if __name__ == "__main__":
