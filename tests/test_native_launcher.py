@@ -71,6 +71,16 @@ def test_words_that_differ_between_captures_over_the_same_buffers_are_kept_as_ca
         patch_sites(a, b, A, B, SIZES, [kernel(words(A[0], 0x7F86_7230_0100, 0x3000_0000))])
     with pytest.raises(NotPatchable, match="captures differ in kernel"):
         patch_sites(a, b, A, B, SIZES, [kernel(words(A[0]))])
+    # Stack bytes that differ only in B (the odd capture) are caught by D, over B's buffers
+    # again: a word differing within either pair is capture-local.
+    a = [kernel(words(A[0], 0x101, 0x3000_0000))]
+    b = [kernel(words(B[0], 0xDD00_0101, 0x3000_0000))]
+    d = [kernel(words(B[0], 0x101, 0x3000_0000))]
+    assert patch_sites(a, b, A, B, SIZES, a, nodes_d=d) == [PatchSite(0, 0, 0, 0)]
+    with pytest.raises(NotPatchable, match="the word at byte 8"):
+        patch_sites(a, b, A, B, SIZES, a, nodes_d=b)
+    with pytest.raises(NotPatchable, match="1, 1, 1 and 2 nodes"):
+        patch_sites(a, b, A, B, SIZES, a, nodes_d=d + d)
 
 
 def test_words_that_differ_per_staging_set_are_kept_only_where_no_io_address_can_be():
@@ -126,7 +136,7 @@ def test_a_differing_word_that_is_no_address_pair_is_not_patchable(wa, wb, why):
 def test_different_kernels_node_counts_and_node_kinds_are_not_patchable():
     with pytest.raises(NotPatchable, match="captures differ in kernel, launch geometry"):
         patch_sites([kernel(words(A[0]), key=b"f1")], [kernel(words(B[0]), key=b"f2")], A, B, SIZES)
-    with pytest.raises(NotPatchable, match="2, 1 and 2 nodes"):
+    with pytest.raises(NotPatchable, match="2, 1, 2 and 1 nodes"):
         patch_sites([kernel(b""), kernel(b"")], [kernel(b"")], A, B, SIZES)
     host = NodeInfo("host", b"", b"")
     with pytest.raises(NotPatchable, match="a host node"):

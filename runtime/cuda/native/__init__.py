@@ -8,7 +8,7 @@ of a tiny wrapper, so that JAX's C++ dispatch flattens the pytrees, checks the a
 allocates the results (fresh ``jax.Array``s, donation through ``input_output_aliases``)
 and hands the handler raw device pointers on XLA's stream. The handler writes the pointers
 that moved since the last call into the graph's kernel parameters at the places found by
-diffing three captures (``patch.py``) and calls ``cuGraphLaunch``. After the first call of a
+diffing four captures (``patch.py``) and calls ``cuGraphLaunch``. After the first call of a
 signature, a call is JAX's dispatch plus a few µs of C++; no Python runs per buffer.
 
 Which executables: those whose every thunk can be captured (no host-driven loops or

@@ -1,14 +1,15 @@
 """Where a captured graph holds its argument and result addresses: the capture diff.
 
-The executable is captured three times: A and C with its arguments and results in one set
-of staging buffers, B in another (the arena and the constants stay where they are). Every node's
-parameters are read back from both graphs (``graph_launch.cc``: kernel parameters laid out
+The executable is captured four times: A and C with its arguments and results in one set of
+staging buffers, B and D in another (the arena and the constants stay where they are). Every
+node's parameters are read back from the graphs (``graph_launch.cc``: kernel parameters laid out
 by ``cuFuncGetParamInfo``; memcpy/memset nodes as their parameter structs) and compared as
 8-byte words:
 
 - a word equal in A and B is not an I/O address (it may be a fixed address: arena,
   constants, workspaces; or a size, a stride, a scalar);
-- a word that differs between A and C, whose buffers are the same, is local to a capture,
+- a word that differs between A and C, or between B and D (a fourth capture over B's
+  buffers), whose buffers are the same, is local to a capture,
   not an I/O address: padding or unset struct members a launch copies from the stack
   (torch's elementwise kernels pass such bytes), or a temporary the capture allocated in
   its own pool. Capture A's value is the one its graph needs; it is kept;
@@ -21,8 +22,9 @@ by ``cuFuncGetParamInfo``; memcpy/memset nodes as their parameter structs) and c
   torch's sort and scatter/gather kernels pass) or points into a CUDA allocation that holds
   no staging buffer of that capture (the capture's own pool or a workspace: graph A keeps
   its memory) is capture-local too, kept as A has it (``allocation_of``; benchmarks/NOTES.md,
-  issue 12). Capture C runs over A's addresses through new tensor objects, so that padding
-  tied to the host objects differs between A and C as well;
+  issue 12). C and D run through new tensor objects, so that padding tied to the host
+  objects (stack bytes torch's TensorIterator kernels copy into unused struct slots) differs
+  within a pair as well;
 - anything else (a differing word that is not such a pair, different kernels or launch
   geometry, a memcpy/memset node or another kind whose parameters the driver will not
   re-point at XLA's buffers: the launcher replaces those touching an argument or result by
@@ -118,11 +120,13 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
                 sizes: Sequence[int],
                 nodes_c: Optional[Sequence[NodeInfo]] = None,
                 allocation_of: Optional[Callable[[list[int]], list[int]]] = None,
-                kept: Optional[list[str]] = None) -> list[PatchSite]:
+                kept: Optional[list[str]] = None,
+                nodes_d: Optional[Sequence[NodeInfo]] = None) -> list[PatchSite]:
     """The patch sites of capture A (buffers at ``staging_a``) given capture B of the same
     executable (buffers at ``staging_b``) and, optionally, capture C (buffers at
     ``staging_a`` again: words that differ between A and C are capture-local, kept as A
-    has them); raises NotPatchable. ``allocation_of(words)`` gives, per word, the start of
+    has them) and D (buffers at ``staging_b`` again: the same for B and D); raises
+    NotPatchable. ``allocation_of(words)`` gives, per word, the start of
     the CUDA allocation holding it (0: none); with it, differing words that are no address
     of an argument or result (module docstring) are kept as A has them too, each described
     in ``kept``."""
@@ -133,14 +137,17 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
     ranges_a, ranges_b = _Ranges(staging_a, sizes), _Ranges(staging_b, sizes)
     if nodes_c is None:
         nodes_c = nodes_a
-    if not len(nodes_a) == len(nodes_b) == len(nodes_c):
-        raise NotPatchable(f"the captures have {len(nodes_a)}, {len(nodes_b)} and "
-                           f"{len(nodes_c)} nodes")
+    if nodes_d is None:
+        nodes_d = nodes_b
+    if not len(nodes_a) == len(nodes_b) == len(nodes_c) == len(nodes_d):
+        raise NotPatchable(f"the captures have {len(nodes_a)}, {len(nodes_b)}, "
+                           f"{len(nodes_c)} and {len(nodes_d)} nodes")
     sites: list[PatchSite] = []
     others: list[tuple[str, int, int, int]] = []   # (where, byte, word in A, word in B)
-    for n, (a, b, c) in enumerate(zip(nodes_a, nodes_b, nodes_c)):
+    for n, (a, b, c, d) in enumerate(zip(nodes_a, nodes_b, nodes_c, nodes_d)):
         where = f"node {n} ({a.label()})"
-        if any(x.kind != a.kind or x.key != a.key or len(x.blob) != len(a.blob) for x in (b, c)):
+        if any(x.kind != a.kind or x.key != a.key or len(x.blob) != len(a.blob)
+               for x in (b, c, d)):
             raise NotPatchable(f"{where}: the captures differ in kernel, launch geometry "
                                "or parameter layout")
         if a.kind in PASSIVE:
@@ -159,8 +166,9 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
         words_a = struct.unpack_from(f"<{n_words}Q", a.blob)
         words_b = struct.unpack_from(f"<{n_words}Q", b.blob)
         words_c = struct.unpack_from(f"<{n_words}Q", c.blob)
-        for k, (wa, wb, wc) in enumerate(zip(words_a, words_b, words_c)):
-            if wa == wb or wa != wc:        # fixed, or local to a capture
+        words_d = struct.unpack_from(f"<{n_words}Q", d.blob)
+        for k, (wa, wb, wc, wd) in enumerate(zip(words_a, words_b, words_c, words_d)):
+            if wa == wb or wa != wc or wb != wd:     # fixed, or local to a capture
                 continue
             hit_a, hit_b = ranges_a.find(wa), ranges_b.find(wb)
             if hit_a is not None and hit_a == hit_b:
