@@ -117,6 +117,19 @@ def test_words_that_differ_per_staging_set_are_kept_only_where_no_io_address_can
         diff(heap_a, heap_b)
 
 
+def test_a_word_before_a_buffer_is_a_site_only_within_its_own_allocation_skew():
+    # A kernel given a tensor's storage start (the staging buffer's allocation, SKEW bytes
+    # before the buffer) and the offset apart: the same negative offset in both captures.
+    a, b = [kernel(words(A[1] - 64, A[0] - 8))], [kernel(words(B[1] - 64, B[0] - 8))]
+    assert patch_sites(a, b, A, B, SIZES, skew=64) == [PatchSite(0, 0, 1, -64),
+                                                        PatchSite(0, 8, 0, -8)]
+    for wa, wb in ((A[1] - 72, B[1] - 72), (A[1] - 64, B[1] - 56)):   # past the skew; offsets differ
+        with pytest.raises(NotPatchable, match="the word at byte 0"):
+            patch_sites([kernel(words(wa))], [kernel(words(wb))], A, B, SIZES, skew=64)
+    with pytest.raises(NotPatchable, match="the word at byte 0"):      # no skew: not a site
+        patch_sites([kernel(words(A[1] - 64))], [kernel(words(B[1] - 64))], A, B, SIZES)
+
+
 def test_identical_captures_need_no_patching():
     n = [kernel(words(FIXED, 3, 4))]
     assert patch_sites(n, n, A, B, SIZES) == []

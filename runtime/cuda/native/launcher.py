@@ -169,7 +169,8 @@ class NativeGraph:
         self.sites: list[PatchSite] = patch_sites(
             self.nodes, nodes_b, [t.data_ptr() for t in staging_a],
             [t.data_ptr() for t in staging_b], self.sizes, nodes_c,
-            allocation_of=self._allocations, kept=self.kept_words, nodes_d=nodes_d)
+            allocation_of=self._allocations, kept=self.kept_words, nodes_d=nodes_d,
+            skew=STAGING_SKEW)
         del graph_b, graph_c, graph_d
         self.id = self._create(self._graph.raw_cuda_graph(), device.index or 0)
         # A trial launch over capture B's buffers: every site re-pointed and the graph run

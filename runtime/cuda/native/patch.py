@@ -14,8 +14,10 @@ by ``cuFuncGetParamInfo``; memcpy/memset nodes as their parameter structs) and c
   (torch's elementwise kernels pass such bytes), or a temporary the capture allocated in
   its own pool. Capture A's value is the one its graph needs; it is kept;
 - a word that differs must be ``staging_a[i] + d`` in one capture and ``staging_b[i] + d``
-  in the other, for one buffer ``i`` and the same ``d`` in ``[0, size_i]``: it is then a
-  patch site ``(node, byte offset, i, d)``, and each call writes ``address_i + d`` there;
+  in the other, for one buffer ``i`` and the same ``d`` in ``[0, size_i]`` (or in
+  ``[-skew, 0)``: the bytes of the buffer's own allocation before it, where a tensor's storage
+  starts): it is then a patch site ``(node, byte offset, i, d)``, and each call writes
+  ``address_i + d`` there;
 - a word that differs between A and B, is in neither capture a place in an argument or
   result buffer, and in both captures either is a host address the CUDA driver manages no
   memory at (no kernel can read through it: struct padding holding a host pointer, as
@@ -104,15 +106,18 @@ class _Ranges:
             if starts[a] + sizes[a] > starts[b]:
                 raise ValueError(f"staging buffers {a} and {b} overlap")
 
-    def find(self, word: int) -> tuple[int, int] | None:
+    def find(self, word: int, before: int = 0) -> tuple[int, int] | None:
         """(buffer, offset) with start <= word <= start + size (one past the end counts),
-        or None."""
+        else with start - ``before`` <= word < start (a negative offset), or None."""
         k = bisect.bisect_right(self.starts, word) - 1
-        if k < 0:
-            return None
-        i = self.order[k]
-        d = word - self.starts[k]
-        return (i, d) if d <= self.sizes[i] else None
+        if k >= 0:
+            i = self.order[k]
+            d = word - self.starts[k]
+            if d <= self.sizes[i]:
+                return i, d
+        if k + 1 < len(self.starts) and self.starts[k + 1] - word <= before:
+            return self.order[k + 1], word - self.starts[k + 1]
+        return None
 
 
 def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
@@ -121,12 +126,16 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
                 nodes_c: Optional[Sequence[NodeInfo]] = None,
                 allocation_of: Optional[Callable[[list[int]], list[int]]] = None,
                 kept: Optional[list[str]] = None,
-                nodes_d: Optional[Sequence[NodeInfo]] = None) -> list[PatchSite]:
+                nodes_d: Optional[Sequence[NodeInfo]] = None,
+                skew: int = 0) -> list[PatchSite]:
     """The patch sites of capture A (buffers at ``staging_a``) given capture B of the same
     executable (buffers at ``staging_b``) and, optionally, capture C (buffers at
     ``staging_a`` again: words that differ between A and C are capture-local, kept as A
     has them) and D (buffers at ``staging_b`` again: the same for B and D); raises
-    NotPatchable. ``allocation_of(words)`` gives, per word, the start of
+    NotPatchable. ``skew``: bytes before each staging buffer that belong to its allocation
+    alone (launcher.STAGING_SKEW), where a word may point at the same negative offset in
+    both captures (a kernel given its tensor's storage start and the offset apart).
+    ``allocation_of(words)`` gives, per word, the start of
     the CUDA allocation holding it (0: none); with it, differing words that are no address
     of an argument or result (module docstring) are kept as A has them too, each described
     in ``kept``."""
@@ -170,7 +179,7 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
         for k, (wa, wb, wc, wd) in enumerate(zip(words_a, words_b, words_c, words_d)):
             if wa == wb or wa != wc or wb != wd:     # fixed, or local to a capture
                 continue
-            hit_a, hit_b = ranges_a.find(wa), ranges_b.find(wb)
+            hit_a, hit_b = ranges_a.find(wa, skew), ranges_b.find(wb, skew)
             if hit_a is not None and hit_a == hit_b:
                 sites.append(PatchSite(n, 8 * k, hit_a[0], hit_a[1]))
             elif hit_a is None and hit_b is None and allocation_of is not None:
