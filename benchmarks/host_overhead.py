@@ -322,9 +322,13 @@ def main() -> None:
             lines.append(f"| {w} | {a[w]['dispatch']:.1f} | {a[w]['wall']:.1f} | "
                          f"{a[w]['wall'] / ref:.2f} |")
     lines += ["", "## Executable reports (host steps)", ""] + reports
-    text = "\n".join(lines)
+    write_report("\n".join(lines), opts.out)
+
+
+def write_report(text: str, out: str) -> None:
+    """Print ``text`` and write it to ``out`` and to $OUT (the device run's results)."""
     print(text)
-    for path in (opts.out, os.path.join(os.environ.get("OUT", "/tmp"), "host_overhead.md")):
+    for path in (out, os.path.join(os.environ.get("OUT", "/tmp"), os.path.basename(out))):
         try:
             with open(path, "w") as f:
                 f.write(text + "\n")

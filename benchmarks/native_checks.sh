@@ -5,7 +5,9 @@
 # at a time: host overhead, gpu_suite's host-bound programs. Logs and tables go to $OUT.
 #   PART=build,tests,host,suite,suite2 bash benchmarks/native_checks.sh
 #   (default build,tests,host,suite: suite is the host-bound half of gpu_suite, suite2 adds
-#   the device-bound half)
+#   the device-bound half). gpucheck: every gpu-marked test but the zoo's, with coverage
+#   (the zoo against jax.jit, per program native or Python and why: native_coverage.py, 4
+#   shards) at the same time; floor: benchmarks/dispatch_floor.py.
 # T_* are the per-part time limits in seconds; ZOO_N sets the zoo's pytest workers.
 set -u
 OUT=${OUT:-/tmp}
@@ -30,6 +32,24 @@ if [[ $PART == *tests* ]]; then
   wait
   unset XLA_PYTHON_CLIENT_PREALLOCATE
 fi
+if [[ $PART == *gpucheck* ]]; then
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  timeout ${T_GPU:-220} $PYTEST -n 3 -m gpu -k "not test_zoo_on_gpu" tests/ > $OUT/t_gpu.log 2>&1 &
+  for i in 0 1 2 3; do
+    timeout ${T_COV:-220} python3 -m benchmarks.native_coverage --shard $i/4 \
+        --jsonl /tmp/cov_$i.jsonl > /tmp/cov_$i.log 2>&1 &
+  done
+  wait
+  cat /tmp/cov_?.log | grep -v '^{' > $OUT/coverage.log
+  python3 -m benchmarks.native_coverage --merge /tmp/cov_?.jsonl --out $OUT/native_coverage.md \
+      > /dev/null 2>&1
+  unset XLA_PYTHON_CLIENT_PREALLOCATE
+fi
+if [[ $PART == *floor* ]]; then
+  timeout ${T_FLOOR:-100} python3 -m benchmarks.dispatch_floor --rounds ${ROUNDS:-3} \
+      --out $OUT/dispatch_floor.md > $OUT/floor.log 2>&1
+  echo "dispatch_floor rc $?"
+fi
 if [[ $PART == *host* ]]; then
   timeout ${T_HOST:-120} python3 -m benchmarks.host_overhead --rounds ${ROUNDS:-3} \
       --out $OUT/host_overhead.md > $OUT/host.log 2>&1
@@ -46,10 +66,12 @@ if [[ $PART == *suite* ]]; then
     echo "gpu_suite (device-bound half) rc $?"
   fi
 fi
-for f in t_native t_zoo t_rest; do
+for f in t_native t_zoo t_rest t_gpu; do
   [[ -f $OUT/$f.log ]] && { echo "== $f"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/$f.log | tail -8;
     grep -o "NativeLauncherWarning: hlotk: [a-z_0-9]*: .\{0,160\}" $OUT/$f.log | sort -u | head -12; }
 done
+[[ -f $OUT/native_coverage.md ]] && cut -c1-300 $OUT/native_coverage.md
+[[ -f $OUT/dispatch_floor.md ]] && tail -n +5 $OUT/dispatch_floor.md
 [[ -f $OUT/host_overhead.md ]] && sed -n '7,40p' $OUT/host_overhead.md | grep -v '^$' | cut -c1-400
 for f in $OUT/gpu_suite_1.md $OUT/gpu_suite_2.md; do
   [[ -f $f ]] && grep "^| " $f | cut -d'|' -f2-8,15 | cut -c1-220

@@ -71,6 +71,63 @@ def test_words_that_differ_between_captures_over_the_same_buffers_are_kept_as_ca
         patch_sites(a, b, A, B, SIZES, [kernel(words(A[0], 0x7F86_7230_0100, 0x3000_0000))])
     with pytest.raises(NotPatchable, match="captures differ in kernel"):
         patch_sites(a, b, A, B, SIZES, [kernel(words(A[0]))])
+    # Stack bytes that differ only in B (the odd capture) are caught by D, over B's buffers
+    # again: a word differing within either pair is capture-local.
+    a = [kernel(words(A[0], 0x101, 0x3000_0000))]
+    b = [kernel(words(B[0], 0xDD00_0101, 0x3000_0000))]
+    d = [kernel(words(B[0], 0x101, 0x3000_0000))]
+    assert patch_sites(a, b, A, B, SIZES, a, nodes_d=d) == [PatchSite(0, 0, 0, 0)]
+    with pytest.raises(NotPatchable, match="the word at byte 8"):
+        patch_sites(a, b, A, B, SIZES, a, nodes_d=b)
+    with pytest.raises(NotPatchable, match="1, 1, 1 and 2 nodes"):
+        patch_sites(a, b, A, B, SIZES, a, nodes_d=d + d)
+
+
+def test_words_that_differ_per_staging_set_are_kept_only_where_no_io_address_can_be():
+    # torch's sort/scatter kernels pass struct padding holding a host heap pointer, and some
+    # kernels a temporary of the capture's own pool, that are the same in A and C and differ
+    # in B. Kept as A has them only where the driver says no memory lies there (host) or the
+    # memory is an allocation holding no staging buffer (the graph's own).
+    heap_a, heap_b = 0x5600_1234_5670, 0x5600_1234_9990
+    pool_a, pool_b = 0x7C00_0000_1200, 0x7C00_0000_2200
+    segment = {A[0]: 0x7F00_0000_0000, A[1]: 0x7F00_0000_0000, B[0]: 0x7E00_0000_0000,
+               B[1]: 0x7E00_0000_0000, pool_a: 0x7C00_0000_0000, pool_b: 0x7C00_0000_0000,
+               A[0] + 8192: 0x7F00_0000_0000}
+    asked: list[list[int]] = []
+
+    def allocation_of(ws):
+        asked.append(list(ws))
+        return [segment.get(w, 0) for w in ws]
+
+    def diff(wa, wb, **kw):
+        a, b = [kernel(words(A[0], wa, 7))], [kernel(words(B[0], wb, 7))]
+        return patch_sites(a, b, A, B, SIZES, a, **kw)
+    kept: list[str] = []
+    assert diff(heap_a, heap_b, allocation_of=allocation_of, kept=kept) == [PatchSite(0, 0, 0, 0)]
+    assert diff(pool_a, pool_b, allocation_of=allocation_of, kept=kept) == [PatchSite(0, 0, 0, 0)]
+    assert kept == ["node 0 (kernel fusion_1) byte 8 (host word)",
+                    "node 0 (kernel fusion_1) byte 8 (device word outside the arguments/results)"]
+    assert asked[0] == [heap_a, heap_b] + A + B       # one question for all words
+    with pytest.raises(NotPatchable, match="byte 8 .*points into an argument or result's allocation"):
+        diff(A[0] + 8192, pool_b, allocation_of=allocation_of)    # past buffer 0's end
+    for wa, wb in ((5, 6), (heap_a, pool_b)):                      # a number; host vs device
+        with pytest.raises(NotPatchable, match="byte 8 .*it is no address"):
+            diff(wa, wb, allocation_of=allocation_of)
+    with pytest.raises(NotPatchable, match="the word at byte 8"):  # no driver to ask
+        diff(heap_a, heap_b)
+
+
+def test_a_word_before_a_buffer_is_a_site_only_within_its_own_allocation_skew():
+    # A kernel given a tensor's storage start (the staging buffer's allocation, SKEW bytes
+    # before the buffer) and the offset apart: the same negative offset in both captures.
+    a, b = [kernel(words(A[1] - 64, A[0] - 8))], [kernel(words(B[1] - 64, B[0] - 8))]
+    assert patch_sites(a, b, A, B, SIZES, skew=64) == [PatchSite(0, 0, 1, -64),
+                                                        PatchSite(0, 8, 0, -8)]
+    for wa, wb in ((A[1] - 72, B[1] - 72), (A[1] - 64, B[1] - 56)):   # past the skew; offsets differ
+        with pytest.raises(NotPatchable, match="the word at byte 0"):
+            patch_sites([kernel(words(wa))], [kernel(words(wb))], A, B, SIZES, skew=64)
+    with pytest.raises(NotPatchable, match="the word at byte 0"):      # no skew: not a site
+        patch_sites([kernel(words(A[1] - 64))], [kernel(words(B[1] - 64))], A, B, SIZES)
 
 
 def test_identical_captures_need_no_patching():
@@ -92,7 +149,7 @@ def test_a_differing_word_that_is_no_address_pair_is_not_patchable(wa, wb, why):
 def test_different_kernels_node_counts_and_node_kinds_are_not_patchable():
     with pytest.raises(NotPatchable, match="captures differ in kernel, launch geometry"):
         patch_sites([kernel(words(A[0]), key=b"f1")], [kernel(words(B[0]), key=b"f2")], A, B, SIZES)
-    with pytest.raises(NotPatchable, match="2, 1 and 2 nodes"):
+    with pytest.raises(NotPatchable, match="2, 1, 2 and 1 nodes"):
         patch_sites([kernel(b""), kernel(b"")], [kernel(b"")], A, B, SIZES)
     host = NodeInfo("host", b"", b"")
     with pytest.raises(NotPatchable, match="a host node"):
@@ -519,28 +576,88 @@ def test_results_written_by_copies_follow_the_output_addresses():
 
 
 @gpu
-def test_a_copy_node_of_an_argument_keeps_the_python_path_with_one_warning():
-    # logsumexp's executable starts with a copy of its argument (a memcpy node: the driver
-    # will not re-point one at XLA's buffers): one warning, then correct results from the
-    # Python path on every call.
+def test_copy_and_fill_nodes_on_staged_buffers_become_kernels_with_the_drivers_results():
+    # Memcpy/memset nodes recorded from the driver API (what cudaMemcpyAsync/cudaMemsetAsync
+    # capture as) over staging tensors: those touching the given ranges are replaced by the
+    # launcher's PTX copy/fill kernels; the graph then computes what the driver calls would.
+    import ctypes
+    import torch
+    from runtime.cuda.native import driver_library, int_array
+    lib = driver_library()
+    cu = ctypes.CDLL("libcuda.so.1")
+    u64 = ctypes.c_uint64
+    src = torch.arange(4096, dtype=torch.uint8, device="cuda").add_(7)
+    dst = torch.zeros(4096, dtype=torch.uint8, device="cuda")
+    other = torch.zeros(4096, dtype=torch.uint8, device="cuda")   # not in any range
+    p_src, p_dst, p_other = src.data_ptr(), dst.data_ptr(), other.data_ptr()
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.stream(stream):
+        graph.capture_begin(capture_error_mode="thread_local")
+        h = ctypes.c_void_p(stream.cuda_stream)
+        ops = [  # (driver call, arguments): wide (16-byte) path, byte path, fills, untouched
+            (cu.cuMemcpyDtoDAsync_v2, (u64(p_dst), u64(p_src), ctypes.c_size_t(1000), h)),
+            (cu.cuMemcpyDtoDAsync_v2, (u64(p_dst + 1003), u64(p_src + 5), ctypes.c_size_t(333), h)),
+            (cu.cuMemsetD8Async, (u64(p_dst + 1500), ctypes.c_ubyte(0xAB), ctypes.c_size_t(77), h)),
+            (cu.cuMemsetD2D16Async, (u64(p_dst + 2048), ctypes.c_size_t(64), ctypes.c_ushort(0x1234),
+                                     ctypes.c_size_t(10), ctypes.c_size_t(5), h)),
+            (cu.cuMemsetD32Async, (u64(p_dst + 3072), ctypes.c_uint(0xDEADBEEF), ctypes.c_size_t(100), h)),
+            (cu.cuMemcpyDtoDAsync_v2, (u64(p_other), u64(p_other + 2048), ctypes.c_size_t(512), h)),
+        ]
+        try:
+            for fn, args in ops:
+                assert fn(*args) == 0
+        finally:
+            graph.capture_end()
+    err = ctypes.create_string_buffer(1024)
+    starts, sizes = [p_src, p_dst], [4096, 4096]
+    lowered = lib.hk_graph_lower_copies(graph.raw_cuda_graph(), 2, int_array(starts, u64),
+                                        int_array(sizes, u64), err, 1024)
+    assert lowered == 5, err.value
+    want = np.zeros(4096, np.uint8)
+    s = (np.arange(4096) + 7).astype(np.uint8)
+    want[:1000] = s[:1000]
+    want[1003:1336] = s[5:338]
+    want[1500:1577] = 0xAB
+    for r in range(5):
+        want[2048 + 64 * r:2048 + 64 * r + 20] = np.frombuffer(np.uint16(0x1234).tobytes() * 10, np.uint8)
+    want[3072:3472] = np.frombuffer(np.uint32(0xDEADBEEF).tobytes() * 100, np.uint8)
+    graph.replay()
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(dst.cpu().numpy(), want)
+    assert other.abs().sum().item() == 0       # the untouched copy still ran: zeros to zeros
+
+
+@gpu
+def test_memcpy_nodes_of_arguments_and_results_run_as_copy_kernels_on_the_native_path(monkeypatch):
+    # The executable returns its argument (a copy into the result) and a reversed copy. With
+    # the runtime's own kernel copies off, the capture records memcpy nodes from the argument
+    # into the results, which the driver will not re-point at XLA's buffers: the launcher
+    # replaces them by its copy kernel. New arguments every call, earlier results held.
     import runtime
-    from runtime.cuda import NativeLauncherWarning, executable_of
-    from tests.zoo import by_name
+    from runtime.cuda import executable_of
+    from runtime.cuda.native import launcher
+    context = launcher.NativeGraph._context
+
+    def memcpy_context(self):
+        ctx = context(self)
+        ctx.kernel_copies = False          # thunks.copy_bytes: Tensor.copy_, a memcpy node
+        return ctx
+    monkeypatch.setattr(launcher.NativeGraph, "_context", memcpy_context)
     dev = _jax_gpu()
-    prog = by_name("logsumexp")
-    args = jax.device_put(prog.args(), dev)
-    c = runtime.jit(prog.fn, backend="cuda").lower(*args).compile()
+    fn = lambda x, y: (x, y * 2.0, x[::-1] + y)  # noqa: E731
+    spec = jax.ShapeDtypeStruct((1001,), jnp.float32)          # 4004 bytes: a byte tail
+    c = runtime.jit(fn, backend="cuda").lower(spec, spec).compile()
     rng = np.random.default_rng(1)
-    calls = [jax.tree.map(lambda x: jax.device_put(
-        rng.standard_normal(x.shape).astype(x.dtype), dev), args) for _ in range(3)]
-    with pytest.warns(NativeLauncherWarning, match="memcpy"):
-        held = [c(*a) for a in calls]
+    calls = [[jax.device_put(rng.standard_normal(1001).astype(np.float32), dev) for _ in "xy"]
+             for _ in range(4)]
+    held = [c(*a) for a in calls]
     exe = executable_of(c)
-    if exe.native is not None:
-        pytest.skip("logsumexp's graph has no copy of an argument here")
-    assert "memcpy" in exe.native_reason and "host path: python" in exe.report()
+    assert exe.native is not None, exe.native_reason
+    assert exe.native.lowered_copies >= 1 and "run as kernels" in exe.report(), exe.report()
+    assert {n.kind for n in exe.native.nodes} == {"kernel"}, exe.report()
     for a, h in zip(calls, held):
-        _close(h, jax.jit(prog.fn)(*a), max(prog.rtol, prog.atol, 1e-5))
+        _close(h, jax.jit(fn)(*a), 0)
 
 
 @gpu

@@ -8,7 +8,7 @@ of a tiny wrapper, so that JAX's C++ dispatch flattens the pytrees, checks the a
 allocates the results (fresh ``jax.Array``s, donation through ``input_output_aliases``)
 and hands the handler raw device pointers on XLA's stream. The handler writes the pointers
 that moved since the last call into the graph's kernel parameters at the places found by
-diffing three captures (``patch.py``) and calls ``cuGraphLaunch``. After the first call of a
+diffing four captures (``patch.py``) and calls ``cuGraphLaunch``. After the first call of a
 signature, a call is JAX's dispatch plus a few µs of C++; no Python runs per buffer.
 
 Which executables: those whose every thunk can be captured (no host-driven loops or
@@ -191,6 +191,9 @@ def _declare(lib: Any) -> None:
         "hk_exec_blob": (c.c_int, [c.c_int64, c.c_int32, c.c_void_p, u64p]),
         "hk_exec_stats": (c.c_int, [c.c_int64, u64p]),
         "hk_exec_destroy": (None, [c.c_int64]),
+        "hk_graph_lower_copies": (c.c_int, [c.c_uint64, c.c_int32, u64p, u64p, c.c_char_p,
+                                            c.c_size_t]),
+        "hk_cuda_allocations": (c.c_int, [u64p, c.c_int32, u64p]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

@@ -5,7 +5,9 @@
 // writes those that changed since the last call into the graph's kernel parameters (and
 // memcpy/memset node parameters) at the places the capture diff found (patch.py), and
 // launches the graph. Nothing here allocates, synchronizes or calls back into Python.
-// Memcpy/memset nodes are read (so that the diff sees what they touch) but never patched.
+// Memcpy/memset nodes are read (so that the diff sees what they touch) but never patched:
+// before the diff, those that touch an argument or result are replaced by kernel nodes of
+// two small copy/fill kernels (kCopyKernelsPtx, LowerCopies), whose parameters can be.
 //
 // The CUDA driver API is resolved from libcuda.so.1 at run time (no CUDA headers or
 // libraries are needed to build this file); every call's status is checked and turned into
@@ -13,6 +15,7 @@
 // that jaxlib ships (jax.ffi.include_dir()).
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -39,6 +42,7 @@ typedef struct CUfunc_st* CUfunction;
 typedef struct CUkern_st* CUkernel;
 typedef struct CUctx_st* CUcontext;
 typedef struct CUstream_st* CUstream;
+typedef struct CUmod_st* CUmodule;
 
 constexpr CUresult kInvalidValue = 1;  // CUDA_ERROR_INVALID_VALUE
 constexpr int kAlignment = 64;          // launcher.ALIGNMENT: what the captures assumed
@@ -64,6 +68,27 @@ static_assert(sizeof(KernelNodeParams) == 72, "CUDA_KERNEL_NODE_PARAMS_v2 is 72 
 // their address fields are found by the same word diff as kernel parameters.
 constexpr size_t kMemcpy3DSize = 200;
 constexpr size_t kMemsetSize = 40;
+constexpr int kMemoryHost = 1, kMemoryDevice = 2, kMemoryUnified = 4;  // CUmemorytype
+constexpr int kPointerMemoryType = 2;   // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr int kPointerRangeStart = 11;  // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+
+// The fields of CUDA_MEMCPY3D and CUDA_MEMSET_NODE_PARAMS that LowerCopies reads.
+struct Memcpy3D {
+  uint64_t src_x, src_y, src_z, src_lod;
+  int32_t src_type, pad0;
+  uint64_t src_host, src_device, src_array, reserved0, src_pitch, src_height;
+  uint64_t dst_x, dst_y, dst_z, dst_lod;
+  int32_t dst_type, pad1;
+  uint64_t dst_host, dst_device, dst_array, reserved1, dst_pitch, dst_height;
+  uint64_t width, height, depth;
+};
+static_assert(sizeof(Memcpy3D) == kMemcpy3DSize, "CUDA_MEMCPY3D is 200 bytes");
+struct MemsetParams {
+  uint64_t dst, pitch;
+  uint32_t value, element_size;
+  uint64_t width, height;
+};
+static_assert(sizeof(MemsetParams) == kMemsetSize, "CUDA_MEMSET_NODE_PARAMS is 40 bytes");
 
 struct Driver {
   CUresult (*Init)(unsigned int);
@@ -85,6 +110,18 @@ struct Driver {
   CUresult (*CtxPushCurrent)(CUcontext);
   CUresult (*CtxPopCurrent)(CUcontext*);
   CUresult (*CtxSynchronize)();
+  // Replacing copy/fill nodes by kernels (LowerCopies) and classifying words; optional:
+  // without them the copies stay memcpy/memset nodes (and keep such programs on Python).
+  CUresult (*ModuleLoadData)(CUmodule*, const void*);
+  CUresult (*ModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*GraphNodeGetDependencies)(CUgraphNode, CUgraphNode*, void*, size_t*);   // _v2
+  CUresult (*GraphNodeGetDependentNodes)(CUgraphNode, CUgraphNode*, void*, size_t*); // _v2
+  CUresult (*GraphAddDependencies)(CUgraph, const CUgraphNode*, const CUgraphNode*,
+                                   const void*, size_t);                              // _v2
+  CUresult (*GraphAddKernelNode)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
+                                 const KernelNodeParams*);                            // _v2
+  CUresult (*GraphDestroyNode)(CUgraphNode);
+  CUresult (*PointerGetAttribute)(void*, int, CUdeviceptr);
 };
 
 struct Failure {
@@ -153,6 +190,14 @@ bool LoadDriver(std::string* error) {
       {"cuCtxPushCurrent_v2", reinterpret_cast<void**>(&g_cu.CtxPushCurrent), true},
       {"cuCtxPopCurrent_v2", reinterpret_cast<void**>(&g_cu.CtxPopCurrent), true},
       {"cuCtxSynchronize", reinterpret_cast<void**>(&g_cu.CtxSynchronize), true},
+      {"cuModuleLoadData", reinterpret_cast<void**>(&g_cu.ModuleLoadData), false},
+      {"cuModuleGetFunction", reinterpret_cast<void**>(&g_cu.ModuleGetFunction), false},
+      {"cuGraphNodeGetDependencies_v2", reinterpret_cast<void**>(&g_cu.GraphNodeGetDependencies), false},
+      {"cuGraphNodeGetDependentNodes_v2", reinterpret_cast<void**>(&g_cu.GraphNodeGetDependentNodes), false},
+      {"cuGraphAddDependencies_v2", reinterpret_cast<void**>(&g_cu.GraphAddDependencies), false},
+      {"cuGraphAddKernelNode_v2", reinterpret_cast<void**>(&g_cu.GraphAddKernelNode), false},
+      {"cuGraphDestroyNode", reinterpret_cast<void**>(&g_cu.GraphDestroyNode), false},
+      {"cuPointerGetAttribute", reinterpret_cast<void**>(&g_cu.PointerGetAttribute), false},
   };
   for (const Entry& e : entries) {
     *e.slot = dlsym(lib, e.name);
@@ -291,6 +336,258 @@ NodeView Read(CUgraphNode node) {
     HK_CHECK(g_cu.GraphMemsetNodeGetParams(node, v.blob.data()));
   }
   return v;
+}
+
+// --- copies and fills as kernels ------------------------------------------------------------
+// cuGraphExecMemcpyNodeSetParams refused to re-point a captured memcpy node at XLA's buffers
+// (CUDA_ERROR_INVALID_VALUE, benchmarks/NOTES.md issue 12 run 3), while kernel parameters are
+// re-pointed freely. So a memcpy (device to device, 1-D) or memset node that touches an
+// argument or result is replaced, in the captured graph and before the diff, by a kernel
+// node with the same dependencies: hk_copy(dst, src, n) or hk_fill(dst, pitch, value,
+// element size, width, height). Written in PTX (the driver compiles it for the device on
+// first use: no CUDA toolkit is needed to build or run), checked with ptxas for sm_80/sm_90.
+const char kCopyKernelsPtx[] = R"PTX(
+.version 7.0
+.target sm_80
+.address_size 64
+
+// dst[0:n] = src[0:n] (bytes): 16-byte moves where both addresses allow, then bytes.
+.visible .entry hk_copy(.param .u64 p_dst, .param .u64 p_src, .param .u64 p_n)
+{
+  .reg .pred %p<4>;
+  .reg .b16 %h<2>;
+  .reg .b32 %r<9>;
+  .reg .b64 %d<16>;
+  ld.param.u64 %d1, [p_dst];
+  ld.param.u64 %d2, [p_src];
+  ld.param.u64 %d3, [p_n];
+  cvta.to.global.u64 %d1, %d1;
+  cvta.to.global.u64 %d2, %d2;
+  mov.u32 %r1, %ctaid.x;
+  mov.u32 %r2, %ntid.x;
+  mov.u32 %r3, %tid.x;
+  mov.u32 %r4, %nctaid.x;
+  mul.wide.u32 %d4, %r1, %r2;
+  cvt.u64.u32 %d5, %r3;
+  add.u64 %d4, %d4, %d5;
+  mul.wide.u32 %d6, %r4, %r2;
+  mov.u64 %d12, 0;
+  or.b64 %d7, %d1, %d2;
+  and.b64 %d7, %d7, 15;
+  setp.ne.u64 %p1, %d7, 0;
+  @%p1 bra TAIL;
+  shr.u64 %d8, %d3, 4;
+  mov.u64 %d9, %d4;
+WIDE:
+  setp.ge.u64 %p2, %d9, %d8;
+  @%p2 bra WIDE_DONE;
+  shl.b64 %d10, %d9, 4;
+  add.u64 %d11, %d2, %d10;
+  ld.global.v4.u32 {%r5, %r6, %r7, %r8}, [%d11];
+  add.u64 %d11, %d1, %d10;
+  st.global.v4.u32 [%d11], {%r5, %r6, %r7, %r8};
+  add.u64 %d9, %d9, %d6;
+  bra WIDE;
+WIDE_DONE:
+  shl.b64 %d12, %d8, 4;
+TAIL:
+  add.u64 %d9, %d12, %d4;
+BYTE:
+  setp.ge.u64 %p3, %d9, %d3;
+  @%p3 bra DONE;
+  add.u64 %d11, %d2, %d9;
+  ld.global.u8 %h1, [%d11];
+  add.u64 %d11, %d1, %d9;
+  st.global.u8 [%d11], %h1;
+  add.u64 %d9, %d9, %d6;
+  bra BYTE;
+DONE:
+  ret;
+}
+
+// cuMemsetD2D{8,16,32}: height rows of width elements of elem (1, 2 or 4) bytes, rows pitch
+// bytes apart, each element set to value's low elem bytes.
+.visible .entry hk_fill(.param .u64 p_dst, .param .u64 p_pitch, .param .u32 p_value,
+                        .param .u32 p_elem, .param .u64 p_width, .param .u64 p_height)
+{
+  .reg .pred %p<4>;
+  .reg .b16 %h<2>;
+  .reg .b32 %r<8>;
+  .reg .b64 %d<16>;
+  ld.param.u64 %d1, [p_dst];
+  ld.param.u64 %d2, [p_pitch];
+  ld.param.u32 %r5, [p_value];
+  ld.param.u32 %r6, [p_elem];
+  ld.param.u64 %d3, [p_width];
+  ld.param.u64 %d4, [p_height];
+  cvta.to.global.u64 %d1, %d1;
+  mov.u32 %r1, %ctaid.x;
+  mov.u32 %r2, %ntid.x;
+  mov.u32 %r3, %tid.x;
+  mov.u32 %r4, %nctaid.x;
+  mul.wide.u32 %d5, %r1, %r2;
+  cvt.u64.u32 %d6, %r3;
+  add.u64 %d5, %d5, %d6;
+  mul.wide.u32 %d6, %r4, %r2;
+  mul.lo.u64 %d7, %d3, %d4;
+  cvt.u64.u32 %d8, %r6;
+  cvt.u16.u32 %h1, %r5;
+LOOP:
+  setp.ge.u64 %p1, %d5, %d7;
+  @%p1 bra DONE;
+  div.u64 %d9, %d5, %d3;
+  mul.lo.u64 %d10, %d9, %d3;
+  sub.u64 %d10, %d5, %d10;
+  mul.lo.u64 %d9, %d9, %d2;
+  mul.lo.u64 %d10, %d10, %d8;
+  add.u64 %d9, %d9, %d10;
+  add.u64 %d9, %d1, %d9;
+  setp.eq.u32 %p2, %r6, 4;
+  @%p2 st.global.u32 [%d9], %r5;
+  setp.eq.u32 %p3, %r6, 2;
+  @%p3 st.global.u16 [%d9], %h1;
+  setp.eq.u32 %p2, %r6, 1;
+  @%p2 st.global.u8 [%d9], %h1;
+  add.u64 %d5, %d5, %d6;
+  bra LOOP;
+DONE:
+  ret;
+}
+)PTX";
+
+struct CopyKernels {
+  CUfunction copy = nullptr;
+  CUfunction fill = nullptr;
+};
+std::mutex g_kernels_mu;
+std::unordered_map<CUcontext, CopyKernels> g_kernels;  // per context: modules are per context
+
+CopyKernels KernelsOfCurrentContext() {
+  if (!g_cu.ModuleLoadData || !g_cu.ModuleGetFunction || !g_cu.GraphNodeGetDependencies ||
+      !g_cu.GraphNodeGetDependentNodes || !g_cu.GraphAddDependencies ||
+      !g_cu.GraphAddKernelNode || !g_cu.GraphDestroyNode) {
+    throw Failure("the CUDA driver lacks the graph-editing calls (CUDA 12.3 or newer) needed "
+                  "to replace copy nodes by kernels");
+  }
+  CUcontext ctx = nullptr;
+  HK_CHECK(g_cu.CtxGetCurrent(&ctx));
+  if (ctx == nullptr) throw Failure("no current CUDA context");
+  std::lock_guard<std::mutex> lock(g_kernels_mu);
+  auto it = g_kernels.find(ctx);
+  if (it != g_kernels.end()) return it->second;
+  CUmodule module = nullptr;
+  HK_CHECK(g_cu.ModuleLoadData(&module, kCopyKernelsPtx));
+  CopyKernels k;
+  HK_CHECK(g_cu.ModuleGetFunction(&k.copy, module, "hk_copy"));
+  HK_CHECK(g_cu.ModuleGetFunction(&k.fill, module, "hk_fill"));
+  g_kernels.emplace(ctx, k);
+  return k;
+}
+
+struct Range {
+  uint64_t start, size;
+};
+
+bool Touches(const std::vector<Range>& ranges, uint64_t start, uint64_t size) {
+  for (const Range& r : ranges) {
+    if (start < r.start + r.size && r.start < start + size) return true;
+  }
+  return false;
+}
+
+std::vector<CUgraphNode> Neighbours(CUgraphNode node, bool dependencies) {
+  auto query = dependencies ? g_cu.GraphNodeGetDependencies : g_cu.GraphNodeGetDependentNodes;
+  size_t n = 0;
+  HK_CHECK(query(node, nullptr, nullptr, &n));
+  std::vector<CUgraphNode> out(n);
+  if (n) HK_CHECK(query(node, out.data(), nullptr, &n));
+  out.resize(n);
+  return out;
+}
+
+// Replaces `node` by a kernel node (same dependencies and dependents).
+void ReplaceByKernel(CUgraph graph, CUgraphNode node, CUfunction func, unsigned blocks,
+                     void** params) {
+  std::vector<CUgraphNode> deps = Neighbours(node, true);
+  std::vector<CUgraphNode> dependents = Neighbours(node, false);
+  KernelNodeParams p{};
+  p.func = func;
+  p.grid[0] = blocks;
+  p.grid[1] = p.grid[2] = 1;
+  p.block[0] = 256;
+  p.block[1] = p.block[2] = 1;
+  p.kernel_params = params;
+  CUgraphNode kernel = nullptr;
+  HK_CHECK(g_cu.GraphAddKernelNode(&kernel, graph, deps.data(), deps.size(), &p));
+  if (!dependents.empty()) {
+    std::vector<CUgraphNode> from(dependents.size(), kernel);
+    HK_CHECK(g_cu.GraphAddDependencies(graph, from.data(), dependents.data(), nullptr,
+                                       dependents.size()));
+  }
+  HK_CHECK(g_cu.GraphDestroyNode(node));
+}
+
+unsigned BlocksFor(uint64_t units) {  // 256 threads a block, grid-stride loops past 4096
+  uint64_t blocks = (units + 255) / 256;
+  return static_cast<unsigned>(std::min<uint64_t>(std::max<uint64_t>(blocks, 1), 4096));
+}
+
+// A memcpy operand's device address, or 0 where it is not plain device memory (host, an
+// array, unified memory that is not on the device, a 2-D/3-D offset).
+uint64_t DeviceOperand(int type, uint64_t device, uint64_t x, uint64_t y, uint64_t z) {
+  if (y != 0 || z != 0) return 0;
+  if (type == kMemoryUnified) {
+    unsigned int kind = 0;
+    if (!g_cu.PointerGetAttribute ||
+        g_cu.PointerGetAttribute(&kind, kPointerMemoryType, device) != 0 ||
+        kind != kMemoryDevice) {
+      return 0;
+    }
+  } else if (type != kMemoryDevice) {
+    return 0;
+  }
+  return device + x;
+}
+
+// Replaces every 1-D device-to-device memcpy node and every memset node of `graph` that
+// touches one of `ranges` by a copy/fill kernel node; returns how many it replaced. A copy
+// it cannot express stays as it is (the diff then says which node keeps the Python path).
+int LowerCopies(CUgraph graph, const std::vector<Range>& ranges) {
+  int replaced = 0;
+  CopyKernels k;
+  for (CUgraphNode node : Nodes(graph)) {
+    int type = -1;
+    HK_CHECK(g_cu.GraphNodeGetType(node, &type));
+    if (type == kMemcpy) {
+      Memcpy3D c{};
+      HK_CHECK(g_cu.GraphMemcpyNodeGetParams(node, &c));
+      if (c.height != 1 || c.depth != 1 || c.width == 0) continue;
+      uint64_t src = DeviceOperand(c.src_type, c.src_device, c.src_x, c.src_y, c.src_z);
+      uint64_t dst = DeviceOperand(c.dst_type, c.dst_device, c.dst_x, c.dst_y, c.dst_z);
+      if (src == 0 || dst == 0) continue;
+      if (!Touches(ranges, src, c.width) && !Touches(ranges, dst, c.width)) continue;
+      if (k.copy == nullptr) k = KernelsOfCurrentContext();
+      uint64_t n = c.width;
+      void* params[] = {&dst, &src, &n};
+      ReplaceByKernel(graph, node, k.copy, BlocksFor(n / 16 + 1), params);
+      ++replaced;
+    } else if (type == kMemset) {
+      MemsetParams m{};
+      HK_CHECK(g_cu.GraphMemsetNodeGetParams(node, &m));
+      uint32_t elem = m.element_size;
+      if ((elem != 1 && elem != 2 && elem != 4) || m.width == 0 || m.height == 0) continue;
+      uint64_t pitch = m.height > 1 ? m.pitch : m.width * elem;
+      uint64_t extent = (m.height - 1) * pitch + m.width * elem;
+      if (!Touches(ranges, m.dst, extent)) continue;
+      if (k.fill == nullptr) k = KernelsOfCurrentContext();
+      uint64_t dst = m.dst, width = m.width, height = m.height;
+      uint32_t value = m.value;
+      void* params[] = {&dst, &pitch, &value, &elem, &width, &height};
+      ReplaceByKernel(graph, node, k.fill, BlocksFor(width * height), params);
+      ++replaced;
+    }
+  }
+  return replaced;
 }
 
 // --- an executable: patch plan + (optionally) the instantiated graph -------------------------
@@ -595,6 +892,34 @@ HK_EXPORT int hk_graph_describe(uint64_t graph, uint8_t* out, uint64_t* len, cha
   } catch (const hk::Failure& f) {
     return hk::Fail(err, cap, f.message);
   }
+}
+
+// Replaces the memcpy/memset nodes of a captured graph that touch one of the `n` byte ranges
+// (starts[i], sizes[i]) by copy/fill kernel nodes (LowerCopies); returns how many, or -1.
+HK_EXPORT int hk_graph_lower_copies(uint64_t graph, int32_t n, const uint64_t* starts,
+                                    const uint64_t* sizes, char* err, size_t cap) {
+  try {
+    std::vector<hk::Range> ranges;
+    for (int32_t i = 0; i < n; ++i) ranges.push_back(hk::Range{starts[i], sizes[i]});
+    return hk::LowerCopies(reinterpret_cast<hk::CUgraph>(graph), ranges);
+  } catch (const hk::Failure& f) {
+    return hk::Fail(err, cap, f.message);
+  }
+}
+
+// For each of `n` words: the start of the memory range the CUDA driver manages around it
+// (a cuMemAlloc'd block: device, pinned or managed memory), or 0 where it manages none there
+// (CUDA_ERROR_INVALID_VALUE: a host heap pointer, a number). Returns -1 where it cannot tell
+// (no such driver call, no current context, another error).
+HK_EXPORT int hk_cuda_allocations(const uint64_t* words, int32_t n, uint64_t* out) {
+  if (!hk::g_cu.PointerGetAttribute) return -1;
+  for (int32_t i = 0; i < n; ++i) {
+    hk::CUdeviceptr start = 0;
+    hk::CUresult r = hk::g_cu.PointerGetAttribute(&start, hk::kPointerRangeStart, words[i]);
+    if (r != 0 && r != hk::kInvalidValue) return -1;
+    out[i] = r == 0 ? start : 0;
+  }
+  return 0;
 }
 
 // Instantiates `graph` and attaches the patch sites; returns an id (> 0) or -1.

@@ -1,7 +1,7 @@
 """A CudaExecutable as one patchable CUDA graph, called through ``jax.ffi.ffi_call``.
 
     reason = eligibility(exe)          # None, or why the executable keeps the Python path
-    graph = NativeGraph(exe)           # warm up, capture three times, diff, instantiate
+    graph = NativeGraph(exe)           # warm up, capture four times, diff, instantiate
     outs = graph.call(*leaves)         # inside jax.jit: one FFI custom call
 
 Buffers, as the handler numbers them: the entry parameters in order (one allocation each),
@@ -118,7 +118,7 @@ def _plain(shape: Any, what: str) -> None:
 
 
 class NativeGraph:
-    """One executable, captured (three times, to find its address words), launched per
+    """One executable, captured (four times, to find its address words), launched per
     call by the FFI handler with XLA's buffers patched in."""
 
     def __init__(self, exe: Any):
@@ -148,19 +148,30 @@ class NativeGraph:
                                "; ".join(t.label() for t in fell_back[:4]))
         self.stream = torch.cuda.Stream(device)
         self.pool = torch.cuda.graph_pool_handle()
-        # Capture A is kept and instantiated; B (other staging buffers) and C (A's again),
-        # into the same pool (so that what the thunks allocate during capture tends to land
-        # where it did in A), only for the diff (patch.py).
-        self._graph = self._capture(mem_a)
-        graph_b = self._capture(self._memory(staging_b))
-        graph_c = self._capture(mem_a)
+        # Capture A is kept and instantiated; B (other staging buffers), C (A's again) and D
+        # (B's again), into the same pool (so that what the thunks allocate during capture
+        # tends to land where it did in A), only for the diff (patch.py).
+        # Copies and fills of an argument or result become kernel nodes (graph_launch.cc,
+        # LowerCopies) in each capture before the diff.
+        # C and D run over A's and B's addresses again, through new tensor objects: struct
+        # padding holding stack bytes or host pointers (torch's TensorIterator kernels) then
+        # differs within a pair of captures over the same buffers, which no address does.
+        staging_c = [t.view(t.shape) for t in staging_a]
+        staging_d = [t.view(t.shape) for t in staging_b]
+        self._graph, self.lowered_copies = self._capture(mem_a, staging_a)
+        graph_b, _ = self._capture(self._memory(staging_b), staging_b)
+        graph_c, _ = self._capture(self._memory(staging_c), staging_c)
+        graph_d, _ = self._capture(self._memory(staging_d), staging_d)
         self.nodes = self._describe(self._graph.raw_cuda_graph())
-        nodes_b = self._describe(graph_b.raw_cuda_graph())
-        nodes_c = self._describe(graph_c.raw_cuda_graph())
+        nodes_b, nodes_c, nodes_d = (self._describe(g.raw_cuda_graph())
+                                     for g in (graph_b, graph_c, graph_d))
+        self.kept_words: list[str] = []     # capture-local words kept (patch.py)
         self.sites: list[PatchSite] = patch_sites(
             self.nodes, nodes_b, [t.data_ptr() for t in staging_a],
-            [t.data_ptr() for t in staging_b], self.sizes, nodes_c)
-        del graph_b, graph_c
+            [t.data_ptr() for t in staging_b], self.sizes, nodes_c,
+            allocation_of=self._allocations, kept=self.kept_words, nodes_d=nodes_d,
+            skew=STAGING_SKEW)
+        del graph_b, graph_c, graph_d
         self.id = self._create(self._graph.raw_cuda_graph(), device.index or 0)
         # A trial launch over capture B's buffers: every site re-pointed and the graph run
         # once before any user call depends on it (a refused update fails here, and the
@@ -202,7 +213,9 @@ class NativeGraph:
         ctx.kernel_copies = True      # type: ignore[attr-defined]  (see thunks.copy_bytes)
         return ctx
 
-    def _capture(self, mem: Any) -> Any:
+    def _capture(self, mem: Any, staging: list[Any]) -> tuple[Any, int]:
+        """(the captured graph, how many copy/fill nodes touching ``staging`` became
+        kernels)."""
         import torch
         try:
             graph = torch.cuda.CUDAGraph(keep_graph=True)
@@ -220,7 +233,24 @@ class NativeGraph:
             finally:
                 graph.capture_end()
         current.wait_stream(self.stream)
-        return graph
+        err = ctypes.create_string_buffer(_ERRBUF)
+        lowered = self.lib.hk_graph_lower_copies(
+            graph.raw_cuda_graph(), len(staging), int_array((t.data_ptr() for t in staging),
+                                                            ctypes.c_uint64),
+            int_array((t.numel() for t in staging), ctypes.c_uint64), err, _ERRBUF)
+        if lowered < 0:
+            raise NotPatchable("replacing the copies of arguments/results by kernels failed: "
+                               + err.value.decode(errors="replace"))
+        return graph, lowered
+
+    def _allocations(self, words: list[int]) -> list[int]:
+        """For each word, the start of the CUDA allocation holding it, or 0 where the driver
+        manages no memory there (no kernel can read through such a word)."""
+        out = (ctypes.c_uint64 * max(len(words), 1))()
+        if self.lib.hk_cuda_allocations(int_array(words, ctypes.c_uint64), len(words), out) < 0:
+            raise NotPatchable("the CUDA driver cannot say which memory a differing word "
+                               "points into (cuPointerGetAttribute)")
+        return list(out[:len(words)])
 
     def _describe(self, graph: int) -> list:
         err = ctypes.create_string_buffer(_ERRBUF)
@@ -299,8 +329,12 @@ class NativeGraph:
         return (f"one CUDA graph of {len(self.nodes)} nodes ("
                 + ", ".join(f"{v} {k}" for k, v in sorted(kinds.items()))
                 + f"), {len(self.sites)} address words in {patched} nodes patched per moved "
-                f"buffer; {len(self.buffers)} buffers ({self.num_args} arguments); built in "
-                f"{self.build_seconds:.2f} s")
+                f"buffer; {len(self.buffers)} buffers ({self.num_args} arguments); "
+                + (f"{self.lowered_copies} copies/fills of arguments or results run as "
+                   "kernels; " if self.lowered_copies else "")
+                + (f"{len(self.kept_words)} capture-local words kept as captured; "
+                   if self.kept_words else "")
+                + f"built in {self.build_seconds:.2f} s")
 
 
 def ffi_call(exe_id: int, module: Any, aliases: dict[int, int], dry_run: bool = False) -> Any:

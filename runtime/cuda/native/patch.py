@@ -1,23 +1,36 @@
 """Where a captured graph holds its argument and result addresses: the capture diff.
 
-The executable is captured three times: A and C with its arguments and results in one set
-of staging buffers, B in another (the arena and the constants stay where they are). Every node's
-parameters are read back from both graphs (``graph_launch.cc``: kernel parameters laid out
+The executable is captured four times: A and C with its arguments and results in one set of
+staging buffers, B and D in another (the arena and the constants stay where they are). Every
+node's parameters are read back from the graphs (``graph_launch.cc``: kernel parameters laid out
 by ``cuFuncGetParamInfo``; memcpy/memset nodes as their parameter structs) and compared as
 8-byte words:
 
 - a word equal in A and B is not an I/O address (it may be a fixed address: arena,
   constants, workspaces; or a size, a stride, a scalar);
-- a word that differs between A and C, whose buffers are the same, is local to a capture,
+- a word that differs between A and C, or between B and D (a fourth capture over B's
+  buffers), whose buffers are the same, is local to a capture,
   not an I/O address: padding or unset struct members a launch copies from the stack
   (torch's elementwise kernels pass such bytes), or a temporary the capture allocated in
   its own pool. Capture A's value is the one its graph needs; it is kept;
 - a word that differs must be ``staging_a[i] + d`` in one capture and ``staging_b[i] + d``
-  in the other, for one buffer ``i`` and the same ``d`` in ``[0, size_i]``: it is then a
-  patch site ``(node, byte offset, i, d)``, and each call writes ``address_i + d`` there;
+  in the other, for one buffer ``i`` and the same ``d`` in ``[0, size_i]`` (or in
+  ``[-skew, 0)``: the bytes of the buffer's own allocation before it, where a tensor's storage
+  starts): it is then a patch site ``(node, byte offset, i, d)``, and each call writes
+  ``address_i + d`` there;
+- a word that differs between A and B, is in neither capture a place in an argument or
+  result buffer, and in both captures either is a host address the CUDA driver manages no
+  memory at (no kernel can read through it: struct padding holding a host pointer, as
+  torch's sort and scatter/gather kernels pass) or points into a CUDA allocation that holds
+  no staging buffer of that capture (the capture's own pool or a workspace: graph A keeps
+  its memory) is capture-local too, kept as A has it (``allocation_of``; benchmarks/NOTES.md,
+  issue 12). C and D run through new tensor objects, so that padding tied to the host
+  objects (stack bytes torch's TensorIterator kernels copy into unused struct slots) differs
+  within a pair as well;
 - anything else (a differing word that is not such a pair, different kernels or launch
   geometry, a memcpy/memset node or another kind whose parameters the driver will not
-  re-point at XLA's buffers) makes the executable not
+  re-point at XLA's buffers: the launcher replaces those touching an argument or result by
+  copy/fill kernels before the diff, graph_launch.cc's LowerCopies) makes the executable not
   patchable: ``NotPatchable`` says which node and why, and the executable keeps the Python
   path.
 """
@@ -26,7 +39,7 @@ from __future__ import annotations
 import bisect
 import struct
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 # CUgraphNodeType values (cuda.h) and what the launcher can do with each.
 NODE_KINDS = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "child graph", 5: "empty",
@@ -36,9 +49,9 @@ PATCHABLE = {"kernel"}                          # parameters rewritten per call
 PASSIVE = {"empty"}                             # no parameters
 # Read and compared, but never re-pointed: cuGraphExecMemcpyNodeSetParams accepted torch's
 # buffers and refused XLA's (CUDA_ERROR_INVALID_VALUE on the H200 with jax 0.11.2,
-# benchmarks/NOTES.md, issue 12 run 3), so a copy or fill of an argument or result keeps the
-# executable on the Python path (copies of whole buffers are captured as kernels for the
-# native launcher: thunks.copy_bytes).
+# benchmarks/NOTES.md, issue 12 run 3). The launcher replaces the copies and fills that touch
+# an argument or result by kernel nodes before the diff (graph_launch.cc, LowerCopies); one
+# it could not express (a 2-D copy, host memory) keeps the executable on the Python path.
 FIXED_ONLY = {"memcpy", "memset"}
 
 
@@ -93,25 +106,39 @@ class _Ranges:
             if starts[a] + sizes[a] > starts[b]:
                 raise ValueError(f"staging buffers {a} and {b} overlap")
 
-    def find(self, word: int) -> tuple[int, int] | None:
+    def find(self, word: int, before: int = 0) -> tuple[int, int] | None:
         """(buffer, offset) with start <= word <= start + size (one past the end counts),
-        or None."""
+        else with start - ``before`` <= word < start (a negative offset), or None."""
         k = bisect.bisect_right(self.starts, word) - 1
-        if k < 0:
-            return None
-        i = self.order[k]
-        d = word - self.starts[k]
-        return (i, d) if d <= self.sizes[i] else None
+        if k >= 0:
+            i = self.order[k]
+            d = word - self.starts[k]
+            if d <= self.sizes[i]:
+                return i, d
+        if k + 1 < len(self.starts) and self.starts[k + 1] - word <= before:
+            return self.order[k + 1], word - self.starts[k + 1]
+        return None
 
 
 def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
                 staging_a: Sequence[int], staging_b: Sequence[int],
                 sizes: Sequence[int],
-                nodes_c: Optional[Sequence[NodeInfo]] = None) -> list[PatchSite]:
+                nodes_c: Optional[Sequence[NodeInfo]] = None,
+                allocation_of: Optional[Callable[[list[int]], list[int]]] = None,
+                kept: Optional[list[str]] = None,
+                nodes_d: Optional[Sequence[NodeInfo]] = None,
+                skew: int = 0) -> list[PatchSite]:
     """The patch sites of capture A (buffers at ``staging_a``) given capture B of the same
     executable (buffers at ``staging_b``) and, optionally, capture C (buffers at
     ``staging_a`` again: words that differ between A and C are capture-local, kept as A
-    has them); raises NotPatchable."""
+    has them) and D (buffers at ``staging_b`` again: the same for B and D); raises
+    NotPatchable. ``skew``: bytes before each staging buffer that belong to its allocation
+    alone (launcher.STAGING_SKEW), where a word may point at the same negative offset in
+    both captures (a kernel given its tensor's storage start and the offset apart).
+    ``allocation_of(words)`` gives, per word, the start of
+    the CUDA allocation holding it (0: none); with it, differing words that are no address
+    of an argument or result (module docstring) are kept as A has them too, each described
+    in ``kept``."""
     if not (len(staging_a) == len(staging_b) == len(sizes)):
         raise ValueError("one staging address and size per buffer in each capture")
     if set(staging_a) & set(staging_b):
@@ -119,13 +146,17 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
     ranges_a, ranges_b = _Ranges(staging_a, sizes), _Ranges(staging_b, sizes)
     if nodes_c is None:
         nodes_c = nodes_a
-    if not len(nodes_a) == len(nodes_b) == len(nodes_c):
-        raise NotPatchable(f"the captures have {len(nodes_a)}, {len(nodes_b)} and "
-                           f"{len(nodes_c)} nodes")
+    if nodes_d is None:
+        nodes_d = nodes_b
+    if not len(nodes_a) == len(nodes_b) == len(nodes_c) == len(nodes_d):
+        raise NotPatchable(f"the captures have {len(nodes_a)}, {len(nodes_b)}, "
+                           f"{len(nodes_c)} and {len(nodes_d)} nodes")
     sites: list[PatchSite] = []
-    for n, (a, b, c) in enumerate(zip(nodes_a, nodes_b, nodes_c)):
+    others: list[tuple[str, int, int, int]] = []   # (where, byte, word in A, word in B)
+    for n, (a, b, c, d) in enumerate(zip(nodes_a, nodes_b, nodes_c, nodes_d)):
         where = f"node {n} ({a.label()})"
-        if any(x.kind != a.kind or x.key != a.key or len(x.blob) != len(a.blob) for x in (b, c)):
+        if any(x.kind != a.kind or x.key != a.key or len(x.blob) != len(a.blob)
+               for x in (b, c, d)):
             raise NotPatchable(f"{where}: the captures differ in kernel, launch geometry "
                                "or parameter layout")
         if a.kind in PASSIVE:
@@ -144,14 +175,51 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
         words_a = struct.unpack_from(f"<{n_words}Q", a.blob)
         words_b = struct.unpack_from(f"<{n_words}Q", b.blob)
         words_c = struct.unpack_from(f"<{n_words}Q", c.blob)
-        for k, (wa, wb, wc) in enumerate(zip(words_a, words_b, words_c)):
-            if wa == wb or wa != wc:        # fixed, or local to a capture
+        words_d = struct.unpack_from(f"<{n_words}Q", d.blob)
+        for k, (wa, wb, wc, wd) in enumerate(zip(words_a, words_b, words_c, words_d)):
+            if wa == wb or wa != wc or wb != wd:     # fixed, or local to a capture
                 continue
-            hit_a, hit_b = ranges_a.find(wa), ranges_b.find(wb)
-            if hit_a is None or hit_a != hit_b:
-                raise NotPatchable(
-                    f"{where}: the word at byte {8 * k} is {wa:#x} in one capture and {wb:#x} "
-                    "in the other, which is not the same place in one argument or result "
-                    "buffer (an address the launcher cannot re-point)")
-            sites.append(PatchSite(n, 8 * k, hit_a[0], hit_a[1]))
+            hit_a, hit_b = ranges_a.find(wa, skew), ranges_b.find(wb, skew)
+            if hit_a is not None and hit_a == hit_b:
+                sites.append(PatchSite(n, 8 * k, hit_a[0], hit_a[1]))
+            elif hit_a is None and hit_b is None and allocation_of is not None:
+                others.append((where, 8 * k, wa, wb))    # decided below, all at once
+            else:
+                raise NotPatchable(_not_an_address_pair(where, 8 * k, wa, wb))
+    if others:
+        _keep_capture_local(others, staging_a, staging_b, allocation_of, kept)
     return sites
+
+
+def _keep_capture_local(others: list[tuple[str, int, int, int]], staging_a: Sequence[int],
+                        staging_b: Sequence[int], allocation_of: Callable[[list[int]], list[int]],
+                        kept: Optional[list[str]]) -> None:
+    """Keep each (where, byte, word in A, word in B) that is a host word no kernel can read
+    or points into memory holding no staging buffer, in both captures; else NotPatchable."""
+    words = [w for _, _, wa, wb in others for w in (wa, wb)]
+    allocations = allocation_of(words + list(staging_a) + list(staging_b))
+    n = len(words)
+    staged = set(allocations[n:]) - {0}      # allocations holding a staging buffer
+    for i, (where, byte, wa, wb) in enumerate(others):
+        alloc_a, alloc_b = allocations[2 * i], allocations[2 * i + 1]
+        if alloc_a == 0 and alloc_b == 0 and _user_space(wa) and _user_space(wb):
+            what = "host word"
+        elif alloc_a and alloc_b and not {alloc_a, alloc_b} & staged:
+            what = "device word outside the arguments/results"
+        else:
+            why = ("it points into an argument or result's allocation" if
+                   {alloc_a, alloc_b} & staged else "it is no address")
+            raise NotPatchable(_not_an_address_pair(where, byte, wa, wb) + f"; {why}")
+        if kept is not None:
+            kept.append(f"{where} byte {byte} ({what})")
+
+
+def _user_space(word: int) -> bool:
+    """Could ``word`` be a host pointer (a user-space address, not a small number)?"""
+    return 1 << 16 <= word < 1 << 47
+
+
+def _not_an_address_pair(where: str, byte: int, wa: int, wb: int) -> str:
+    return (f"{where}: the word at byte {byte} is {wa:#x} in one capture and {wb:#x} in the "
+            "other, which is not the same place in one argument or result buffer (an address "
+            "the launcher cannot re-point)")
