@@ -34,6 +34,7 @@ if [[ $PART == *tests* ]]; then
 fi
 if [[ $PART == *gpucheck* ]]; then
   export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  rm -f /tmp/cov_?.jsonl  # a machine still warm from an earlier call keeps its shards
   timeout ${T_GPU:-220} $PYTEST -n 3 -m gpu -k "not test_zoo_on_gpu" tests/ > $OUT/t_gpu.log 2>&1 &
   for i in 0 1 2 3; do
     timeout ${T_COV:-220} python3 -m benchmarks.native_coverage --shard $i/4 \
