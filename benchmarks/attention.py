@@ -39,6 +39,59 @@ def masked_mean_nll(x, labels, ignore=-100):
     return -jnp.sum(jnp.where(valid, picked, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
 
 
+def transformer_train_step(heads: int):
+    """A transformer block's training step as people write it (embedding-free): f32 master
+    weights cast to bf16 for the matmuls, layer norms in f32, causal attention (einsum,
+    where-mask, f32 softmax, einsum), gelu MLP, mean-squared-error loss, jax.grad w.r.t.
+    every weight, then an Adam update (gpu_suite.adam_step). Returns
+    step(params, m, v, count, x, y) -> (params, m, v, count, loss)."""
+    import jax
+    import jax.numpy as jnp
+    from benchmarks.gpu_suite import adam_step
+    bf16 = jnp.bfloat16
+
+    def ln(x, g, b):
+        xf = x.astype(jnp.float32)
+        mu = xf.mean(-1, keepdims=True)
+        var = ((xf - mu) ** 2).mean(-1, keepdims=True)
+        return ((xf - mu) * jax.lax.rsqrt(var + 1e-5) * g + b).astype(bf16)
+
+    def block(p, x):
+        B, S, D = x.shape
+        w = {k: v.astype(bf16) for k, v in p.items() if v.ndim == 2}
+        h = ln(x, p["ln1_g"], p["ln1_b"])
+        q, k, v = ((h @ w[n]).reshape(B, S, heads, D // heads) for n in ("wq", "wk", "wv"))
+        o = causal_attention(q, k, v).reshape(B, S, D)
+        x = x + o @ w["wo"]
+        h = ln(x, p["ln2_g"], p["ln2_b"])
+        return x + jax.nn.gelu(h @ w["w1"], approximate=True) @ w["w2"]
+
+    def step(params, m, v, count, x, y):
+        def loss_fn(p):
+            return jnp.mean((block(p, x).astype(jnp.float32) - y) ** 2)
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        params, m, v, count = adam_step(params, grads, m, v, count)
+        return params, m, v, count, loss
+    return step
+
+
+def transformer_train_args(b: int, s: int, d: int, seed: int = 0) -> tuple:
+    """(params, m, v, count, x, y) for transformer_train_step: f32 weights, bf16 x."""
+    import ml_dtypes
+    r = np.random.default_rng(seed)
+
+    def f32(*shape, scale=1.0):
+        return (r.standard_normal(shape) * scale).astype(np.float32)
+    p = {"ln1_g": 1 + f32(d, scale=0.1), "ln1_b": f32(d, scale=0.1),
+         "ln2_g": 1 + f32(d, scale=0.1), "ln2_b": f32(d, scale=0.1),
+         "wq": f32(d, d, scale=d ** -0.5), "wk": f32(d, d, scale=d ** -0.5),
+         "wv": f32(d, d, scale=d ** -0.5), "wo": f32(d, d, scale=d ** -0.5),
+         "w1": f32(d, 4 * d, scale=d ** -0.5), "w2": f32(4 * d, d, scale=(4 * d) ** -0.5)}
+    zeros = {k: np.zeros_like(a) for k, a in p.items()}
+    return (p, zeros, dict(zeros), np.float32(0), f32(b, s, d).astype(ml_dtypes.bfloat16),
+            f32(b, s, d))
+
+
 def main() -> None:
     import jax
     import jax.numpy as jnp

@@ -617,6 +617,34 @@ def _with_backward(pv: Instruction):
     return fwd, b
 
 
+def kernel_dots(instructions: list[Instruction]) -> list[Instruction]:
+    """The dots flash-attention kernels will run (forward q·k and p·v; with jax.grad's
+    backward also dP, dV, dQ and dK), matched without rewriting anything: layout
+    assignment leaves their operands in place (the kernels read any strides), so no
+    layout copy comes between a backward dot and the q or k the forward reads."""
+    from .attention_grad import match_backward
+    dots: list[Instruction] = []
+    for inst in instructions:
+        if inst.opcode != "dot":
+            continue
+        try:
+            m = match_attention(inst)
+        except NoMatch:
+            try:
+                fwd = _match_forward(inst)
+                if fwd is None:
+                    continue
+                m = fwd[0]
+                div = _through(m.pv.operands[0 if m.p_is_lhs else 1])[0]
+                b = match_backward(div, fwd=m)
+            except NoMatch:
+                continue
+            dots += [b.dp, b.dv, b.dq, b.dk]
+        if m is not None:
+            dots += [m.qk, m.pv]
+    return dots
+
+
 def _find(instructions: list[Instruction], backward: bool = False
           ) -> tuple[list, list[tuple[Instruction, str]]]:
     """Every attention ending at a dot of ``instructions``; near misses with reasons.
