@@ -135,6 +135,8 @@ def suite_rows(ceil: dict) -> list[dict]:
         print(rows[-1].get("name"), {k: v for k, v in rows[-1].items()
                                      if k not in ("report", "profile")}, flush=True)
         print(rows[-1].get("profile", ""), flush=True)
+    from codegen.triton.attention import _TUNED
+    print("tuned flash configs:", {str(k[1:]): v for k, v in _TUNED.items()}, flush=True)
     return rows
 
 
