@@ -412,10 +412,18 @@ def triton_attention_on_cpu(monkeypatch):
 
 
 @pytest.mark.usefixtures("triton_attention_on_cpu")
-@pytest.mark.parametrize("case", ["causal", "causal_long", "plain", "bias_mask", "gqa"])
-def test_triton_attention_backward_kernels_match_jax_grad(case):
+@pytest.mark.parametrize("case,atomic", [("causal", False), ("causal_long", False),
+                                         ("plain", False), ("bias_mask", False),
+                                         ("gqa", False), ("causal_long", True),
+                                         ("bias_mask", True)])
+def test_triton_attention_backward_kernels_match_jax_grad(case, atomic, monkeypatch):
     """jax.grad through the CUDA pipeline with the forward-with-row-stats and the backward
-    Triton kernels (TRITON_INTERPRET=1, f32) equals jax.jit's gradient."""
+    Triton kernels (TRITON_INTERPRET=1, f32) equals jax.jit's gradient; both backward
+    variants (two-pass dQ kernel, dQ by atomics in the dK/dV kernel)."""
+    from codegen.triton import attention_backward as tri_backward
+    every = tri_backward._candidates
+    monkeypatch.setattr(tri_backward, "_CANDIDATES", lambda *a: [
+        c for c in every(*a) if c[0] == atomic])
     f, args = _backward_case(case)
     g, jf, _ = _gpu_pipeline_grad(f, args)
     for a, want in zip(jf(*args), jax.jit(g)(*args)):
