@@ -88,6 +88,28 @@ def _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V, Bias, 
 
 
 @triton.jit
+def key_range(pid_m, M, N, DELTA, CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr):
+    """(full, hi) for query block ``pid_m``: key blocks [0, full) need neither the causal
+    nor the length mask, keys from ``hi`` on are masked for every row (skipped)."""
+    hi = N
+    full = 0
+    if SKIP:
+        # keep k iff q >= k + DELTA (GE) or q > k + DELTA (GT); rows of one q position each
+        last_q = tl.minimum(pid_m * BM + BM, M) - 1
+        if DIR == 0:
+            hi = tl.minimum(N, last_q - DELTA + 1)
+            full = pid_m * BM - DELTA + 1
+        else:
+            hi = tl.minimum(N, last_q - DELTA)
+            full = pid_m * BM - DELTA
+        full = tl.minimum(tl.maximum(full, 0), hi) // BN * BN
+    elif not CAUSAL:
+        full = N // BN * BN
+    return full, hi
+
+
+@triton.jit
 def _flash_fwd(Q, K, V, O, Bias, Mask,
                sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
                soz, soh, som, sod, sbz, sbh, sbm, sbn, smz, smh, smm, smn,
@@ -114,18 +136,7 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
     vbase = z * svz + h * svh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
-    hi = N
-    full = 0       # key blocks [0, full) need neither the causal nor the length mask
-    if SKIP:
-        # keep k iff q >= k + DELTA (GE) or q > k + DELTA (GT); rows of one q position each
-        last_q = tl.minimum(pid_m * BM + BM, M) - 1
-        if DIR == 0:
-            hi = tl.minimum(N, last_q - DELTA + 1)
-            full = pid_m * BM - DELTA + 1
-        else:
-            hi = tl.minimum(N, last_q - DELTA)
-            full = pid_m * BM - DELTA
-        full = tl.minimum(tl.maximum(full, 0), hi) // BN * BN
+    full, hi = key_range(pid_m, M, N, DELTA, CAUSAL, DIR, SKIP, BM, BN)
     for start in range(0, full, BN):
         m_i, l_i, acc = _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V,
                                 Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd,

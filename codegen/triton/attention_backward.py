@@ -27,7 +27,7 @@ from typing import Any, Optional
 import triton
 import triton.language as tl
 
-from .attention import ScorePlan, Unsupported, _pick, _pow2, _zh, zh_out
+from .attention import ScorePlan, Unsupported, _pick, _pow2, _zh, key_range, zh_out
 
 
 @triton.jit
@@ -111,6 +111,29 @@ def _dq_block(q, do, m2, l2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias, 
 
 
 @triton.jit
+def _dq_sweep(q, do, m2, l2, delta, dq, full, hi, qi, offs_d, offs_dv, K, V, Bias, Mask,
+              kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn, smm, smn,
+              M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
+              HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
+              CAUSAL: tl.constexpr, DIR: tl.constexpr, IEEE: tl.constexpr, GRAD: tl.constexpr,
+              BN: tl.constexpr):
+    """Every visible key block for a query block: [0, full) unmasked, [full, hi) masked."""
+    for start in range(0, full, BN):
+        delta, dq = _dq_block(q, do, m2, l2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias,
+                              Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn,
+                              smm, smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA,
+                              FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
+                              DIR, False, IEEE, GRAD, BN)
+    for start in range(full, hi, BN):
+        delta, dq = _dq_block(q, do, m2, l2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias,
+                              Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn,
+                              smm, smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA,
+                              FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
+                              DIR, True, IEEE, GRAD, BN)
+    return delta, dq
+
+
+@triton.jit
 def _bwd_dq(Q, K, V, DO, RMax, RSum, Delta, DQ, Bias, Mask,
             sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
             sdz, sdh, sdm, sdd, srz, srh, srm, ssz, ssh, ssm, sez, seh, sem,
@@ -142,48 +165,22 @@ def _bwd_dq(Q, K, V, DO, RMax, RSum, Delta, DQ, Bias, Mask,
     vbase = z * svz + h * svh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
-    hi = N
-    full = 0       # key blocks [0, full) need neither the causal nor the length mask
-    if SKIP:
-        last_q = tl.minimum(pid_m * BM + BM, M) - 1
-        if DIR == 0:
-            hi = tl.minimum(N, last_q - DELTA + 1)
-            full = pid_m * BM - DELTA + 1
-        else:
-            hi = tl.minimum(N, last_q - DELTA)
-            full = pid_m * BM - DELTA
-        full = tl.minimum(tl.maximum(full, 0), hi) // BN * BN
-    elif not CAUSAL:
-        full = N // BN * BN
+    full, hi = key_range(pid_m, M, N, DELTA, CAUSAL, DIR, SKIP, BM, BN)
     delta = tl.zeros([BM], tl.float32)
     dq = tl.zeros([BM, BD], tl.float32)
-    for start in range(0, full, BN):
-        delta, dq = _dq_block(q, do, m2, l2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias,
-                              Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn,
-                              smm, smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA,
-                              FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
-                              DIR, False, IEEE, False, BN)
-    for start in range(full, hi, BN):
-        delta, dq = _dq_block(q, do, m2, l2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias,
-                              Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn,
-                              smm, smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA,
-                              FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
-                              DIR, True, IEEE, False, BN)
+    delta, dq = _dq_sweep(q, do, m2, l2, delta, dq, full, hi, qi, offs_d, offs_dv, K, V, Bias,
+                          Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn, smm,
+                          smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
+                          FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, IEEE,
+                          False, BN)
     tl.store(Delta + z * sez + h * seh + offs_m * sem, delta, mask=rows)
     if not DQ_PASS:     # dQ accumulates in _bwd_dkdv (atomics)
         return
-    for start in range(0, full, BN):
-        delta, dq = _dq_block(q, do, m2, l2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias,
-                              Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn,
-                              smm, smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA,
-                              FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
-                              DIR, False, IEEE, True, BN)
-    for start in range(full, hi, BN):
-        delta, dq = _dq_block(q, do, m2, l2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias,
-                              Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn,
-                              smm, smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA,
-                              FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
-                              DIR, True, IEEE, True, BN)
+    delta, dq = _dq_sweep(q, do, m2, l2, delta, dq, full, hi, qi, offs_d, offs_dv, K, V, Bias,
+                          Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn, smm,
+                          smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
+                          FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, IEEE,
+                          True, BN)
     tl.store(DQ + z * sgz + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
              dq.to(DQ.dtype.element_ty), mask=rows[:, None] & (offs_d[None, :] < D))
 
