@@ -361,17 +361,22 @@ def _pick(key: tuple, candidates: list, launch, probe: Any) -> tuple[int, int, i
     return best
 
 
-_PLANS: dict[int, tuple[Any, Plan]] = {}
+_PLANS: dict[tuple[type, int], tuple[Any, Any]] = {}
+
+
+def cached_plan(cls: type, inst) -> Any:
+    """``cls(body)`` for the fusion ``inst``, built once per instruction and body."""
+    comp = inst.attrs["calls"]
+    hit = _PLANS.get((cls, id(inst)))
+    if hit is not None and hit[0] is comp:
+        return hit[1]
+    p = cls(comp)
+    _PLANS[(cls, id(inst))] = (comp, p)
+    return p
 
 
 def plan_for(inst) -> Plan:
-    comp = inst.attrs["calls"]
-    hit = _PLANS.get(id(inst))
-    if hit is not None and hit[0] is comp:
-        return hit[1]
-    p = Plan(comp)
-    _PLANS[id(inst)] = (comp, p)
-    return p
+    return cached_plan(Plan, inst)
 
 
 def flash_attention(inst, operands: list, out: Optional[Any] = None) -> Any:

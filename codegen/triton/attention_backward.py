@@ -27,7 +27,8 @@ from typing import Any, Optional
 import triton
 import triton.language as tl
 
-from .attention import ScorePlan, Unsupported, _pick, _pow2, _zh, key_range, zh_out
+from .attention import (ScorePlan, Unsupported, _pick, _pow2, _zh, cached_plan, key_range,
+                        zh_out)
 
 
 @triton.jit
@@ -378,17 +379,10 @@ def _candidates(dtype_bytes: int, d: int) -> list[tuple[bool, tuple, tuple]]:
 
 
 _CANDIDATES = _candidates      # tests swap in one variant
-_PLANS: dict[int, tuple[Any, BackwardPlan]] = {}
 
 
 def plan_for(inst) -> BackwardPlan:
-    comp = inst.attrs["calls"]
-    hit = _PLANS.get(id(inst))
-    if hit is not None and hit[0] is comp:
-        return hit[1]
-    p = BackwardPlan(comp)
-    _PLANS[id(inst)] = (comp, p)
-    return p
+    return cached_plan(BackwardPlan, inst)
 
 
 def flash_attention_backward(inst, operands: list, out: Optional[Any] = None) -> tuple:
