@@ -39,7 +39,158 @@ def masked_mean_nll(x, labels, ignore=-100):
     return -jnp.sum(jnp.where(valid, picked, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
 
 
+def transformer_train_step(heads: int):
+    """A transformer block's training step as people write it (embedding-free): f32 master
+    weights cast to bf16 for the matmuls, layer norms in f32, causal attention (einsum,
+    where-mask, f32 softmax, einsum), gelu MLP, mean-squared-error loss, jax.grad w.r.t.
+    every weight, then an Adam update (gpu_suite.adam_step). Returns
+    step(params, m, v, count, x, y) -> (params, m, v, count, loss)."""
+    import jax
+    import jax.numpy as jnp
+    from benchmarks.gpu_suite import adam_step
+    bf16 = jnp.bfloat16
+
+    def ln(x, g, b):
+        xf = x.astype(jnp.float32)
+        mu = xf.mean(-1, keepdims=True)
+        var = ((xf - mu) ** 2).mean(-1, keepdims=True)
+        return ((xf - mu) * jax.lax.rsqrt(var + 1e-5) * g + b).astype(bf16)
+
+    def block(p, x):
+        B, S, D = x.shape
+        w = {k: v.astype(bf16) for k, v in p.items() if v.ndim == 2}
+        h = ln(x, p["ln1_g"], p["ln1_b"])
+        q, k, v = ((h @ w[n]).reshape(B, S, heads, D // heads) for n in ("wq", "wk", "wv"))
+        o = causal_attention(q, k, v).reshape(B, S, D)
+        x = x + o @ w["wo"]
+        h = ln(x, p["ln2_g"], p["ln2_b"])
+        return x + jax.nn.gelu(h @ w["w1"], approximate=True) @ w["w2"]
+
+    def step(params, m, v, count, x, y):
+        def loss_fn(p):
+            return jnp.mean((block(p, x).astype(jnp.float32) - y) ** 2)
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        params, m, v, count = adam_step(params, grads, m, v, count)
+        return params, m, v, count, loss
+    return step
+
+
+def transformer_train_args(b: int, s: int, d: int, seed: int = 0) -> tuple:
+    """(params, m, v, count, x, y) for transformer_train_step: f32 weights, bf16 x."""
+    import ml_dtypes
+    r = np.random.default_rng(seed)
+
+    def f32(*shape, scale=1.0):
+        return (r.standard_normal(shape) * scale).astype(np.float32)
+    p = {"ln1_g": 1 + f32(d, scale=0.1), "ln1_b": f32(d, scale=0.1),
+         "ln2_g": 1 + f32(d, scale=0.1), "ln2_b": f32(d, scale=0.1),
+         "wq": f32(d, d, scale=d ** -0.5), "wk": f32(d, d, scale=d ** -0.5),
+         "wv": f32(d, d, scale=d ** -0.5), "wo": f32(d, d, scale=d ** -0.5),
+         "w1": f32(d, 4 * d, scale=d ** -0.5), "w2": f32(4 * d, d, scale=(4 * d) ** -0.5)}
+    zeros = {k: np.zeros_like(a) for k, a in p.items()}
+    return (p, zeros, dict(zeros), np.float32(0), f32(b, s, d).astype(ml_dtypes.bfloat16),
+            f32(b, s, d))
+
+
+def attention_grad(q, k, v):
+    """jax.grad of sum(o²) w.r.t. q, k, v for the causal attention (f32 loss)."""
+    import jax
+    import jax.numpy as jnp
+    return jax.grad(lambda q, k, v: jnp.sum(causal_attention(q, k, v).astype(jnp.float32)
+                                            ** 2), argnums=(0, 1, 2))(q, k, v)
+
+
+def suite_rows(ceil: dict) -> list[dict]:
+    """Issue 14's GPU programs through gpu_suite.run_one (do_bench, wall_ms, device time,
+    profile, kernels, host fallbacks, temp, error vs jax.jit): the forward attention end
+    to end, jax.grad of it, and the transformer training step."""
+    import ml_dtypes
+    from benchmarks.gpu_suite import run_one
+    b, h, s, d = 2, 16, 4096, 128
+    r = np.random.default_rng(0)
+    qkv = tuple(r.standard_normal((b, s, h, d)).astype(ml_dtypes.bfloat16) for _ in range(3))
+    attn_flops = 4 * b * h * s * s * d / 2          # causal: half the square
+    tb, ts, tm, th = 4, 2048, 1024, 16
+    tokens = tb * ts
+    train_flops = 3 * (2 * tokens * (4 * tm * tm + 8 * tm * tm)) + \
+        3.5 * 4 * tb * th * ts * ts * (tm // th) / 2      # fwd + 2x bwd; +recompute of P
+    progs = [
+        ("attn_fwd", "causal attention B2 H16 S4096 D128 bf16, forward", causal_attention,
+         qkv, 4 * b * s * h * d * 2, attn_flops, "bf16", 3e-2),
+        ("attn_grad", "jax.grad of the causal attention (sum o^2), B2 H16 S4096 D128 bf16",
+         attention_grad, qkv, 7 * b * s * h * d * 2, 3.5 * attn_flops, "bf16", 3e-2),
+        ("transformer_train", f"transformer training step B{tb} S{ts} D{tm} H{th} (Dh64), "
+         "f32 weights, bf16 matmuls, causal attn, gelu MLP, MSE, grad + Adam",
+         transformer_train_step(th), transformer_train_args(tb, ts, tm), 0, train_flops,
+         "bf16", 3e-2),
+    ]
+    rows = []
+    for prog in progs:
+        try:
+            rows.append(run_one(prog, ceil, autotune=True))
+        except Exception as e:  # noqa: BLE001
+            import traceback
+            traceback.print_exc()
+            rows.append({"name": prog[0], "error": f"{type(e).__name__}: {e}"})
+        print(rows[-1].get("name"), {k: v for k, v in rows[-1].items()
+                                     if k not in ("report", "profile")}, flush=True)
+        print(rows[-1].get("profile", ""), flush=True)
+    from codegen.triton.attention import _TUNED
+    print("tuned flash configs:", {str(k[1:]): v for k, v in _TUNED.items()}, flush=True)
+    return rows
+
+
+def sdpa_ms() -> dict:
+    """torch SDPA (reference) on the long causal attention: forward, forward+backward."""
+    import torch
+    from benchmarks.gpu_suite import bench
+    q, k, v = (torch.randn(2, 16, 4096, 128, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    do = torch.randn_like(q)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    fwd = bench(lambda: sdpa(q, k, v, is_causal=True))
+    both = bench(lambda: torch.autograd.grad(sdpa(q, k, v, is_causal=True), (q, k, v), do))
+    return {"sdpa_fwd": fwd, "sdpa_fwd_bwd": both, "sdpa_bwd": both - fwd}
+
+
 def main() -> None:
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="kernel,xent,suite",
+                    help="comma-separated sections: kernel (flash kernel alone, SDPA), xent "
+                         "(cross-entropy), suite (forward/grad/training step via run_one)")
+    ap.add_argument("--out", default="")
+    only = set(ap.parse_args().only.split(","))
+    rows = []
+    if "suite" in only:
+        import json
+        from benchmarks.gpu_suite import ceilings
+        ceil = ceilings()
+        sdpa = sdpa_ms()
+        suite = suite_rows(ceil)
+        if ap.parse_args().out:
+            with open(ap.parse_args().out, "w") as fh:
+                json.dump({"sdpa": sdpa, "rows": suite}, fh, indent=1, default=str)
+        print(f"torch SDPA causal B2 H16 S4096 D128 bf16: fwd {sdpa['sdpa_fwd']:.3f} ms, "
+              f"fwd+bwd {sdpa['sdpa_fwd_bwd']:.3f} ms (bwd ~{sdpa['sdpa_bwd']:.3f})")
+        print(f"{'program':18s} {'ok':>3s} {'err':>8s} {'hlotk':>7s} {'xla':>7s} {'ratio':>5s} "
+              f"{'h wall':>7s} {'x wall':>7s} {'w ratio':>7s} {'dev ms':>7s} {'host':>4s} "
+              f"{'temp MiB':>8s} kernels")
+        for r in suite:
+            if "error" in r:
+                print(f"{r['name']:18s} ERROR {r['error'][:100]}")
+                continue
+            print(f"{r['name']:18s} {str(r['ok'])[:3]:>3s} {r['err']:8.1e} {r['hlotk_ms']:7.3f} "
+                  f"{r['xla_ms']:7.3f} {r['hlotk_ms'] / r['xla_ms']:5.2f} "
+                  f"{r['hlotk_wall']:7.3f} {r['xla_wall']:7.3f} "
+                  f"{r['hlotk_wall'] / r['xla_wall']:7.2f} {r['device_ms']:7.3f} "
+                  f"{r['host_fallbacks']:4d} {r['temp'] / 2**20:8.1f} {r['kernels']}")
+        sys.stdout.flush()
+    if only & {"kernel", "xent"}:
+        kernel_and_xent(only)
+
+
+def kernel_and_xent(only: set) -> None:
     import jax
     import jax.numpy as jnp
     import torch
@@ -79,6 +230,8 @@ def main() -> None:
         rows.append((f"causal attn B2 H16 S4096 D128 bf16: {name}", ms,
                      flops / (ms * 1e-3) / 1e12))
     # Cross-entropy, 32k vocabulary: gathers computed at the label (passes/gather_sinking.py).
+    if "xent" not in only:
+        return print_rows(rows)
     x16 = jax.random.normal(key, (8192, 32000), jnp.bfloat16)
     labels = jax.random.randint(key, (8192,), 0, 32000)
     masked = labels.at[::7].set(-100)
@@ -94,35 +247,10 @@ def main() -> None:
         ms_x = bench(lambda: xce(x, lab).block_until_ready())
         rows.append((f"{name} 8192x32000: hlotk (temp {temp / 2**20:.3f} MiB)", ms_h, err))
         rows.append((f"{name} 8192x32000: jax.jit", ms_x, ms_h / ms_x))
-    # Backward: jax.grad of the causal attention. hlotk's backward fusion runs on the host
-    # (blocked numpy reference, no GPU kernel yet), so it is timed once on a small shape;
-    # jax.jit on both shapes.
-    def grad_of(shape):
-        ks = jax.random.split(jax.random.PRNGKey(1), 3)
-        args = [jax.random.normal(kk, shape, jnp.bfloat16) for kk in ks]
-        g = jax.grad(lambda q, k, v: jnp.sum(causal_attention(q, k, v).astype(jnp.float32)
-                                             ** 2), argnums=(0, 1, 2))
-        return g, args
-    import time
-    for shape in ((1, 1024, 4, 64), (b, s, h, d)):
-        g, args = grad_of(shape)
-        xg = jax.jit(g)
-        ms_x = bench(lambda: jax.block_until_ready(xg(*args)))
-        rows.append((f"grad causal {shape}: jax.jit", ms_x, 0.0))
-        if shape[1] <= 1024:
-            jg = runtime.jit(g, backend="cuda")
-            c = jg.lower(*args).compile()
-            kinds = [fusion_kind(i) for i in c.module.entry.instructions if i.opcode == "fusion"]
-            got = jg(*args)
-            t0 = time.perf_counter()
-            got = jg(*args)
-            wall = (time.perf_counter() - t0) * 1e3
-            err = max(float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) -
-                                            jnp.asarray(w, jnp.float32))))
-                      for a, w in zip(got, xg(*args)))
-            rows.append((f"grad causal {shape}: hlotk wall (host bwd; "
-                         f"{kinds.count('attention_backward')} bwd fusion, temp "
-                         f"{c.memory_analysis().temp_size_in_bytes / 2**20:.1f} MiB)", wall, err))
+    print_rows(rows)
+
+
+def print_rows(rows: list) -> None:
     print(f"{'case':62s} {'ms':>8s}  TFLOP/s|err|ratio")
     for name, ms, extra in rows:
         print(f"{name:62s} {ms:8.3f}  {extra:.4g}")

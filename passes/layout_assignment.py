@@ -180,10 +180,11 @@ class TargetRules:
 
 # --- helpers ----------------------------------------------------------------------------------
 def _attention_dots(module: Module) -> frozenset[int]:
-    """ids of the q·k and p·v dots the fusion pass will turn into flash-attention kernels."""
-    from .fusion.attention import find_attention
+    """ids of the dots the fusion pass will turn into flash-attention kernels (forward
+    and backward)."""
+    from .fusion.attention import kernel_dots
     return frozenset(id(d) for comp in module.computations
-                     for m in find_attention(list(comp.instructions)) for d in (m.qk, m.pv))
+                     for d in kernel_dots(list(comp.instructions)))
 
 
 def _is_elementwise(inst: Instruction) -> bool:

@@ -88,13 +88,36 @@ def _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V, Bias, 
 
 
 @triton.jit
+def key_range(pid_m, M, N, DELTA, CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr):
+    """(full, hi) for query block ``pid_m``: key blocks [0, full) need neither the causal
+    nor the length mask, keys from ``hi`` on are masked for every row (skipped)."""
+    hi = N
+    full = 0
+    if SKIP:
+        # keep k iff q >= k + DELTA (GE) or q > k + DELTA (GT); rows of one q position each
+        last_q = tl.minimum(pid_m * BM + BM, M) - 1
+        if DIR == 0:
+            hi = tl.minimum(N, last_q - DELTA + 1)
+            full = pid_m * BM - DELTA + 1
+        else:
+            hi = tl.minimum(N, last_q - DELTA)
+            full = pid_m * BM - DELTA
+        full = tl.minimum(tl.maximum(full, 0), hi) // BN * BN
+    elif not CAUSAL:
+        full = N // BN * BN
+    return full, hi
+
+
+@triton.jit
 def _flash_fwd(Q, K, V, O, Bias, Mask,
                sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
                soz, soh, som, sod, sbz, sbh, sbm, sbn, smz, smh, smm, smn,
                H, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+               RowMax, RowSum, srz, srh, srm, ssz, ssh, ssm,
                HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
                CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr,
-               IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               IEEE: tl.constexpr, STATS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                BD: tl.constexpr, BDV: tl.constexpr):
     pid_m = tl.program_id(0)
     zh = tl.program_id(1)
@@ -113,18 +136,7 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
     vbase = z * svz + h * svh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
-    hi = N
-    full = 0       # key blocks [0, full) need neither the causal nor the length mask
-    if SKIP:
-        # keep k iff q >= k + DELTA (GE) or q > k + DELTA (GT); rows of one q position each
-        last_q = tl.minimum(pid_m * BM + BM, M) - 1
-        if DIR == 0:
-            hi = tl.minimum(N, last_q - DELTA + 1)
-            full = pid_m * BM - DELTA + 1
-        else:
-            hi = tl.minimum(N, last_q - DELTA)
-            full = pid_m * BM - DELTA
-        full = tl.minimum(tl.maximum(full, 0), hi) // BN * BN
+    full, hi = key_range(pid_m, M, N, DELTA, CAUSAL, DIR, SKIP, BM, BN)
     for start in range(0, full, BN):
         m_i, l_i, acc = _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V,
                                 Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd,
@@ -140,6 +152,11 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
     o = acc / l_i[:, None]
     tl.store(O + z * soz + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
              o.to(O.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_dv[None, :] < DV))
+    if STATS:   # the softmax's row max and row sum, for the backward's recompute of P
+        tl.store(RowMax + z * srz + h * srh + offs_m * srm,
+                 m_i.to(RowMax.dtype.element_ty), mask=offs_m < M)
+        tl.store(RowSum + z * ssz + h * ssh + offs_m * ssm,
+                 l_i.to(RowSum.dtype.element_ty), mask=offs_m < M)
 
 
 class Unsupported(Exception):
@@ -159,63 +176,41 @@ def _zh(t: Any, nb: int) -> Any:
     return t.reshape(z, h, math.prod(rest[:-1]), rest[-1])
 
 
-class Plan:
-    """Everything the launch needs that depends only on the fusion body."""
+class ScorePlan:
+    """How the kernels read q and k and apply the score function of a matched q·k (shared
+    by the forward and the backward): q/k permutations into [batch..., rows..., d] /
+    [batch..., keys, d], the scales, bias, causal and boolean masks."""
 
-    def __init__(self, comp):
-        from passes.fusion.attention import NoMatch, attention_root, match_attention, score_dims
-        pv, where = attention_root(comp.root)
-        # pv dim j is the output's dim out_perm[j]: the kernel stores through those strides
-        self.out_perm = [where.index(j) for j in range(len(where))]
-        try:
-            m = match_attention(pv)
-        except NoMatch as e:
-            raise Unsupported(str(e)) from None
-        if m is None:
-            raise Unsupported("the root is not softmax·v")
-        self.m = m
-        params = {id(p): p.attrs.get("parameter_number", k) for k, p in enumerate(comp.parameters)}
-
-        def param(i):
-            if id(i) not in params:
-                raise Unsupported(f"%{i.name} ({i.opcode}) is computed inside the fusion; the "
-                                  "kernel reads q, k, v, bias and mask as operands")
-            return params[id(i)]
-        self.q, self.k, self.v = param(m.q), param(m.k), param(m.v)
-        nb = self.nb = m.n_batch
-        qk = m.qk
+    def __init__(self, comp, qk, k_is_lhs: bool, logits, steps: list, nb: int):
+        from passes.fusion.attention import score_dims
+        self.params = {id(p): p.attrs.get("parameter_number", k)
+                       for k, p in enumerate(comp.parameters)}
+        self.q, self.k = self.param(qk.operands[1 if k_is_lhs else 0]), \
+            self.param(qk.operands[0 if k_is_lhs else 1])
+        self.nb = nb
         a = qk.attrs
-        rank = m.logits.shape.rank
-        where = score_dims(m.logits, qk)           # score dim -> qk dim
+        rank = logits.shape.rank
+        where = score_dims(logits, qk)           # score dim -> qk dim
         lb, lc = list(a["lhs_batch_dims"]), list(a["lhs_contracting_dims"])
         rb, rc = list(a["rhs_batch_dims"]), list(a["rhs_contracting_dims"])
         lf = [d for d in range(qk.operands[0].shape.rank) if d not in lb + lc]
         rf = [d for d in range(qk.operands[1].shape.rank) if d not in rb + rc]
         # qk dim -> (side, operand dim)
         src = [(0, lb[i]) for i in range(nb)] + [(0, d) for d in lf] + [(1, d) for d in rf]
-        qside = 1 if m.k_is_lhs else 0
-        qb, qc = (rb, rc) if m.k_is_lhs else (lb, lc)
-        kb, kc = (lb, lc) if m.k_is_lhs else (rb, rc)
+        qside = 1 if k_is_lhs else 0
+        qb, qc = (rb, rc) if k_is_lhs else (lb, lc)
+        kb, kc = (lb, lc) if k_is_lhs else (rb, rc)
         rows = [src[where[d]][1] for d in range(nb, rank - 1)]
         assert all(src[where[d]][0] == qside for d in range(nb, rank - 1))
         self.q_perm = qb + rows + qc
         self.k_perm = kb + [src[where[rank - 1]][1]] + kc
-        b = m.pv.attrs
-        vs = "rhs" if m.p_is_lhs else "lhs"
-        vb, vc = list(b[f"{vs}_batch_dims"]), list(b[f"{vs}_contracting_dims"])
-        vf = [d for d in range(m.v.shape.rank) if d not in vb + vc]
-        self.v_perm = vb + vc + vf
-        out_rank = m.pv.shape.rank
-        # pv output: [batch, rows..., dv] (p lhs) or [batch, dv, rows...] (v lhs)
-        self.o_perm = list(range(out_rank)) if m.p_is_lhs else \
-            list(range(nb)) + list(range(nb + 1, out_rank)) + [nb]
-        self.score_shape = tuple(m.logits.shape.dims)
+        self.score_shape = tuple(logits.shape.dims)
         self.q_len = self.score_shape[-2]
         self.multi_rows = rank - nb - 1 > 1
         self.scale1, self.scale2, self.bias, self.sign = 1.0, 1.0, None, 1.0
         self.causal = self.mask = None
         fills = []
-        for s in m.steps:
+        for s in steps:
             if s.kind == "scale":
                 if self.causal is not None or self.mask is not None:
                     raise Unsupported("a scale after a mask")
@@ -226,20 +221,91 @@ class Plan:
             elif s.kind == "bias":
                 if self.bias is not None or self.causal is not None or self.mask is not None:
                     raise Unsupported("two biases, or a bias after a mask")
-                self.bias, self.sign = (param(s.tensor), s.where), s.value
+                self.bias, self.sign = (self.param(s.tensor), s.where), s.value
             elif s.kind == "causal":
                 self.causal = s
                 fills.append(s.fill)
             elif s.kind == "mask":
                 if self.mask is not None:
                     raise Unsupported("two boolean masks")
-                self.mask = (param(s.tensor), s.where, s.keep_if_true, s.fill)
+                self.mask = (self.param(s.tensor), s.where, s.keep_if_true, s.fill)
                 fills.append(s.fill)
         if len(set(fills)) > 1:
             raise Unsupported("a causal and a boolean mask with different fill values")
         c = self.causal
         self.skip = c is not None and not self.multi_rows and (
             (c.direction == "GE" and c.delta <= 0) or (c.direction == "GT" and c.delta < 0))
+
+    def param(self, inst) -> int:
+        if id(inst) not in self.params:
+            raise Unsupported(f"%{inst.name} ({inst.opcode}) is computed inside the fusion; "
+                              "the kernel reads q, k, v, bias and mask as operands")
+        return self.params[id(inst)]
+
+    def score_args(self, operands: list) -> tuple[Any, tuple, Any, tuple, bool, float]:
+        """(bias, its [z,h,m,n] strides, mask, its strides, keep-if-true, mask fill) as
+        the kernels take them (q stands in for an absent tensor)."""
+        import torch
+        bias = mask = operands[self.q]
+        bstr = mstr = (0, 0, 0, 0)
+        if self.bias is not None:
+            bias = _zh(_scores_view(operands[self.bias[0]], self.bias[1], self.score_shape),
+                       self.nb)
+            bstr = bias.stride()
+        keep, fill_m = True, 0.0
+        if self.mask is not None:
+            t = operands[self.mask[0]]
+            if t.dtype == torch.bool:
+                t = t.view(torch.uint8)
+            mask = _zh(_scores_view(t, self.mask[1], self.score_shape), self.nb)
+            mstr = mask.stride()
+            keep, fill_m = self.mask[2], self.mask[3]
+        return bias, bstr, mask, mstr, keep, fill_m
+
+    def causal_args(self) -> tuple:
+        """(DELTA, FILL_C) and the constexprs CAUSAL, DIR, SKIP."""
+        c = self.causal
+        return (c.delta if c else 0, c.fill if c else 0.0,
+                dict(CAUSAL=c is not None, DIR=_DIRS[c.direction] if c else 0, SKIP=self.skip))
+
+
+class Plan(ScorePlan):
+    """Everything the forward launch needs that depends only on the fusion body. A body
+    whose root is a tuple also outputs the softmax's row max and row sum (for a fused
+    backward): ``outputs`` names each tuple element "o", "max" or "sum"."""
+
+    def __init__(self, comp):
+        from passes.fusion.attention import NoMatch, attention_root, match_attention, row_stats
+        outs = list(comp.root.operands) if comp.root.opcode == "tuple" else [comp.root]
+        o_root = next((o for o in outs if attention_root(o)[0].opcode == "dot"), comp.root)
+        pv, where = attention_root(o_root)
+        # pv dim j is the output's dim out_perm[j]: the kernel stores through those strides
+        self.out_perm = [where.index(j) for j in range(len(where))]
+        try:
+            m = match_attention(pv, stats_out=len(outs) > 1)
+        except NoMatch as e:
+            raise Unsupported(str(e)) from None
+        if m is None:
+            raise Unsupported("the root is not softmax·v")
+        self.m = m
+        super().__init__(comp, m.qk, m.k_is_lhs, m.logits, m.steps, m.n_batch)
+        stats = dict(zip((id(i) for i in row_stats(m)), ("max", "sum")))
+        self.outputs = ["o" if o is o_root else stats.get(id(o), "") for o in outs]
+        if "" in self.outputs or self.outputs.count("o") != 1:
+            raise Unsupported("a flash-attention fusion outputs its result, row max and "
+                              "row sum only")
+        self.tuple_out = comp.root.opcode == "tuple"
+        self.v = self.param(m.v)
+        nb = self.nb
+        b = m.pv.attrs
+        vs = "rhs" if m.p_is_lhs else "lhs"
+        vb, vc = list(b[f"{vs}_batch_dims"]), list(b[f"{vs}_contracting_dims"])
+        vf = [d for d in range(m.v.shape.rank) if d not in vb + vc]
+        self.v_perm = vb + vc + vf
+        out_rank = m.pv.shape.rank
+        # pv output: [batch, rows..., dv] (p lhs) or [batch, dv, rows...] (v lhs)
+        self.o_perm = list(range(out_rank)) if m.p_is_lhs else \
+            list(range(nb)) + list(range(nb + 1, out_rank)) + [nb]
 
 
 def _scores_view(t: Any, where: tuple, shape: tuple) -> Any:
@@ -295,24 +361,29 @@ def _pick(key: tuple, candidates: list, launch, probe: Any) -> tuple[int, int, i
     return best
 
 
-_PLANS: dict[int, tuple[Any, Plan]] = {}
+_PLANS: dict[tuple[type, int], tuple[Any, Any]] = {}
 
 
-def plan_for(inst) -> Plan:
+def cached_plan(cls: type, inst) -> Any:
+    """``cls(body)`` for the fusion ``inst``, built once per instruction and body."""
     comp = inst.attrs["calls"]
-    hit = _PLANS.get(id(inst))
+    hit = _PLANS.get((cls, id(inst)))
     if hit is not None and hit[0] is comp:
         return hit[1]
-    p = Plan(comp)
-    _PLANS[id(inst)] = (comp, p)
+    p = cls(comp)
+    _PLANS[(cls, id(inst))] = (comp, p)
     return p
 
 
+def plan_for(inst) -> Plan:
+    return cached_plan(Plan, inst)
+
+
 def flash_attention(inst, operands: list, out: Optional[Any] = None) -> Any:
-    """Run the flash-attention fusion ``inst`` on torch tensors; writes ``out`` if given."""
+    """Run the flash-attention fusion ``inst`` on torch tensors; writes ``out`` if given
+    (a tuple of tensors for a fusion that also outputs its row max and row sum)."""
     import torch
     p = plan_for(inst)
-    m = p.m
     nb = p.nb
     q = _zh(operands[p.q].permute(p.q_perm), nb)
     k = _zh(operands[p.k].permute(p.k_perm), nb)
@@ -321,46 +392,58 @@ def flash_attention(inst, operands: list, out: Optional[Any] = None) -> Any:
         raise Unsupported("q and k batch/head counts differ")
     Z, H, M, D = q.shape
     N, DV = k.shape[2], v.shape[3]
+    shapes = inst.shape.elements if p.tuple_out else [inst.shape]
     if out is None:
-        out = torch.empty(tuple(inst.shape.dims), dtype=v.dtype, device=v.device)
-    o_view = out.permute(p.out_perm).permute(p.o_perm)
-    o = o_view.reshape(Z, H, M, DV)
-    copy_back = o.data_ptr() != o_view.data_ptr() or not _same_storage_view(o, o_view)
-    if copy_back:
-        o = torch.empty((Z, H, M, DV), dtype=out.dtype, device=out.device)
-    dummy = q
-    bias = mask = dummy
-    bstr = mstr = (0, 0, 0, 0)
-    if p.bias is not None:
-        bias = _zh(_scores_view(operands[p.bias[0]], p.bias[1], p.score_shape), nb)
-        bstr = bias.stride()
-    keep, fill_m = True, 0.0
-    if p.mask is not None:
-        t = operands[p.mask[0]]
-        if t.dtype == torch.bool:
-            t = t.view(torch.uint8)
-        mask = _zh(_scores_view(t, p.mask[1], p.score_shape), nb)
-        mstr = mask.stride()
-        keep, fill_m = p.mask[2], p.mask[3]
-    c = p.causal
+        out = tuple(torch.empty(tuple(s.dims), device=v.device,
+                                dtype=v.dtype if kind == "o" else torch.float32)
+                    for s, kind in zip(shapes, p.outputs))
+        out = out if p.tuple_out else out[0]
+    outs = list(out) if p.tuple_out else [out]
+    by_kind = dict(zip(p.outputs, outs))
+    o_view = by_kind["o"].permute(p.out_perm).permute(p.o_perm)
+    o, copy_o = zh_out(o_view, (Z, H, M, DV), nb)
+    stats = [zh_out(by_kind[s], (Z, H, M), nb) if s in by_kind else (q, None)
+             for s in ("max", "sum")]
+    bias, bstr, mask, mstr, keep, fill_m = p.score_args(operands)
+    delta, fill_c, causal = p.causal_args()
+    rmax, rsum = stats[0][0], stats[1][0]
+    rstr = (rmax.stride() if p.tuple_out else (0, 0, 0))
+    sstr = (rsum.stride() if p.tuple_out else (0, 0, 0))
 
     def launch(cfg: tuple[int, int, int, int]) -> None:
         bm, bn, warps, stages = cfg
         _flash_fwd[(triton.cdiv(M, bm), Z * H)](
             q, k, v, o, bias, mask, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
             *bstr, *mstr, H, M, N, D, DV, p.q_len, p.scale1, p.scale2, p.sign,
-            c.delta if c else 0, c.fill if c else 0.0, fill_m,
+            delta, fill_c, fill_m, rmax, rsum, *rstr, *sstr,
             HAS_BIAS=p.bias is not None, HAS_MASK=p.mask is not None, MASK_KEEP=keep,
-            CAUSAL=c is not None, DIR=_DIRS[c.direction] if c else 0, SKIP=p.skip,
-            IEEE=q.element_size() >= 4, BM=bm, BN=bn, BD=_pow2(D), BDV=_pow2(DV),
-            num_warps=warps, num_stages=stages)
+            IEEE=q.element_size() >= 4, STATS=p.tuple_out, BM=bm, BN=bn, BD=_pow2(D),
+            BDV=_pow2(DV), num_warps=warps, num_stages=stages, **causal)
 
-    key = (str(q.device), q.dtype, D, DV, Z * H, M, N, c is not None, p.bias is not None,
-           p.mask is not None)
+    key = (str(q.device), q.dtype, D, DV, Z * H, M, N, p.causal is not None,
+           p.bias is not None, p.mask is not None, p.tuple_out)
     launch(_pick(key, _candidates(q.element_size(), D), launch, q))
-    if copy_back:
-        o_view.copy_(o.reshape(o_view.shape))
+    for (t, dst) in [(o, copy_o)] + stats:
+        if dst is not None:
+            dst.copy_(t.reshape(dst.shape))
     return out
+
+
+def zh_out(view: Any, shape: tuple, nb: int) -> tuple[Any, Optional[Any]]:
+    """A [z, h, rows, x] (or [z, h, rows]) tensor the kernel writes for the output ``view``:
+    a view of it where its strides allow (then None), else a scratch tensor and ``view``
+    to copy it back into."""
+    import torch
+    if len(shape) == 3:     # row statistics [batch..., rows...]
+        z = math.prod(view.shape[:nb - 1]) if nb >= 2 else 1
+        h = view.shape[nb - 1] if nb >= 1 else 1
+        r = view.reshape(z, h, -1)
+    else:
+        r = _zh(view, nb)
+    if tuple(r.shape) == tuple(shape) and r.data_ptr() == view.data_ptr() and \
+            _same_storage_view(r, view):
+        return r, None
+    return torch.empty(shape, dtype=view.dtype, device=view.device), view
 
 
 def _same_storage_view(a: Any, b: Any) -> bool:

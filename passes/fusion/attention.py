@@ -580,13 +580,15 @@ def attention_root(root: Instruction) -> tuple[Instruction, tuple]:
     return cur, where
 
 
-def _with_backward(pv: Instruction):
-    """(forward, backward) when the forward's probabilities are read by jax.grad's
-    backward (passes/fusion/attention_grad.py): the backward gets its own copy of the
-    recompute chain, the forward also outputs its row max and row sum. Raises NoMatch
-    (with what was not matched) and leaves the graph alone then."""
-    from .attention_grad import match_backward, split_backward
-    m, core = _match_forward(pv)
+def _checked_backward(pv: Instruction):
+    """(forward match, backward match, the instructions the backward must recompute) when
+    the forward's probabilities are read by jax.grad's backward and the two can be fused
+    apart; raises NoMatch (with what was not matched). Changes nothing."""
+    from .attention_grad import match_backward
+    found = _match_forward(pv)
+    if found is None:
+        raise NoMatch(f"%{pv.name} is not the end of a softmax·V")
+    m, core = found
     div = _through(m.pv.operands[0 if m.p_is_lhs else 1])[0]
     b = match_backward(div, fwd=m)
     stats = {id(i) for i in row_stats(m)}
@@ -610,11 +612,44 @@ def _with_backward(pv: Instruction):
                 raise NoMatch(f"%{i.name} ({i.opcode}, inside the attention) is also read by "
                               f"%{u.name}, which is neither the forward nor its backward")
     recompute = [i for i in core if i is not pv and id(i) not in stats] + shared_constants
+    return m, b, recompute
+
+
+def _with_backward(pv: Instruction):
+    """(forward, backward) when the forward's probabilities are read by jax.grad's
+    backward (passes/fusion/attention_grad.py): the backward gets its own copy of the
+    recompute chain, the forward also outputs its row max and row sum. Raises NoMatch
+    (with what was not matched) and leaves the graph alone then."""
+    from .attention_grad import split_backward
+    _, b, recompute = _checked_backward(pv)
     clones = split_backward(b, recompute)
     b.nodes = b.nodes + [c for c in clones if c.opcode != "constant"]
     fwd = match_attention(pv, stats_out=True)
     assert fwd is not None
     return fwd, b
+
+
+def kernel_dots(instructions: list[Instruction]) -> list[Instruction]:
+    """The dots flash-attention kernels will run (forward q·k and p·v; with jax.grad's
+    backward also dP, dV, dQ and dK), found as the fusion pass finds them but without
+    rewriting anything: layout assignment leaves their operands in place (the kernels
+    read any strides), so no layout copy comes between a backward dot and the q or k
+    the forward reads."""
+    dots: list[Instruction] = []
+    for inst in instructions:
+        if inst.opcode != "dot":
+            continue
+        try:
+            m = match_attention(inst)
+        except NoMatch:
+            try:
+                m, b, _ = _checked_backward(inst)
+            except NoMatch:
+                continue
+            dots += [b.dp, b.dv, b.dq, b.dk]
+        if m is not None:
+            dots += [m.qk, m.pv]
+    return dots
 
 
 def _find(instructions: list[Instruction], backward: bool = False

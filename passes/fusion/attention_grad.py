@@ -246,7 +246,7 @@ def _cone(root: Instruction, stop: set[int]) -> list[Instruction]:
     out, stack, seen = [], [root], set()
     while stack:
         i = stack.pop()
-        if id(i) in seen or id(i) in stop or i.opcode == "constant":
+        if id(i) in seen or id(i) in stop or i.opcode in ("constant", "parameter"):
             continue
         seen.add(id(i))
         out.append(i)

@@ -274,8 +274,7 @@ class CudaExecutable:
             if t is not None:
                 return [t]
         if op == "fusion" and fusion_kind(inst) == "attention_backward":
-            # No Triton kernel yet: the blocked CPU reference (codegen/cpu/attention_backward).
-            return [self._host(inst, "flash attention backward: no GPU kernel")]
+            return [self._flash_attention(inst)]
         if op == "fusion":
             t = self._kernel(inst, inst, wrapped=False)
             return list(t.thunks) if isinstance(t, SplitThunk) else [t]
@@ -302,19 +301,26 @@ class CudaExecutable:
         return [self._kernel(inst, one_instruction_fusion(inst), wrapped=True)]
 
     def _flash_attention(self, inst: Instruction) -> Thunk:
-        """A flash-attention fusion: its Triton kernel (codegen/triton/attention.py)."""
-        from codegen.triton.attention import Unsupported, flash_attention, plan_for
+        """A flash-attention fusion (forward, maybe with its row max and sum, or backward):
+        its Triton kernels (codegen/triton/attention.py, attention_backward.py)."""
+        from codegen.triton.attention import Unsupported
+        if fusion_kind(inst) == "attention":
+            from codegen.triton.attention import flash_attention as call, plan_for
+        else:
+            from codegen.triton.attention_backward import (  # type: ignore[assignment]
+                flash_attention_backward as call, plan_for)
         ins = [self._array_slot(o) for o in inst.operands]
-        out = self._array_slot(inst)
-        if inst.shape.is_tuple:     # a forward that also outputs its row max and row sum
-            return self._host(inst, "flash attention with row statistics: no GPU kernel")
+        if inst.shape.is_tuple:     # forward + row max and sum, or the backward's dQ, dK, dV
+            outs = [self.leaves(inst).get((k,)) for k in range(len(inst.shape.elements))]
+        else:
+            outs = [self._array_slot(inst)]
         try:
             plan_for(inst)
         except Unsupported as e:
             return self._host(inst, f"flash attention: {e}")
-        if out is None or any(s is None for s in ins):
+        if any(s is None for s in outs + ins):
             return self._host(inst, "flash attention: a tuple operand")
-        return LibraryThunk(inst, flash_attention, ins, [out])  # type: ignore[arg-type]
+        return LibraryThunk(inst, call, ins, outs)  # type: ignore[arg-type]
 
     def _kernel(self, inst: Instruction, fusion: Instruction, wrapped: bool) -> Thunk:
         """A Triton kernel thunk for ``fusion`` (the instruction itself, or its one-op

@@ -159,10 +159,18 @@ class LibraryThunk(SlotThunk):
         self.call = call
         # The output shares bytes with an operand (buffer assignment's in-place sharing of a
         # dying operand): a GEMM cannot write over its own input, so it writes a fresh tensor.
-        self.aliased = any(overlaps(outputs[0], i) for i in inputs)
+        self.aliased = any(overlaps(o, i) for o in outputs for i in inputs)
 
     def run(self, mem: Memory, ctx: RunContext) -> None:
         ins = [mem.view(s) for s in self.inputs]
+        if len(self.outputs) > 1:   # a call with a tuple result (flash attention + stats)
+            outs = [mem.view(s) for s in self.outputs]
+            if self.aliased:
+                for o, r in zip(outs, self.call(self.inst, ins)):
+                    o.copy_(r)
+            else:
+                self.call(self.inst, ins, out=tuple(outs))
+            return
         out = mem.view(self.outputs[0])
         if self.aliased:
             out.copy_(self.call(self.inst, ins))
