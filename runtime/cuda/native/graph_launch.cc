@@ -43,6 +43,7 @@ typedef struct CUkern_st* CUkernel;
 typedef struct CUctx_st* CUcontext;
 typedef struct CUstream_st* CUstream;
 typedef struct CUmod_st* CUmodule;
+typedef struct CUevent_st* CUevent;
 
 constexpr CUresult kInvalidValue = 1;  // CUDA_ERROR_INVALID_VALUE
 constexpr int kAlignment = 64;          // launcher.ALIGNMENT: what the captures assumed
@@ -71,6 +72,8 @@ constexpr size_t kMemsetSize = 40;
 constexpr int kMemoryHost = 1, kMemoryDevice = 2, kMemoryUnified = 4;  // CUmemorytype
 constexpr int kPointerMemoryType = 2;   // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
 constexpr int kPointerRangeStart = 11;  // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+constexpr int kAttrCooperative = 2;       // CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+constexpr int kAttrClusterDimension = 4;  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
 
 // The fields of CUDA_MEMCPY3D and CUDA_MEMSET_NODE_PARAMS that LowerCopies reads.
 struct Memcpy3D {
@@ -122,6 +125,16 @@ struct Driver {
                                  const KernelNodeParams*);                            // _v2
   CUresult (*GraphDestroyNode)(CUgraphNode);
   CUresult (*PointerGetAttribute)(void*, int, CUdeviceptr);
+  // A one-kernel graph launched as its kernel (Exec::direct) and the trace events; optional.
+  CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                           unsigned, unsigned, CUstream, void**, void**);
+  CUresult (*KernelGetFunction)(CUfunction*, CUkernel);
+  CUresult (*GraphKernelNodeGetAttribute)(CUgraphNode, int, void*);
+  CUresult (*EventCreate)(CUevent*, unsigned);
+  CUresult (*EventRecord)(CUevent, CUstream);
+  CUresult (*EventSynchronize)(CUevent);
+  CUresult (*EventElapsedTime)(float*, CUevent, CUevent);
+  CUresult (*EventDestroy)(CUevent);
 };
 
 struct Failure {
@@ -198,6 +211,13 @@ bool LoadDriver(std::string* error) {
       {"cuGraphAddKernelNode_v2", reinterpret_cast<void**>(&g_cu.GraphAddKernelNode), false},
       {"cuGraphDestroyNode", reinterpret_cast<void**>(&g_cu.GraphDestroyNode), false},
       {"cuPointerGetAttribute", reinterpret_cast<void**>(&g_cu.PointerGetAttribute), false},
+      {"cuLaunchKernel", reinterpret_cast<void**>(&g_cu.LaunchKernel), false},
+      {"cuKernelGetFunction", reinterpret_cast<void**>(&g_cu.KernelGetFunction), false},
+      {"cuGraphKernelNodeGetAttribute", reinterpret_cast<void**>(&g_cu.GraphKernelNodeGetAttribute), false},
+      {"cuEventCreate", reinterpret_cast<void**>(&g_cu.EventCreate), false},
+      {"cuEventRecord", reinterpret_cast<void**>(&g_cu.EventRecord), false},
+      {"cuEventSynchronize", reinterpret_cast<void**>(&g_cu.EventSynchronize), false},
+      {"cuEventDestroy_v2", reinterpret_cast<void**>(&g_cu.EventDestroy), false},
   };
   for (const Entry& e : entries) {
     *e.slot = dlsym(lib, e.name);
@@ -207,6 +227,10 @@ bool LoadDriver(std::string* error) {
       *error = g_load_error;
       return false;
     }
+  }
+  for (const char* name : {"cuEventElapsedTime_v2", "cuEventElapsedTime"}) {
+    g_cu.EventElapsedTime = reinterpret_cast<CUresult (*)(float*, CUevent, CUevent)>(dlsym(lib, name));
+    if (g_cu.EventElapsedTime) break;
   }
   CUresult r = g_cu.Init(0);
   if (r != 0) {
@@ -628,8 +652,23 @@ struct Exec {
   uint64_t epoch = 0;
   std::vector<uint32_t> dirty;
   Stats stats;
+  // A graph of one kernel node with no launch attributes is launched as that kernel
+  // (cuLaunchKernel with the node's patched parameters): no cuGraphExecKernelNodeSetParams
+  // per moved buffer and no graph launch (see EnableDirect).
+  bool direct = false;
+  CUfunction direct_func = nullptr;
+  std::vector<CUgraphNode> graph_nodes;  // the captured graph's nodes (EnableDirect reads them)
+  // Trace (benchmarks/call_timeline.py): host times of the last call (CLOCK_MONOTONIC ns:
+  // entry, after patching, after launching) and events recorded around its launch.
+  bool trace = false;
+  CUevent ev_before = nullptr, ev_after = nullptr;
+  uint64_t trace_ns[3] = {0, 0, 0};
 
   ~Exec() {
+    if (g_loaded && g_cu.EventDestroy) {
+      if (ev_before) g_cu.EventDestroy(ev_before);
+      if (ev_after) g_cu.EventDestroy(ev_after);
+    }
     if (exec != nullptr && g_loaded) {
       // Launches already queued may still read the parameters: wait for the device first.
       if (ctx != nullptr && g_cu.CtxPushCurrent(ctx) == 0) {
@@ -685,6 +724,55 @@ struct Exec {
     dirty.reserve(nodes.size());
   }
 
+  // Whether the graph can run as its one kernel: one kernel node, a CUfunction for it, no
+  // cooperative or cluster launch attribute (cuLaunchKernel could not express them).
+  bool EnableDirect() {
+    direct = false;
+    if (exec == nullptr || nodes.size() != 1 || graph_nodes.size() != 1 ||
+        nodes[0].type != kKernel || !g_cu.LaunchKernel || !g_cu.GraphKernelNodeGetAttribute) {
+      return false;
+    }
+    PatchNode& pn = nodes[0];
+    if (pn.blob.empty()) return false;  // parameters not read (no patch site): keep the graph
+    unsigned char value[64];
+    std::memset(value, 0, sizeof value);
+    if (g_cu.GraphKernelNodeGetAttribute(graph_nodes[0], kAttrCooperative, value) != 0) return false;
+    int cooperative = 0;
+    std::memcpy(&cooperative, value, sizeof cooperative);
+    if (cooperative != 0) return false;
+    std::memset(value, 0, sizeof value);
+    if (g_cu.GraphKernelNodeGetAttribute(graph_nodes[0], kAttrClusterDimension, value) != 0) return false;
+    unsigned dims[3];
+    std::memcpy(dims, value, sizeof dims);
+    for (unsigned d : dims) {
+      if (d > 1) return false;
+    }
+    CUfunction f = pn.kernel.func;
+    if (f == nullptr && pn.kernel.kern != nullptr && g_cu.KernelGetFunction) {
+      if (g_cu.KernelGetFunction(&f, pn.kernel.kern) != 0) f = nullptr;
+    }
+    if (f == nullptr) return false;
+    direct_func = f;
+    direct = true;
+    return true;
+  }
+
+  void LaunchDirect(CUstream stream) {
+    const KernelNodeParams& k = nodes[0].kernel;
+    CUcontext current = nullptr;
+    g_cu.CtxGetCurrent(&current);
+    bool push = current != ctx;  // the handler's thread may have another context current
+    if (push) HK_CHECK(g_cu.CtxPushCurrent(ctx));
+    CUresult r = g_cu.LaunchKernel(direct_func, k.grid[0], k.grid[1], k.grid[2], k.block[0],
+                                   k.block[1], k.block[2], k.shared_mem_bytes, stream,
+                                   k.kernel_params, k.extra);
+    if (push) {
+      CUcontext popped;
+      g_cu.CtxPopCurrent(&popped);
+    }
+    if (r != 0) throw Failure(Describe("cuLaunchKernel (the graph's one kernel)", r));
+  }
+
   // Patches the nodes whose buffers moved and launches. `addr(k)` is buffer k's address.
   template <typename AddressOf>
   void Run(size_t n_buffers, AddressOf addr, CUstream stream) {
@@ -717,17 +805,34 @@ struct Exec {
         uint64_t v = last[s.buffer] + static_cast<uint64_t>(s.delta);
         std::memcpy(pn.blob.data() + s.offset, &v, 8);
       }
-      if (exec != nullptr) HK_CHECK(g_cu.GraphExecKernelNodeSetParams(exec, pn.node, &pn.kernel));
+      // Direct: the parameters are read at cuLaunchKernel from the blob itself.
+      if (exec != nullptr && !direct) {
+        HK_CHECK(g_cu.GraphExecKernelNodeSetParams(exec, pn.node, &pn.kernel));
+      }
     }
     stats.nodes_patched += dirty.size();
     auto t2 = std::chrono::steady_clock::now();
-    if (exec != nullptr) HK_CHECK(g_cu.GraphLaunch(exec, stream));
+    if (exec != nullptr) {
+      if (trace) HK_CHECK(g_cu.EventRecord(ev_before, stream));
+      if (direct) {
+        LaunchDirect(stream);
+      } else {
+        HK_CHECK(g_cu.GraphLaunch(exec, stream));
+      }
+      if (trace) HK_CHECK(g_cu.EventRecord(ev_after, stream));
+    }
     auto t3 = std::chrono::steady_clock::now();
     ++stats.calls;
     using ns = std::chrono::nanoseconds;
     stats.ns_gather += std::chrono::duration_cast<ns>(t1 - t0).count();
     stats.ns_patch += std::chrono::duration_cast<ns>(t2 - t1).count();
     stats.ns_launch += std::chrono::duration_cast<ns>(t3 - t2).count();
+    if (trace) {
+      // steady_clock is CLOCK_MONOTONIC on Linux, as Python's time.perf_counter_ns().
+      trace_ns[0] = std::chrono::duration_cast<ns>(t0.time_since_epoch()).count();
+      trace_ns[1] = std::chrono::duration_cast<ns>(t2.time_since_epoch()).count();
+      trace_ns[2] = std::chrono::duration_cast<ns>(t3.time_since_epoch()).count();
+    }
   }
 };
 
@@ -955,6 +1060,7 @@ HK_EXPORT int64_t hk_exec_create(uint64_t graph, int32_t device, int32_t n_buffe
     }
     e->Build(n_buffers, ret_buffer, n_rets, n_args);
     HK_CHECK(hk::g_cu.GraphInstantiateWithFlags(&e->exec, reinterpret_cast<hk::CUgraph>(graph), 0));
+    e->graph_nodes = std::move(nodes);
     return hk::Register(std::move(e));
   } catch (const hk::Failure& f) {
     return hk::Fail(err, cap, f.message);
@@ -999,6 +1105,61 @@ HK_EXPORT int hk_exec_launch(int64_t id, const uint64_t* addrs, int32_t n, uint6
   } catch (const hk::Failure& f) {
     return hk::Fail(err, cap, f.message);
   }
+}
+
+// Launch a graph of one kernel as that kernel (on != 0, where EnableDirect allows it) or as
+// the graph; returns 1 when calls now launch the kernel directly, 0 when they launch the
+// graph, -1 for an unknown id. Every address is re-patched on the next call.
+HK_EXPORT int hk_exec_set_direct(int64_t id, int on) {
+  auto e = hk::Lookup(id);
+  if (e == nullptr) return -1;
+  std::lock_guard<std::mutex> lock(e->mu);
+  bool direct = on != 0 && e->EnableDirect();
+  e->direct = direct;
+  std::fill(e->last.begin(), e->last.end(), 0);  // the graph's node parameters may be stale
+  return direct ? 1 : 0;
+}
+
+// --- tracing one call (benchmarks/call_timeline.py) ----------------------------------------
+hk::CUevent g_trace_base = nullptr;
+
+// Records the base event on `stream` (a raw CUstream; 0: the legacy stream); later trace
+// reads give the handler's launch events relative to it. Returns 0 or -1.
+HK_EXPORT int hk_trace_base(uint64_t stream) {
+  if (!hk::g_cu.EventCreate || !hk::g_cu.EventRecord || !hk::g_cu.EventElapsedTime) return -1;
+  if (g_trace_base == nullptr && hk::g_cu.EventCreate(&g_trace_base, 0) != 0) return -1;
+  return hk::g_cu.EventRecord(g_trace_base, reinterpret_cast<hk::CUstream>(stream)) == 0 ? 0 : -1;
+}
+
+// Turns the trace of executable `id` on (events around each launch, host times) or off.
+HK_EXPORT int hk_exec_trace(int64_t id, int on) {
+  auto e = hk::Lookup(id);
+  if (e == nullptr || !hk::g_cu.EventCreate || !hk::g_cu.EventRecord) return -1;
+  std::lock_guard<std::mutex> lock(e->mu);
+  if (on && e->ev_before == nullptr) {
+    if (hk::g_cu.EventCreate(&e->ev_before, 0) != 0 || hk::g_cu.EventCreate(&e->ev_after, 0) != 0) {
+      return -1;
+    }
+  }
+  e->trace = on != 0 && e->exec != nullptr;
+  return 0;
+}
+
+// The last traced call: host_ns = {entry, patched, launched} (CLOCK_MONOTONIC), ms = {base
+// event -> before the launch, before -> after the launch (the device time of the launch),
+// base -> after}. Waits for the launch to finish. Returns 0 or -1.
+HK_EXPORT int hk_exec_trace_read(int64_t id, uint64_t* host_ns, float* ms) {
+  auto e = hk::Lookup(id);
+  if (e == nullptr || !e->trace || g_trace_base == nullptr || !hk::g_cu.EventSynchronize) return -1;
+  std::lock_guard<std::mutex> lock(e->mu);
+  if (hk::g_cu.EventSynchronize(e->ev_after) != 0) return -1;
+  for (int i = 0; i < 3; ++i) host_ns[i] = e->trace_ns[i];
+  if (hk::g_cu.EventElapsedTime(&ms[0], g_trace_base, e->ev_before) != 0 ||
+      hk::g_cu.EventElapsedTime(&ms[1], e->ev_before, e->ev_after) != 0 ||
+      hk::g_cu.EventElapsedTime(&ms[2], g_trace_base, e->ev_after) != 0) {
+    return -1;
+  }
+  return 0;
 }
 
 // The current bytes of node `node` (after the last patch); size in/out as hk_graph_node.

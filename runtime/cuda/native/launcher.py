@@ -13,12 +13,14 @@ of a graph exec behind the previous ones), so one arena serves every call.
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from typing import Any, Optional
 
 from hlo.layout_util import is_default
 from passes.dataflow import array_leaves
 
+from ..errors import NativeLauncherError
 from . import DRY_RUN_TARGET, TARGET, _ERRBUF, check, driver_library, int_array
 from .patch import NotPatchable, PatchSite, parse_nodes, patch_sites
 
@@ -173,6 +175,11 @@ class NativeGraph:
             skew=STAGING_SKEW)
         del graph_b, graph_c, graph_d
         self.id = self._create(self._graph.raw_cuda_graph(), device.index or 0)
+        # A graph of one kernel runs as that kernel (cuLaunchKernel on XLA's stream): no
+        # per-call cuGraphExecKernelNodeSetParams and no graph launch (HLOTK_NATIVE_DIRECT=0:
+        # always the graph). The trial launch below goes through whichever path calls take.
+        self.direct = self.set_direct(os.environ.get("HLOTK_NATIVE_DIRECT", "1") not in
+                                      ("0", "false", "False", "no", "off"))
         # A trial launch over capture B's buffers: every site re-pointed and the graph run
         # once before any user call depends on it (a refused update fails here, and the
         # executable keeps the Python path). The first FFI call re-points again. A failure
@@ -293,6 +300,37 @@ class NativeGraph:
                                          len(addresses), stream, err, _ERRBUF)
         check(status, err, "launching the graph")
 
+    def set_direct(self, on: bool) -> bool:
+        """Launch a one-kernel graph as its kernel (``on``, where its launch has no cooperative
+        or cluster attribute) or as the graph; returns whether calls now launch the kernel."""
+        status = self.lib.hk_exec_set_direct(self.id, 1 if on else 0)
+        if status < 0:
+            raise NativeLauncherError(f"executable {self.id} is not registered")
+        self.direct = status == 1
+        return self.direct
+
+    def trace(self, on: bool) -> None:
+        """Record host times and device events around each launch (benchmarks only)."""
+        if self.lib.hk_exec_trace(self.id, 1 if on else 0) < 0:
+            raise NativeLauncherError("the CUDA driver has no event calls for the trace")
+
+    def trace_read(self) -> dict[str, float]:
+        """The last traced call (waits for it): host ns (CLOCK_MONOTONIC, as
+        time.perf_counter_ns) at the handler's entry, after patching and after launching;
+        device ms from the base event (``trace_base``) to the launch's start and end, and the
+        launch's own device time."""
+        host = (ctypes.c_uint64 * 3)()
+        ms = (ctypes.c_float * 3)()
+        if self.lib.hk_exec_trace_read(self.id, host, ms) < 0:
+            raise NativeLauncherError("no traced call to read (trace off, or no base event)")
+        return {"entry_ns": host[0], "patched_ns": host[1], "launched_ns": host[2],
+                "start_ms": ms[0], "device_ms": ms[1], "end_ms": ms[2]}
+
+    def trace_base(self, stream: int) -> None:
+        """Record the trace's base event on ``stream`` (a raw CUDA stream handle)."""
+        if self.lib.hk_trace_base(stream) < 0:
+            raise NativeLauncherError("recording the trace's base event failed")
+
     def replay_on_staging(self) -> Any:
         """A function launching the graph on torch's current stream over fresh zeroed
         staging buffers (device time of the graph alone; the next FFI call patches back)."""
@@ -334,6 +372,8 @@ class NativeGraph:
                    "kernels; " if self.lowered_copies else "")
                 + (f"{len(self.kept_words)} capture-local words kept as captured; "
                    if self.kept_words else "")
+                + ("launched as its one kernel (cuLaunchKernel, no graph launch); "
+                   if getattr(self, "direct", False) else "")
                 + f"built in {self.build_seconds:.2f} s")
 
 
