@@ -23,8 +23,10 @@ Three ways to wait, each its own reps: ``block_until_ready`` (what gpu_suite tim
 ``is_ready`` polled in a loop, and ``torch.cuda.synchronize()`` (the CUDA driver's own wait
 for the whole device). jax.jit gets the same t0/t1/t2 (no handler); with ``--profile``
 a CUPTI trace (torch.profiler) of a few calls of each gives jax.jit's kernel times too.
-Also ``do_bench`` (as gpu_suite) and back-to-back dispatch µs; for one-kernel programs hlotk
-runs twice, launching its graph (``graph``) and its one kernel (``direct``).
+Also ``do_bench`` and ``wall_ms`` (as gpu_suite), back-to-back dispatch µs (results dropped:
+two address sets alternate) and ``rotating`` (the last 4 results held: five sets), with the
+handler's µs and nodes patched per call; hlotk runs twice, with the default slots
+(instantiations kept per address set, ``HLOTK_NATIVE_SLOTS``) and with one slot.
 """
 from __future__ import annotations
 
@@ -165,55 +167,65 @@ def measure(name: str, fn, args, reps: int, rounds: int, profile_on: bool) -> tu
     jax.block_until_ready(dev)
     xc = jax.jit(fn).lower(*dev).compile()
     want = jax.block_until_ready(xc(*dev))
-    who: dict = {"jax.jit": (lambda: xc(*dev), None)}
-    graph = None
+    who: dict = {"jax.jit": lambda: xc(*dev)}
+    graphs: dict = {}
     if name != "matmul":
-        hc = runtime.jit(fn, backend="cuda").lower(*dev).compile()
-        got = jax.block_until_ready(hc(*dev))
-        err = max(rel_err(g, w) for g, w in zip(leaves_of(got), leaves_of(want)))
-        exe = executable_of(hc)
-        graph = exe.native
-        print(f"{name}: err {err:.1e}; {exe.report()}", flush=True)
-        if graph is None:
-            who["hlotk (python path)"] = (lambda: hc(*dev), None)
-        else:
-            nodes = len(graph.nodes)
-            if graph.set_direct(True):
-                who["hlotk direct"] = (lambda: hc(*dev), "direct")
-            who["hlotk graph"] = (lambda: hc(*dev), "graph")
-            print(f"{name}: {nodes} nodes; direct possible: {'hlotk direct' in who}", flush=True)
+        # hlotk twice: the default slots (instantiations kept per address set) and one slot
+        # (every moved address re-patched), each its own executable and native graph.
+        for label, slots in (("hlotk", None), ("hlotk 1 slot", "1")):
+            old = os.environ.get("HLOTK_NATIVE_SLOTS")
+            if slots is not None:
+                os.environ["HLOTK_NATIVE_SLOTS"] = slots
+            try:
+                hc = runtime.jit(fn, backend="cuda").lower(*dev).compile()
+                got = jax.block_until_ready(hc(*dev))     # builds the native graph
+            finally:
+                if slots is not None:
+                    if old is None:
+                        del os.environ["HLOTK_NATIVE_SLOTS"]
+                    else:
+                        os.environ["HLOTK_NATIVE_SLOTS"] = old
+            err = max(rel_err(g, w) for g, w in zip(leaves_of(got), leaves_of(want)))
+            exe = executable_of(hc)
+            print(f"{name} ({label}): err {err:.1e}; {exe.report()}", flush=True)
+            who[label] = lambda hc=hc: hc(*dev)
+            graphs[label] = exe.native
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     res: dict = {}
     waits = ("block_until_ready", "is_ready", "torch.cuda.synchronize")
     for _ in range(rounds):
-        for w, (call, mode) in who.items():
-            if mode is not None:
-                graph.set_direct(mode == "direct")
-                jax.block_until_ready(call())
+        for w, call in who.items():
+            graph = graphs.get(w)
             d = res.setdefault(w, {})
             d.setdefault("do_bench", []).append(bench(lambda: jax.block_until_ready(call())) * 1e3)
             d.setdefault("wall_ms", []).append(wall_ms(lambda: jax.block_until_ready(call())) * 1e3)
-            d.setdefault("dispatch", []).append(dispatch_us(call, budget_s=0.1, max_calls=400))
-            if mode is not None:
+            if graph is not None:
                 graph.reset_stats()
-                dispatch_us(call, keep=4, budget_s=0.05, max_calls=200)
+            d.setdefault("dispatch", []).append(dispatch_us(call, budget_s=0.1, max_calls=400))
+            if graph is not None:   # handler µs and nodes patched per call, back-to-back
+                s = graph.stats()
+                d.setdefault("handler (dispatch)", []).append(
+                    s["gather_us"] + s["patch_us"] + s["launch_us"])
+                d.setdefault("nodes patched (dispatch)", []).append(
+                    s["nodes_patched"] / max(s["calls"], 1))
+                graph.reset_stats()
+            d.setdefault("rotating", []).append(
+                dispatch_us(call, keep=4, budget_s=0.05, max_calls=200))
+            if graph is not None:
                 s = graph.stats()
                 d.setdefault("handler (rotating)", []).append(
                     s["gather_us"] + s["patch_us"] + s["launch_us"])
-                d.setdefault("launch (rotating)", []).append(s["launch_us"])
                 graph.trace(True)
             for wt in waits:
-                t = timeline(call, graph if mode is not None else None, reps, wt, flush)
+                t = timeline(call, graph, reps, wt, flush)
                 for k, v in t.items():
                     d.setdefault(f"{wt}: {k}", []).append(v)
-            if mode is not None:
+            if graph is not None:
                 graph.trace(False)
-    if graph is not None:
-        graph.set_direct(True)
     med = {w: {k: statistics.median(v) for k, v in d.items()} for w, d in res.items()}
     if profile_on:
         try:
-            prof = cupti({w: c for w, (c, _) in who.items()})
+            prof = cupti(who)
             for w, d in prof.items():
                 med[w].update({f"cupti: {k}": v for k, v in d.items()})
         except Exception as e:  # noqa: BLE001  (the trace is extra; the timings stand)

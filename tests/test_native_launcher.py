@@ -280,6 +280,57 @@ def test_ffi_handler_patches_jax_buffer_addresses_through_jax_jit(lib):
         jax.block_until_ready(f(x, jnp.zeros(8, jnp.float32)))
 
 
+def _launch(lib, exe_id, addresses):
+    """hk_exec_launch of a dry-run plan (patches, launches nothing): the message or None."""
+    from runtime.cuda.native import int_array
+    err = ctypes.create_string_buffer(512)
+    status = lib.hk_exec_launch(exe_id, int_array(addresses, ctypes.c_uint64), len(addresses),
+                                0, err, 512)
+    return None if status == 0 else err.value.decode()
+
+
+def test_slots_keep_alternating_address_sets_patched(lib):
+    """Two slots (instantiations): calls alternating between two result buffers patch
+    nothing once both are filled; a third set overwrites the least recently used slot,
+    patching only the nodes of the buffer that differs; a refused (unaligned) call leaves
+    the slots as they were."""
+    sites = [PatchSite(0, 0, 0, 0), PatchSite(1, 8, 1, 64)]   # node 0: x, node 1: result
+    exe_id = _dry_exec(lib, [words(0), words(5, 0)], sites, n_buffers=2, n_args=1,
+                       ret_buffer=[1])
+    err = ctypes.create_string_buffer(512)
+    assert lib.hk_exec_add_slots(exe_id, 0, 1, err, 512) == 2
+    x, r1, r2, r3 = 0x10000, 0x20000, 0x30000, 0x40000
+
+    def patched(addresses):
+        before = _stats(lib, exe_id)[1]
+        assert _launch(lib, exe_id, addresses) is None
+        return _stats(lib, exe_id)[1] - before
+    assert patched([x, r1]) == 2          # slot 0, first use: every node
+    assert patched([x, r2]) == 2          # slot 1, first use: every node (slot 0 kept)
+    assert _blob_words(lib, exe_id, 1, 2) == (5, r2 + 64)
+    assert [patched([x, r1]), patched([x, r2]), patched([x, r1])] == [0, 0, 0]
+    assert patched([x, r3]) == 1          # least recently used (r2's) slot, node 1 only
+    assert _blob_words(lib, exe_id, 1, 2) == (5, r3 + 64)
+    assert patched([x, r1]) == 0          # r1's slot was kept
+    message = _launch(lib, exe_id, [x, r2 + 8])
+    assert message is not None and "not 64-byte aligned" in message
+    assert patched([x, r3]) == 0 and patched([x, r1]) == 0
+    lib.hk_exec_destroy(exe_id)
+
+
+def test_one_slot_patches_every_moved_buffer(lib):
+    exe_id = _dry_exec(lib, [words(0), words(5, 0)], [PatchSite(0, 0, 0, 0),
+                                                      PatchSite(1, 8, 1, 64)],
+                       n_buffers=2, n_args=1, ret_buffer=[1])
+    for addresses, nodes in [([0x1000, 0x2000], 2), ([0x1000, 0x3000], 1),
+                             ([0x1000, 0x2000], 1), ([0x1000, 0x2000], 0)]:
+        before = _stats(lib, exe_id)[1]
+        assert _launch(lib, exe_id, addresses) is None
+        assert _stats(lib, exe_id)[1] - before == nodes
+    assert _blob_words(lib, exe_id, 1, 2) == (5, 0x2000 + 64)
+    lib.hk_exec_destroy(exe_id)
+
+
 def test_ffi_handler_rejects_a_call_with_the_wrong_number_of_operands(lib):
     from runtime.cuda.native import DRY_RUN_TARGET
     exe_id = _dry_exec(lib, [words(0)], [PatchSite(0, 0, 0, 0)], n_buffers=2, n_args=1,

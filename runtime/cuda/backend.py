@@ -709,9 +709,7 @@ class CudaExecutable:
                     f"host us per call ({calls} calls): {total:.1f} in all = jax.jit dispatch "
                     f"+ XLA {total - handler:.1f}, FFI handler {handler:.1f} (gather addresses "
                     f"{s['gather_us']:.2f}, patch {s['nodes_patched'] / max(s['calls'], 1):.1f} "
-                    f"nodes {s['patch_us']:.2f}, "
-                    f"{'cuLaunchKernel' if getattr(self.native, 'direct', False) else 'cuGraphLaunch'} "
-                    f"{s['launch_us']:.2f})")
+                    f"nodes {s['patch_us']:.2f}, cuGraphLaunch {s['launch_us']:.2f})")
         else:
             lines.append(f"host path: python ({self.native_reason})")
         h = self.host_time

@@ -72,8 +72,6 @@ constexpr size_t kMemsetSize = 40;
 constexpr int kMemoryHost = 1, kMemoryDevice = 2, kMemoryUnified = 4;  // CUmemorytype
 constexpr int kPointerMemoryType = 2;   // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
 constexpr int kPointerRangeStart = 11;  // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
-constexpr int kAttrCooperative = 2;       // CU_LAUNCH_ATTRIBUTE_COOPERATIVE
-constexpr int kAttrClusterDimension = 4;  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
 
 // The fields of CUDA_MEMCPY3D and CUDA_MEMSET_NODE_PARAMS that LowerCopies reads.
 struct Memcpy3D {
@@ -125,11 +123,7 @@ struct Driver {
                                  const KernelNodeParams*);                            // _v2
   CUresult (*GraphDestroyNode)(CUgraphNode);
   CUresult (*PointerGetAttribute)(void*, int, CUdeviceptr);
-  // A one-kernel graph launched as its kernel (Exec::direct) and the trace events; optional.
-  CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                           unsigned, unsigned, CUstream, void**, void**);
-  CUresult (*KernelGetFunction)(CUfunction*, CUkernel);
-  CUresult (*GraphKernelNodeGetAttribute)(CUgraphNode, int, void*);
+  // Events around a launch (trace mode, benchmarks/call_timeline.py); optional.
   CUresult (*EventCreate)(CUevent*, unsigned);
   CUresult (*EventRecord)(CUevent, CUstream);
   CUresult (*EventSynchronize)(CUevent);
@@ -211,9 +205,6 @@ bool LoadDriver(std::string* error) {
       {"cuGraphAddKernelNode_v2", reinterpret_cast<void**>(&g_cu.GraphAddKernelNode), false},
       {"cuGraphDestroyNode", reinterpret_cast<void**>(&g_cu.GraphDestroyNode), false},
       {"cuPointerGetAttribute", reinterpret_cast<void**>(&g_cu.PointerGetAttribute), false},
-      {"cuLaunchKernel", reinterpret_cast<void**>(&g_cu.LaunchKernel), false},
-      {"cuKernelGetFunction", reinterpret_cast<void**>(&g_cu.KernelGetFunction), false},
-      {"cuGraphKernelNodeGetAttribute", reinterpret_cast<void**>(&g_cu.GraphKernelNodeGetAttribute), false},
       {"cuEventCreate", reinterpret_cast<void**>(&g_cu.EventCreate), false},
       {"cuEventRecord", reinterpret_cast<void**>(&g_cu.EventRecord), false},
       {"cuEventSynchronize", reinterpret_cast<void**>(&g_cu.EventSynchronize), false},
@@ -640,24 +631,27 @@ struct Stats {
 
 struct Exec {
   std::mutex mu;
-  CUgraphExec exec = nullptr;  // null: a dry-run plan (tests), nothing is launched
+  CUgraphExec exec = nullptr;  // execs[0]; null: a dry-run plan (tests), nothing is launched
   CUcontext ctx = nullptr;
   int device = -1;
   std::vector<PatchNode> nodes;
   std::vector<std::vector<uint32_t>> nodes_of_buffer;
-  std::vector<uint64_t> last;  // each buffer's address at the last patch (0: never)
+  // Instantiations of the graph ("slots"), each with the address of every buffer its nodes
+  // were last patched to (0: never). A call launches the slot whose addresses differ least
+  // from the call's, so that calls alternating between a few address sets (results kept
+  // until the next call returns, ping-pong training state) patch nothing: no
+  // cuGraphExecKernelNodeSetParams and the cheaper launch of an unchanged graph.
+  std::vector<CUgraphExec> execs;
+  std::vector<std::vector<uint64_t>> lasts;
+  std::vector<uint64_t> used;       // epoch of each slot's last call (0: never used)
+  std::vector<uint64_t> addrs;      // this call's addresses
+  size_t slot = 0;                  // the slot of the last call
   std::vector<int32_t> ret_buffer;  // result j -> buffer, or -1 (aliased to an argument)
   std::vector<int32_t> ret_of_buffer;  // buffer num_args + i -> its result
   int32_t num_args = 0;
   uint64_t epoch = 0;
   std::vector<uint32_t> dirty;
   Stats stats;
-  // A graph of one kernel node with no launch attributes is launched as that kernel
-  // (cuLaunchKernel with the node's patched parameters): no cuGraphExecKernelNodeSetParams
-  // per moved buffer and no graph launch (see EnableDirect).
-  bool direct = false;
-  CUfunction direct_func = nullptr;
-  std::vector<CUgraphNode> graph_nodes;  // the captured graph's nodes (EnableDirect reads them)
   // Trace (benchmarks/call_timeline.py): host times of the last call (CLOCK_MONOTONIC ns:
   // entry, after patching, after launching) and events recorded around its launch.
   bool trace = false;
@@ -665,20 +659,23 @@ struct Exec {
   uint64_t trace_ns[3] = {0, 0, 0};
 
   ~Exec() {
-    if (g_loaded && g_cu.EventDestroy) {
+    if (!g_loaded) return;
+    if (g_cu.EventDestroy) {
       if (ev_before) g_cu.EventDestroy(ev_before);
       if (ev_after) g_cu.EventDestroy(ev_after);
     }
-    if (exec != nullptr && g_loaded) {
+    if (exec != nullptr) {
       // Launches already queued may still read the parameters: wait for the device first.
       if (ctx != nullptr && g_cu.CtxPushCurrent(ctx) == 0) {
         g_cu.CtxSynchronize();
         CUcontext popped;
         g_cu.CtxPopCurrent(&popped);
       }
-      g_cu.GraphExecDestroy(exec);
+      for (CUgraphExec x : execs) g_cu.GraphExecDestroy(x);
     }
   }
+
+  size_t num_buffers() const { return nodes_of_buffer.size(); }
 
   void Build(int n_buffers, const int32_t* ret_map, int32_t n_rets, int32_t n_args) {
     nodes_of_buffer.assign(n_buffers, {});
@@ -704,7 +701,10 @@ struct Exec {
         pn.kernel.kernel_params = pn.param_ptrs.data();
       }
     }
-    last.assign(n_buffers, 0);
+    execs.assign(1, exec);
+    lasts.assign(1, std::vector<uint64_t>(n_buffers, 0));
+    used.assign(1, 0);
+    addrs.assign(n_buffers, 0);
     if (n_args < 0 || n_args > n_buffers) throw Failure("more arguments than buffers");
     num_args = n_args;
     ret_buffer.assign(ret_map, ret_map + n_rets);
@@ -724,64 +724,56 @@ struct Exec {
     dirty.reserve(nodes.size());
   }
 
-  // Whether the graph can run as its one kernel: one kernel node, a CUfunction for it, no
-  // cooperative or cluster launch attribute (cuLaunchKernel could not express them).
-  bool EnableDirect() {
-    direct = false;
-    if (exec == nullptr || nodes.size() != 1 || graph_nodes.size() != 1 ||
-        nodes[0].type != kKernel || !g_cu.LaunchKernel || !g_cu.GraphKernelNodeGetAttribute) {
-      return false;
-    }
-    PatchNode& pn = nodes[0];
-    if (pn.blob.empty()) return false;  // parameters not read (no patch site): keep the graph
-    unsigned char value[64];
-    std::memset(value, 0, sizeof value);
-    if (g_cu.GraphKernelNodeGetAttribute(graph_nodes[0], kAttrCooperative, value) != 0) return false;
-    int cooperative = 0;
-    std::memcpy(&cooperative, value, sizeof cooperative);
-    if (cooperative != 0) return false;
-    std::memset(value, 0, sizeof value);
-    if (g_cu.GraphKernelNodeGetAttribute(graph_nodes[0], kAttrClusterDimension, value) != 0) return false;
-    unsigned dims[3];
-    std::memcpy(dims, value, sizeof dims);
-    for (unsigned d : dims) {
-      if (d > 1) return false;
-    }
-    CUfunction f = pn.kernel.func;
-    if (f == nullptr && pn.kernel.kern != nullptr && g_cu.KernelGetFunction) {
-      if (g_cu.KernelGetFunction(&f, pn.kernel.kern) != 0) f = nullptr;
-    }
-    if (f == nullptr) return false;
-    direct_func = f;
-    direct = true;
-    return true;
+  // A further instantiation of `graph` (the one `exec` came from) as a new slot; a dry-run
+  // plan gets a slot with nothing to launch (tests of the choice).
+  void AddSlot(CUgraph graph) {
+    CUgraphExec x = nullptr;
+    if (exec != nullptr) HK_CHECK(g_cu.GraphInstantiateWithFlags(&x, graph, 0));
+    execs.push_back(x);
+    lasts.emplace_back(num_buffers(), 0);
+    used.push_back(0);
   }
 
-  void LaunchDirect(CUstream stream) {
-    const KernelNodeParams& k = nodes[0].kernel;
-    CUcontext current = nullptr;
-    g_cu.CtxGetCurrent(&current);
-    bool push = current != ctx;  // the handler's thread may have another context current
-    if (push) HK_CHECK(g_cu.CtxPushCurrent(ctx));
-    CUresult r = g_cu.LaunchKernel(direct_func, k.grid[0], k.grid[1], k.grid[2], k.block[0],
-                                   k.block[1], k.block[2], k.shared_mem_bytes, stream,
-                                   k.kernel_params, k.extra);
-    if (push) {
-      CUcontext popped;
-      g_cu.CtxPopCurrent(&popped);
+  // How many of this call's addresses differ from slot j's, counting no further than `cap`.
+  size_t Diff(size_t j, size_t cap) const {
+    const uint64_t* last = lasts[j].data();
+    size_t d = 0;
+    for (size_t k = 0; k < addrs.size() && d < cap; ++k) d += addrs[k] != last[k];
+    return d;
+  }
+
+  // The slot for this call: the last one if nothing moved; else the one that differs least;
+  // where every used slot differs, a never-used slot (patched in full once, then kept for
+  // this address set) before overwriting a used one; ties go to the least recently used.
+  size_t Choose() {
+    size_t best = slot, best_diff = Diff(slot, SIZE_MAX);
+    if (best_diff == 0 || execs.size() == 1) return best;
+    for (size_t j = 0; j < execs.size(); ++j) {
+      if (j == slot || used[j] == 0) continue;
+      size_t d = Diff(j, best_diff + 1);
+      if (d < best_diff || (d == best_diff && used[j] < used[best])) {
+        best = j;
+        best_diff = d;
+      }
     }
-    if (r != 0) throw Failure(Describe("cuLaunchKernel (the graph's one kernel)", r));
+    if (best_diff == 0) return best;
+    for (size_t j = 0; j < execs.size(); ++j) {
+      if (used[j] == 0) return j;
+    }
+    return best;
   }
 
   // Patches the nodes whose buffers moved and launches. `addr(k)` is buffer k's address.
   template <typename AddressOf>
-  void Run(size_t n_buffers, AddressOf addr, CUstream stream) {
+  void Run(AddressOf addr, CUstream stream) {
     auto t0 = std::chrono::steady_clock::now();
     ++epoch;
     dirty.clear();
+    size_t n_buffers = num_buffers();
+    // Every address is checked before any slot records it: a refused call leaves no slot
+    // believing its nodes hold addresses they were never patched to.
     for (size_t k = 0; k < n_buffers; ++k) {
       uint64_t a = addr(k);
-      if (a == last[k]) continue;
       if (a % kAlignment != 0) {
         char msg[200];
         std::snprintf(msg, sizeof msg, "buffer %zu's device address 0x%llx is not %d-byte "
@@ -789,6 +781,15 @@ struct Exec {
                       (unsigned long long)a, kAlignment);
         throw Failure(msg);
       }
+      addrs[k] = a;
+    }
+    slot = Choose();
+    used[slot] = epoch;
+    std::vector<uint64_t>& last = lasts[slot];
+    CUgraphExec x = execs[slot];
+    for (size_t k = 0; k < n_buffers; ++k) {
+      uint64_t a = addrs[k];
+      if (a == last[k]) continue;
       last[k] = a;
       ++stats.address_changes;
       for (uint32_t n : nodes_of_buffer[k]) {
@@ -799,26 +800,26 @@ struct Exec {
       }
     }
     auto t1 = std::chrono::steady_clock::now();
-    for (uint32_t n : dirty) {
-      PatchNode& pn = nodes[n];
-      for (const Site& s : pn.sites) {
-        uint64_t v = last[s.buffer] + static_cast<uint64_t>(s.delta);
-        std::memcpy(pn.blob.data() + s.offset, &v, 8);
+    try {
+      for (uint32_t n : dirty) {
+        PatchNode& pn = nodes[n];
+        // Every site of the node from this slot's addresses (the blob may hold another
+        // slot's), then the whole parameter set into this slot's instantiation.
+        for (const Site& s : pn.sites) {
+          uint64_t v = last[s.buffer] + static_cast<uint64_t>(s.delta);
+          std::memcpy(pn.blob.data() + s.offset, &v, 8);
+        }
+        if (x != nullptr) HK_CHECK(g_cu.GraphExecKernelNodeSetParams(x, pn.node, &pn.kernel));
       }
-      // Direct: the parameters are read at cuLaunchKernel from the blob itself.
-      if (exec != nullptr && !direct) {
-        HK_CHECK(g_cu.GraphExecKernelNodeSetParams(exec, pn.node, &pn.kernel));
-      }
+    } catch (const Failure&) {
+      std::fill(last.begin(), last.end(), 0);  // unknown state: patch everything next time
+      throw;
     }
     stats.nodes_patched += dirty.size();
     auto t2 = std::chrono::steady_clock::now();
-    if (exec != nullptr) {
+    if (x != nullptr) {
       if (trace) HK_CHECK(g_cu.EventRecord(ev_before, stream));
-      if (direct) {
-        LaunchDirect(stream);
-      } else {
-        HK_CHECK(g_cu.GraphLaunch(exec, stream));
-      }
+      HK_CHECK(g_cu.GraphLaunch(x, stream));
       if (trace) HK_CHECK(g_cu.EventRecord(ev_after, stream));
     }
     auto t3 = std::chrono::steady_clock::now();
@@ -926,7 +927,7 @@ xla::ffi::Error RunFromFfi(void* stream, int32_t device, int64_t id,
     return k < n_args ? a.address(k) : r.address(ret_of[k - n_args]);
   };
   try {
-    e->Run(e->last.size(), address, static_cast<CUstream>(stream));
+    e->Run(address, static_cast<CUstream>(stream));
   } catch (const Failure& f) {
     return xla::ffi::Error::Internal("hlotk native graph: " + f.message);
   }
@@ -1060,7 +1061,6 @@ HK_EXPORT int64_t hk_exec_create(uint64_t graph, int32_t device, int32_t n_buffe
     }
     e->Build(n_buffers, ret_buffer, n_rets, n_args);
     HK_CHECK(hk::g_cu.GraphInstantiateWithFlags(&e->exec, reinterpret_cast<hk::CUgraph>(graph), 0));
-    e->graph_nodes = std::move(nodes);
     return hk::Register(std::move(e));
   } catch (const hk::Failure& f) {
     return hk::Fail(err, cap, f.message);
@@ -1096,28 +1096,30 @@ HK_EXPORT int hk_exec_launch(int64_t id, const uint64_t* addrs, int32_t n, uint6
   auto e = hk::Lookup(id);
   if (e == nullptr) return hk::Fail(err, cap, "no such executable");
   std::lock_guard<std::mutex> lock(e->mu);
-  if (static_cast<size_t>(n) != e->last.size()) {
-    return hk::Fail(err, cap, "expected " + std::to_string(e->last.size()) + " addresses");
+  if (static_cast<size_t>(n) != e->num_buffers()) {
+    return hk::Fail(err, cap, "expected " + std::to_string(e->num_buffers()) + " addresses");
   }
   try {
-    e->Run(n, [&](size_t k) { return addrs[k]; }, reinterpret_cast<hk::CUstream>(stream));
+    e->Run([&](size_t k) { return addrs[k]; }, reinterpret_cast<hk::CUstream>(stream));
     return 0;
   } catch (const hk::Failure& f) {
     return hk::Fail(err, cap, f.message);
   }
 }
 
-// Launch a graph of one kernel as that kernel (on != 0, where EnableDirect allows it) or as
-// the graph; returns 1 when calls now launch the kernel directly, 0 when they launch the
-// graph, -1 for an unknown id. Every address is re-patched on the next call.
-HK_EXPORT int hk_exec_set_direct(int64_t id, int on) {
+// Adds `extra` instantiations of `graph` (the graph executable `id` was created from; unused
+// for a dry-run plan) as further slots (Exec::Choose); returns how many slots it has, or -1
+// (message in err).
+HK_EXPORT int hk_exec_add_slots(int64_t id, uint64_t graph, int32_t extra, char* err, size_t cap) {
   auto e = hk::Lookup(id);
-  if (e == nullptr) return -1;
+  if (e == nullptr) return hk::Fail(err, cap, "no such executable");
   std::lock_guard<std::mutex> lock(e->mu);
-  bool direct = on != 0 && e->EnableDirect();
-  e->direct = direct;
-  std::fill(e->last.begin(), e->last.end(), 0);  // the graph's node parameters may be stale
-  return direct ? 1 : 0;
+  try {
+    for (int32_t i = 0; i < extra; ++i) e->AddSlot(reinterpret_cast<hk::CUgraph>(graph));
+    return static_cast<int>(e->execs.size());
+  } catch (const hk::Failure& f) {
+    return hk::Fail(err, cap, f.message);
+  }
 }
 
 // --- tracing one call (benchmarks/call_timeline.py) ----------------------------------------

@@ -175,11 +175,9 @@ class NativeGraph:
             skew=STAGING_SKEW)
         del graph_b, graph_c, graph_d
         self.id = self._create(self._graph.raw_cuda_graph(), device.index or 0)
-        # A graph of one kernel runs as that kernel (cuLaunchKernel on XLA's stream): no
-        # per-call cuGraphExecKernelNodeSetParams and no graph launch (HLOTK_NATIVE_DIRECT=0:
-        # always the graph). The trial launch below goes through whichever path calls take.
-        self.direct = self.set_direct(os.environ.get("HLOTK_NATIVE_DIRECT", "1") not in
-                                      ("0", "false", "False", "no", "off"))
+        # Further instantiations keep other address sets (graph_launch.cc, Exec::Choose):
+        # calls alternating between a few sets of buffers then patch nothing.
+        self.slots = self._add_slots(self._graph.raw_cuda_graph(), slot_count())
         # A trial launch over capture B's buffers: every site re-pointed and the graph run
         # once before any user call depends on it (a refused update fails here, and the
         # executable keeps the Python path). The first FFI call re-points again. A failure
@@ -282,6 +280,14 @@ class NativeGraph:
         check(exe_id, err, "instantiating the captured graph")
         return exe_id
 
+    def _add_slots(self, graph: int, count: int) -> int:
+        if count <= 1:
+            return 1
+        err = ctypes.create_string_buffer(_ERRBUF)
+        status = self.lib.hk_exec_add_slots(self.id, graph, count - 1, err, _ERRBUF)
+        check(status, err, "instantiating the captured graph again (address-set slots)")
+        return status
+
     def __del__(self) -> None:
         if getattr(self, "id", 0) > 0:
             self.lib.hk_exec_destroy(self.id)   # waits for queued launches first
@@ -299,15 +305,6 @@ class NativeGraph:
         status = self.lib.hk_exec_launch(self.id, int_array(addresses, ctypes.c_uint64),
                                          len(addresses), stream, err, _ERRBUF)
         check(status, err, "launching the graph")
-
-    def set_direct(self, on: bool) -> bool:
-        """Launch a one-kernel graph as its kernel (``on``, where its launch has no cooperative
-        or cluster attribute) or as the graph; returns whether calls now launch the kernel."""
-        status = self.lib.hk_exec_set_direct(self.id, 1 if on else 0)
-        if status < 0:
-            raise NativeLauncherError(f"executable {self.id} is not registered")
-        self.direct = status == 1
-        return self.direct
 
     def trace(self, on: bool) -> None:
         """Record host times and device events around each launch (benchmarks only)."""
@@ -372,9 +369,19 @@ class NativeGraph:
                    "kernels; " if self.lowered_copies else "")
                 + (f"{len(self.kept_words)} capture-local words kept as captured; "
                    if self.kept_words else "")
-                + ("launched as its one kernel (cuLaunchKernel, no graph launch); "
-                   if getattr(self, "direct", False) else "")
+                + (f"{self.slots} instantiations (address sets kept); " if self.slots > 1 else "")
                 + f"built in {self.build_seconds:.2f} s")
+
+
+def slot_count() -> int:
+    """Instantiations of each native graph (``HLOTK_NATIVE_SLOTS``, default 4, at least 1):
+    how many address sets of its arguments and results calls can alternate between without
+    re-patching kernel parameters."""
+    raw = os.environ.get("HLOTK_NATIVE_SLOTS", "4")
+    try:
+        return max(1, min(int(raw), 64))
+    except ValueError:
+        raise NativeLauncherError(f"HLOTK_NATIVE_SLOTS={raw!r} is not a whole number") from None
 
 
 def ffi_call(exe_id: int, module: Any, aliases: dict[int, int], dry_run: bool = False) -> Any:
