@@ -73,6 +73,7 @@ def timeline(call, graph, reps: int, wait: str, flush) -> dict:
     """Medians over ``reps`` cold calls (see the module docstring), µs."""
     import jax
     import torch
+    from runtime.cuda.errors import NativeLauncherError
     stream = torch.cuda.current_stream().cuda_stream
     clock = time.perf_counter_ns
     rows: dict = {k: [] for k in ("call", "wait", "wall", "pre", "handler", "post",
@@ -97,8 +98,13 @@ def timeline(call, graph, reps: int, wait: str, flush) -> dict:
         rows["call"].append((t1 - t0) / 1e3)
         rows["wait"].append((t2 - t1) / 1e3)
         rows["wall"].append((t2 - t0) / 1e3)
+        tr = None
         if graph is not None:
-            tr = graph.trace_read()
+            try:
+                tr = graph.trace_read()
+            except NativeLauncherError:      # this call launched nothing traced: no split
+                rows.setdefault("untraced calls", []).append(1)
+        if tr is not None:
             rows["pre"].append((tr["entry_ns"] - t0) / 1e3)
             rows["handler"].append((tr["launched_ns"] - tr["entry_ns"]) / 1e3)
             rows["post"].append((t1 - tr["launched_ns"]) / 1e3)
@@ -107,7 +113,10 @@ def timeline(call, graph, reps: int, wait: str, flush) -> dict:
             rows["gpu end"].append(tr["end_ms"] * 1e3)
             rows["ready lag"].append((t2 - t0) / 1e3 - tr["end_ms"] * 1e3)
         del out
-    return {k: statistics.median(v) for k, v in rows.items() if v}
+    out = {k: statistics.median(v) for k, v in rows.items() if v and k != "untraced calls"}
+    if rows.get("untraced calls"):
+        out["untraced calls"] = float(len(rows["untraced calls"]))
+    return out
 
 
 def cupti(calls: dict, n: int = 8) -> dict:

@@ -787,6 +787,10 @@ struct Exec {
     used[slot] = epoch;
     std::vector<uint64_t>& last = lasts[slot];
     CUgraphExec x = execs[slot];
+    if (x == nullptr && exec != nullptr) {
+      // Never launch nothing in silence: the results would be whatever XLA allocated.
+      throw Failure("slot " + std::to_string(slot) + " has no instantiated graph");
+    }
     for (size_t k = 0; k < n_buffers; ++k) {
       uint64_t a = addrs[k];
       if (a == last[k]) continue;
@@ -1061,6 +1065,7 @@ HK_EXPORT int64_t hk_exec_create(uint64_t graph, int32_t device, int32_t n_buffe
     }
     e->Build(n_buffers, ret_buffer, n_rets, n_args);
     HK_CHECK(hk::g_cu.GraphInstantiateWithFlags(&e->exec, reinterpret_cast<hk::CUgraph>(graph), 0));
+    e->execs[0] = e->exec;  // slot 0 (Build made the slots before the instantiation existed)
     return hk::Register(std::move(e));
   } catch (const hk::Failure& f) {
     return hk::Fail(err, cap, f.message);
