@@ -627,6 +627,32 @@ def test_results_written_by_copies_follow_the_output_addresses():
 
 
 @gpu
+def test_results_are_right_on_every_slot_as_address_sets_come_back():
+    # More address sets than slots (4): calls whose results are held (every call a new set,
+    # slots reused least recently used first), then calls over a few argument sets with the
+    # results dropped (sets recur: slots launched as they were patched, nothing re-pointed).
+    import runtime
+    from runtime.cuda import executable_of
+    dev = _jax_gpu()
+    fn = lambda x, y: (x * 2.0 + y, y - x)  # noqa: E731
+    spec = jax.ShapeDtypeStruct((2048,), jnp.float32)
+    c = runtime.jit(fn, backend="cuda").lower(spec, spec).compile()
+    rng = np.random.default_rng(3)
+    sets = [[jax.device_put(rng.standard_normal(2048).astype(np.float32), dev) for _ in "xy"]
+            for _ in range(6)]
+    want = [tuple(np.asarray(w) for w in jax.jit(fn)(*a)) for a in sets]
+    order = [0, 1, 2, 3, 4, 5, 0, 2, 5, 1, 3, 4]
+    held = [c(*sets[i]) for i in order]
+    for i, h in zip(order, held):
+        _close(h, want[i], 1e-6)
+    del held
+    for i in [0, 1, 0, 1, 2, 0, 1, 2, 3, 4, 5, 5, 0, 1, 0, 1]:
+        _close(c(*sets[i]), want[i], 1e-6)
+    exe = executable_of(c)
+    assert exe.native is not None and exe.native.slots == 4, exe.report()
+
+
+@gpu
 def test_copy_and_fill_nodes_on_staged_buffers_become_kernels_with_the_drivers_results():
     # Memcpy/memset nodes recorded from the driver API (what cudaMemcpyAsync/cudaMemsetAsync
     # capture as) over staging tensors: those touching the given ranges are replaced by the

@@ -1,10 +1,11 @@
 // hlotk's native launcher: one compiled CUDA executable = one captured CUDA graph, launched
 // from an XLA FFI custom call on XLA's own stream (runtime/cuda/native/__init__.py says why).
 //
-// Per call the handler reads the device addresses XLA gives the call's operands and results,
-// writes those that changed since the last call into the graph's kernel parameters (and
-// memcpy/memset node parameters) at the places the capture diff found (patch.py), and
-// launches the graph. Nothing here allocates, synchronizes or calls back into Python.
+// The graph is instantiated a few times ("slots", Exec::Choose). Per call the handler reads
+// the device addresses XLA gives the call's operands and results, picks the slot whose
+// addresses differ least, writes those that differ into that instantiation's kernel
+// parameters at the places the capture diff found (patch.py), and launches it. Nothing here
+// allocates, synchronizes or calls back into Python.
 // Memcpy/memset nodes are read (so that the diff sees what they touch) but never patched:
 // before the diff, those that touch an argument or result are replaced by kernel nodes of
 // two small copy/fill kernels (kCopyKernelsPtx, LowerCopies), whose parameters can be.
