@@ -280,6 +280,57 @@ def test_ffi_handler_patches_jax_buffer_addresses_through_jax_jit(lib):
         jax.block_until_ready(f(x, jnp.zeros(8, jnp.float32)))
 
 
+def _launch(lib, exe_id, addresses):
+    """hk_exec_launch of a dry-run plan (patches, launches nothing): the message or None."""
+    from runtime.cuda.native import int_array
+    err = ctypes.create_string_buffer(512)
+    status = lib.hk_exec_launch(exe_id, int_array(addresses, ctypes.c_uint64), len(addresses),
+                                0, err, 512)
+    return None if status == 0 else err.value.decode()
+
+
+def test_slots_keep_alternating_address_sets_patched(lib):
+    """Two slots (instantiations): calls alternating between two result buffers patch
+    nothing once both are filled; a third set overwrites the least recently used slot,
+    patching only the nodes of the buffer that differs; a refused (unaligned) call leaves
+    the slots as they were."""
+    sites = [PatchSite(0, 0, 0, 0), PatchSite(1, 8, 1, 64)]   # node 0: x, node 1: result
+    exe_id = _dry_exec(lib, [words(0), words(5, 0)], sites, n_buffers=2, n_args=1,
+                       ret_buffer=[1])
+    err = ctypes.create_string_buffer(512)
+    assert lib.hk_exec_add_slots(exe_id, 0, 1, err, 512) == 2
+    x, r1, r2, r3 = 0x10000, 0x20000, 0x30000, 0x40000
+
+    def patched(addresses):
+        before = _stats(lib, exe_id)[1]
+        assert _launch(lib, exe_id, addresses) is None
+        return _stats(lib, exe_id)[1] - before
+    assert patched([x, r1]) == 2          # slot 0, first use: every node
+    assert patched([x, r2]) == 2          # slot 1, first use: every node (slot 0 kept)
+    assert _blob_words(lib, exe_id, 1, 2) == (5, r2 + 64)
+    assert [patched([x, r1]), patched([x, r2]), patched([x, r1])] == [0, 0, 0]
+    assert patched([x, r3]) == 1          # least recently used (r2's) slot, node 1 only
+    assert _blob_words(lib, exe_id, 1, 2) == (5, r3 + 64)
+    assert patched([x, r1]) == 0          # r1's slot was kept
+    message = _launch(lib, exe_id, [x, r2 + 8])
+    assert message is not None and "not 64-byte aligned" in message
+    assert patched([x, r3]) == 0 and patched([x, r1]) == 0
+    lib.hk_exec_destroy(exe_id)
+
+
+def test_one_slot_patches_every_moved_buffer(lib):
+    exe_id = _dry_exec(lib, [words(0), words(5, 0)], [PatchSite(0, 0, 0, 0),
+                                                      PatchSite(1, 8, 1, 64)],
+                       n_buffers=2, n_args=1, ret_buffer=[1])
+    for addresses, nodes in [([0x1000, 0x2000], 2), ([0x1000, 0x3000], 1),
+                             ([0x1000, 0x2000], 1), ([0x1000, 0x2000], 0)]:
+        before = _stats(lib, exe_id)[1]
+        assert _launch(lib, exe_id, addresses) is None
+        assert _stats(lib, exe_id)[1] - before == nodes
+    assert _blob_words(lib, exe_id, 1, 2) == (5, 0x2000 + 64)
+    lib.hk_exec_destroy(exe_id)
+
+
 def test_ffi_handler_rejects_a_call_with_the_wrong_number_of_operands(lib):
     from runtime.cuda.native import DRY_RUN_TARGET
     exe_id = _dry_exec(lib, [words(0)], [PatchSite(0, 0, 0, 0)], n_buffers=2, n_args=1,
@@ -573,6 +624,32 @@ def test_results_written_by_copies_follow_the_output_addresses():
         _close(h, jax.jit(fn)(x), 1e-5)
     assert exe.native is not None, exe.native_reason
     assert {n.kind for n in exe.native.nodes} == {"kernel"}, exe.report()
+
+
+@gpu
+def test_results_are_right_on_every_slot_as_address_sets_come_back():
+    # More address sets than slots (4): calls whose results are held (every call a new set,
+    # slots reused least recently used first), then calls over a few argument sets with the
+    # results dropped (sets recur: slots launched as they were patched, nothing re-pointed).
+    import runtime
+    from runtime.cuda import executable_of
+    dev = _jax_gpu()
+    fn = lambda x, y: (x * 2.0 + y, y - x)  # noqa: E731
+    spec = jax.ShapeDtypeStruct((2048,), jnp.float32)
+    c = runtime.jit(fn, backend="cuda").lower(spec, spec).compile()
+    rng = np.random.default_rng(3)
+    sets = [[jax.device_put(rng.standard_normal(2048).astype(np.float32), dev) for _ in "xy"]
+            for _ in range(6)]
+    want = [tuple(np.asarray(w) for w in jax.jit(fn)(*a)) for a in sets]
+    order = [0, 1, 2, 3, 4, 5, 0, 2, 5, 1, 3, 4]
+    held = [c(*sets[i]) for i in order]
+    for i, h in zip(order, held):
+        _close(h, want[i], 1e-6)
+    del held
+    for i in [0, 1, 0, 1, 2, 0, 1, 2, 3, 4, 5, 5, 0, 1, 0, 1]:
+        _close(c(*sets[i]), want[i], 1e-6)
+    exe = executable_of(c)
+    assert exe.native is not None and exe.native.slots == 4, exe.report()
 
 
 @gpu

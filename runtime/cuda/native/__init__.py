@@ -194,6 +194,11 @@ def _declare(lib: Any) -> None:
         "hk_graph_lower_copies": (c.c_int, [c.c_uint64, c.c_int32, u64p, u64p, c.c_char_p,
                                             c.c_size_t]),
         "hk_cuda_allocations": (c.c_int, [u64p, c.c_int32, u64p]),
+        "hk_exec_add_slots": (c.c_int, [c.c_int64, c.c_uint64, c.c_int32, c.c_char_p,
+                                        c.c_size_t]),
+        "hk_trace_base": (c.c_int, [c.c_uint64]),
+        "hk_exec_trace": (c.c_int, [c.c_int64, c.c_int]),
+        "hk_exec_trace_read": (c.c_int, [c.c_int64, u64p, c.POINTER(c.c_float)]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

@@ -1,10 +1,11 @@
 // hlotk's native launcher: one compiled CUDA executable = one captured CUDA graph, launched
 // from an XLA FFI custom call on XLA's own stream (runtime/cuda/native/__init__.py says why).
 //
-// Per call the handler reads the device addresses XLA gives the call's operands and results,
-// writes those that changed since the last call into the graph's kernel parameters (and
-// memcpy/memset node parameters) at the places the capture diff found (patch.py), and
-// launches the graph. Nothing here allocates, synchronizes or calls back into Python.
+// The graph is instantiated a few times ("slots", Exec::Choose). Per call the handler reads
+// the device addresses XLA gives the call's operands and results, picks the slot whose
+// addresses differ least, writes those that differ into that instantiation's kernel
+// parameters at the places the capture diff found (patch.py), and launches it. Nothing here
+// allocates, synchronizes or calls back into Python.
 // Memcpy/memset nodes are read (so that the diff sees what they touch) but never patched:
 // before the diff, those that touch an argument or result are replaced by kernel nodes of
 // two small copy/fill kernels (kCopyKernelsPtx, LowerCopies), whose parameters can be.
@@ -43,6 +44,7 @@ typedef struct CUkern_st* CUkernel;
 typedef struct CUctx_st* CUcontext;
 typedef struct CUstream_st* CUstream;
 typedef struct CUmod_st* CUmodule;
+typedef struct CUevent_st* CUevent;
 
 constexpr CUresult kInvalidValue = 1;  // CUDA_ERROR_INVALID_VALUE
 constexpr int kAlignment = 64;          // launcher.ALIGNMENT: what the captures assumed
@@ -122,6 +124,12 @@ struct Driver {
                                  const KernelNodeParams*);                            // _v2
   CUresult (*GraphDestroyNode)(CUgraphNode);
   CUresult (*PointerGetAttribute)(void*, int, CUdeviceptr);
+  // Events around a launch (trace mode, benchmarks/call_timeline.py); optional.
+  CUresult (*EventCreate)(CUevent*, unsigned);
+  CUresult (*EventRecord)(CUevent, CUstream);
+  CUresult (*EventSynchronize)(CUevent);
+  CUresult (*EventElapsedTime)(float*, CUevent, CUevent);
+  CUresult (*EventDestroy)(CUevent);
 };
 
 struct Failure {
@@ -198,6 +206,10 @@ bool LoadDriver(std::string* error) {
       {"cuGraphAddKernelNode_v2", reinterpret_cast<void**>(&g_cu.GraphAddKernelNode), false},
       {"cuGraphDestroyNode", reinterpret_cast<void**>(&g_cu.GraphDestroyNode), false},
       {"cuPointerGetAttribute", reinterpret_cast<void**>(&g_cu.PointerGetAttribute), false},
+      {"cuEventCreate", reinterpret_cast<void**>(&g_cu.EventCreate), false},
+      {"cuEventRecord", reinterpret_cast<void**>(&g_cu.EventRecord), false},
+      {"cuEventSynchronize", reinterpret_cast<void**>(&g_cu.EventSynchronize), false},
+      {"cuEventDestroy_v2", reinterpret_cast<void**>(&g_cu.EventDestroy), false},
   };
   for (const Entry& e : entries) {
     *e.slot = dlsym(lib, e.name);
@@ -207,6 +219,10 @@ bool LoadDriver(std::string* error) {
       *error = g_load_error;
       return false;
     }
+  }
+  for (const char* name : {"cuEventElapsedTime_v2", "cuEventElapsedTime"}) {
+    g_cu.EventElapsedTime = reinterpret_cast<CUresult (*)(float*, CUevent, CUevent)>(dlsym(lib, name));
+    if (g_cu.EventElapsedTime) break;
   }
   CUresult r = g_cu.Init(0);
   if (r != 0) {
@@ -616,30 +632,51 @@ struct Stats {
 
 struct Exec {
   std::mutex mu;
-  CUgraphExec exec = nullptr;  // null: a dry-run plan (tests), nothing is launched
+  CUgraphExec exec = nullptr;  // execs[0]; null: a dry-run plan (tests), nothing is launched
   CUcontext ctx = nullptr;
   int device = -1;
   std::vector<PatchNode> nodes;
   std::vector<std::vector<uint32_t>> nodes_of_buffer;
-  std::vector<uint64_t> last;  // each buffer's address at the last patch (0: never)
+  // Instantiations of the graph ("slots"), each with the address of every buffer its nodes
+  // were last patched to (0: never). A call launches the slot whose addresses differ least
+  // from the call's, so that calls alternating between a few address sets (results kept
+  // until the next call returns, ping-pong training state) patch nothing: no
+  // cuGraphExecKernelNodeSetParams and the cheaper launch of an unchanged graph.
+  std::vector<CUgraphExec> execs;
+  std::vector<std::vector<uint64_t>> lasts;
+  std::vector<uint64_t> used;       // epoch of each slot's last call (0: never used)
+  std::vector<uint64_t> addrs;      // this call's addresses
+  size_t slot = 0;                  // the slot of the last call
   std::vector<int32_t> ret_buffer;  // result j -> buffer, or -1 (aliased to an argument)
   std::vector<int32_t> ret_of_buffer;  // buffer num_args + i -> its result
   int32_t num_args = 0;
   uint64_t epoch = 0;
   std::vector<uint32_t> dirty;
   Stats stats;
+  // Trace (benchmarks/call_timeline.py): host times of the last call (CLOCK_MONOTONIC ns:
+  // entry, after patching, after launching) and events recorded around its launch.
+  bool trace = false;
+  CUevent ev_before = nullptr, ev_after = nullptr;
+  uint64_t trace_ns[3] = {0, 0, 0};
 
   ~Exec() {
-    if (exec != nullptr && g_loaded) {
+    if (!g_loaded) return;
+    if (g_cu.EventDestroy) {
+      if (ev_before) g_cu.EventDestroy(ev_before);
+      if (ev_after) g_cu.EventDestroy(ev_after);
+    }
+    if (exec != nullptr) {
       // Launches already queued may still read the parameters: wait for the device first.
       if (ctx != nullptr && g_cu.CtxPushCurrent(ctx) == 0) {
         g_cu.CtxSynchronize();
         CUcontext popped;
         g_cu.CtxPopCurrent(&popped);
       }
-      g_cu.GraphExecDestroy(exec);
+      for (CUgraphExec x : execs) g_cu.GraphExecDestroy(x);
     }
   }
+
+  size_t num_buffers() const { return nodes_of_buffer.size(); }
 
   void Build(int n_buffers, const int32_t* ret_map, int32_t n_rets, int32_t n_args) {
     nodes_of_buffer.assign(n_buffers, {});
@@ -665,7 +702,10 @@ struct Exec {
         pn.kernel.kernel_params = pn.param_ptrs.data();
       }
     }
-    last.assign(n_buffers, 0);
+    execs.assign(1, exec);
+    lasts.assign(1, std::vector<uint64_t>(n_buffers, 0));
+    used.assign(1, 0);
+    addrs.assign(n_buffers, 0);
     if (n_args < 0 || n_args > n_buffers) throw Failure("more arguments than buffers");
     num_args = n_args;
     ret_buffer.assign(ret_map, ret_map + n_rets);
@@ -685,15 +725,56 @@ struct Exec {
     dirty.reserve(nodes.size());
   }
 
+  // A further instantiation of `graph` (the one `exec` came from) as a new slot; a dry-run
+  // plan gets a slot with nothing to launch (tests of the choice).
+  void AddSlot(CUgraph graph) {
+    CUgraphExec x = nullptr;
+    if (exec != nullptr) HK_CHECK(g_cu.GraphInstantiateWithFlags(&x, graph, 0));
+    execs.push_back(x);
+    lasts.emplace_back(num_buffers(), 0);
+    used.push_back(0);
+  }
+
+  // How many of this call's addresses differ from slot j's, counting no further than `cap`.
+  size_t Diff(size_t j, size_t cap) const {
+    const uint64_t* last = lasts[j].data();
+    size_t d = 0;
+    for (size_t k = 0; k < addrs.size() && d < cap; ++k) d += addrs[k] != last[k];
+    return d;
+  }
+
+  // The slot for this call: the last one if nothing moved; else the one that differs least;
+  // where every used slot differs, a never-used slot (patched in full once, then kept for
+  // this address set) before overwriting a used one; ties go to the least recently used.
+  size_t Choose() {
+    size_t best = slot, best_diff = Diff(slot, SIZE_MAX);
+    if (best_diff == 0 || execs.size() == 1) return best;
+    for (size_t j = 0; j < execs.size(); ++j) {
+      if (j == slot || used[j] == 0) continue;
+      size_t d = Diff(j, best_diff + 1);
+      if (d < best_diff || (d == best_diff && used[j] < used[best])) {
+        best = j;
+        best_diff = d;
+      }
+    }
+    if (best_diff == 0) return best;
+    for (size_t j = 0; j < execs.size(); ++j) {
+      if (used[j] == 0) return j;
+    }
+    return best;
+  }
+
   // Patches the nodes whose buffers moved and launches. `addr(k)` is buffer k's address.
   template <typename AddressOf>
-  void Run(size_t n_buffers, AddressOf addr, CUstream stream) {
+  void Run(AddressOf addr, CUstream stream) {
     auto t0 = std::chrono::steady_clock::now();
     ++epoch;
     dirty.clear();
+    size_t n_buffers = num_buffers();
+    // Every address is checked before any slot records it: a refused call leaves no slot
+    // believing its nodes hold addresses they were never patched to.
     for (size_t k = 0; k < n_buffers; ++k) {
       uint64_t a = addr(k);
-      if (a == last[k]) continue;
       if (a % kAlignment != 0) {
         char msg[200];
         std::snprintf(msg, sizeof msg, "buffer %zu's device address 0x%llx is not %d-byte "
@@ -701,6 +782,19 @@ struct Exec {
                       (unsigned long long)a, kAlignment);
         throw Failure(msg);
       }
+      addrs[k] = a;
+    }
+    slot = Choose();
+    used[slot] = epoch;
+    std::vector<uint64_t>& last = lasts[slot];
+    CUgraphExec x = execs[slot];
+    if (x == nullptr && exec != nullptr) {
+      // Never launch nothing in silence: the results would be whatever XLA allocated.
+      throw Failure("slot " + std::to_string(slot) + " has no instantiated graph");
+    }
+    for (size_t k = 0; k < n_buffers; ++k) {
+      uint64_t a = addrs[k];
+      if (a == last[k]) continue;
       last[k] = a;
       ++stats.address_changes;
       for (uint32_t n : nodes_of_buffer[k]) {
@@ -711,23 +805,40 @@ struct Exec {
       }
     }
     auto t1 = std::chrono::steady_clock::now();
-    for (uint32_t n : dirty) {
-      PatchNode& pn = nodes[n];
-      for (const Site& s : pn.sites) {
-        uint64_t v = last[s.buffer] + static_cast<uint64_t>(s.delta);
-        std::memcpy(pn.blob.data() + s.offset, &v, 8);
+    try {
+      for (uint32_t n : dirty) {
+        PatchNode& pn = nodes[n];
+        // Every site of the node from this slot's addresses (the blob may hold another
+        // slot's), then the whole parameter set into this slot's instantiation.
+        for (const Site& s : pn.sites) {
+          uint64_t v = last[s.buffer] + static_cast<uint64_t>(s.delta);
+          std::memcpy(pn.blob.data() + s.offset, &v, 8);
+        }
+        if (x != nullptr) HK_CHECK(g_cu.GraphExecKernelNodeSetParams(x, pn.node, &pn.kernel));
       }
-      if (exec != nullptr) HK_CHECK(g_cu.GraphExecKernelNodeSetParams(exec, pn.node, &pn.kernel));
+    } catch (const Failure&) {
+      std::fill(last.begin(), last.end(), 0);  // unknown state: patch everything next time
+      throw;
     }
     stats.nodes_patched += dirty.size();
     auto t2 = std::chrono::steady_clock::now();
-    if (exec != nullptr) HK_CHECK(g_cu.GraphLaunch(exec, stream));
+    if (x != nullptr) {
+      if (trace) HK_CHECK(g_cu.EventRecord(ev_before, stream));
+      HK_CHECK(g_cu.GraphLaunch(x, stream));
+      if (trace) HK_CHECK(g_cu.EventRecord(ev_after, stream));
+    }
     auto t3 = std::chrono::steady_clock::now();
     ++stats.calls;
     using ns = std::chrono::nanoseconds;
     stats.ns_gather += std::chrono::duration_cast<ns>(t1 - t0).count();
     stats.ns_patch += std::chrono::duration_cast<ns>(t2 - t1).count();
     stats.ns_launch += std::chrono::duration_cast<ns>(t3 - t2).count();
+    if (trace) {
+      // steady_clock is CLOCK_MONOTONIC on Linux, as Python's time.perf_counter_ns().
+      trace_ns[0] = std::chrono::duration_cast<ns>(t0.time_since_epoch()).count();
+      trace_ns[1] = std::chrono::duration_cast<ns>(t2.time_since_epoch()).count();
+      trace_ns[2] = std::chrono::duration_cast<ns>(t3.time_since_epoch()).count();
+    }
   }
 };
 
@@ -821,7 +932,7 @@ xla::ffi::Error RunFromFfi(void* stream, int32_t device, int64_t id,
     return k < n_args ? a.address(k) : r.address(ret_of[k - n_args]);
   };
   try {
-    e->Run(e->last.size(), address, static_cast<CUstream>(stream));
+    e->Run(address, static_cast<CUstream>(stream));
   } catch (const Failure& f) {
     return xla::ffi::Error::Internal("hlotk native graph: " + f.message);
   }
@@ -955,6 +1066,7 @@ HK_EXPORT int64_t hk_exec_create(uint64_t graph, int32_t device, int32_t n_buffe
     }
     e->Build(n_buffers, ret_buffer, n_rets, n_args);
     HK_CHECK(hk::g_cu.GraphInstantiateWithFlags(&e->exec, reinterpret_cast<hk::CUgraph>(graph), 0));
+    e->execs[0] = e->exec;  // slot 0 (Build made the slots before the instantiation existed)
     return hk::Register(std::move(e));
   } catch (const hk::Failure& f) {
     return hk::Fail(err, cap, f.message);
@@ -990,15 +1102,72 @@ HK_EXPORT int hk_exec_launch(int64_t id, const uint64_t* addrs, int32_t n, uint6
   auto e = hk::Lookup(id);
   if (e == nullptr) return hk::Fail(err, cap, "no such executable");
   std::lock_guard<std::mutex> lock(e->mu);
-  if (static_cast<size_t>(n) != e->last.size()) {
-    return hk::Fail(err, cap, "expected " + std::to_string(e->last.size()) + " addresses");
+  if (static_cast<size_t>(n) != e->num_buffers()) {
+    return hk::Fail(err, cap, "expected " + std::to_string(e->num_buffers()) + " addresses");
   }
   try {
-    e->Run(n, [&](size_t k) { return addrs[k]; }, reinterpret_cast<hk::CUstream>(stream));
+    e->Run([&](size_t k) { return addrs[k]; }, reinterpret_cast<hk::CUstream>(stream));
     return 0;
   } catch (const hk::Failure& f) {
     return hk::Fail(err, cap, f.message);
   }
+}
+
+// Adds `extra` instantiations of `graph` (the graph executable `id` was created from; unused
+// for a dry-run plan) as further slots (Exec::Choose); returns how many slots it has, or -1
+// (message in err).
+HK_EXPORT int hk_exec_add_slots(int64_t id, uint64_t graph, int32_t extra, char* err, size_t cap) {
+  auto e = hk::Lookup(id);
+  if (e == nullptr) return hk::Fail(err, cap, "no such executable");
+  std::lock_guard<std::mutex> lock(e->mu);
+  try {
+    for (int32_t i = 0; i < extra; ++i) e->AddSlot(reinterpret_cast<hk::CUgraph>(graph));
+    return static_cast<int>(e->execs.size());
+  } catch (const hk::Failure& f) {
+    return hk::Fail(err, cap, f.message);
+  }
+}
+
+// --- tracing one call (benchmarks/call_timeline.py) ----------------------------------------
+hk::CUevent g_trace_base = nullptr;
+
+// Records the base event on `stream` (a raw CUstream; 0: the legacy stream); later trace
+// reads give the handler's launch events relative to it. Returns 0 or -1.
+HK_EXPORT int hk_trace_base(uint64_t stream) {
+  if (!hk::g_cu.EventCreate || !hk::g_cu.EventRecord || !hk::g_cu.EventElapsedTime) return -1;
+  if (g_trace_base == nullptr && hk::g_cu.EventCreate(&g_trace_base, 0) != 0) return -1;
+  return hk::g_cu.EventRecord(g_trace_base, reinterpret_cast<hk::CUstream>(stream)) == 0 ? 0 : -1;
+}
+
+// Turns the trace of executable `id` on (events around each launch, host times) or off.
+HK_EXPORT int hk_exec_trace(int64_t id, int on) {
+  auto e = hk::Lookup(id);
+  if (e == nullptr || !hk::g_cu.EventCreate || !hk::g_cu.EventRecord) return -1;
+  std::lock_guard<std::mutex> lock(e->mu);
+  if (on && e->ev_before == nullptr) {
+    if (hk::g_cu.EventCreate(&e->ev_before, 0) != 0 || hk::g_cu.EventCreate(&e->ev_after, 0) != 0) {
+      return -1;
+    }
+  }
+  e->trace = on != 0 && e->exec != nullptr;
+  return 0;
+}
+
+// The last traced call: host_ns = {entry, patched, launched} (CLOCK_MONOTONIC), ms = {base
+// event -> before the launch, before -> after the launch (the device time of the launch),
+// base -> after}. Waits for the launch to finish. Returns 0 or -1.
+HK_EXPORT int hk_exec_trace_read(int64_t id, uint64_t* host_ns, float* ms) {
+  auto e = hk::Lookup(id);
+  if (e == nullptr || !e->trace || g_trace_base == nullptr || !hk::g_cu.EventSynchronize) return -1;
+  std::lock_guard<std::mutex> lock(e->mu);
+  if (hk::g_cu.EventSynchronize(e->ev_after) != 0) return -1;
+  for (int i = 0; i < 3; ++i) host_ns[i] = e->trace_ns[i];
+  if (hk::g_cu.EventElapsedTime(&ms[0], g_trace_base, e->ev_before) != 0 ||
+      hk::g_cu.EventElapsedTime(&ms[1], e->ev_before, e->ev_after) != 0 ||
+      hk::g_cu.EventElapsedTime(&ms[2], g_trace_base, e->ev_after) != 0) {
+    return -1;
+  }
+  return 0;
 }
 
 // The current bytes of node `node` (after the last patch); size in/out as hk_graph_node.

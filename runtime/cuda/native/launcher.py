@@ -13,12 +13,14 @@ of a graph exec behind the previous ones), so one arena serves every call.
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from typing import Any, Optional
 
 from hlo.layout_util import is_default
 from passes.dataflow import array_leaves
 
+from ..errors import NativeLauncherError
 from . import DRY_RUN_TARGET, TARGET, _ERRBUF, check, driver_library, int_array
 from .patch import NotPatchable, PatchSite, parse_nodes, patch_sites
 
@@ -173,6 +175,9 @@ class NativeGraph:
             skew=STAGING_SKEW)
         del graph_b, graph_c, graph_d
         self.id = self._create(self._graph.raw_cuda_graph(), device.index or 0)
+        # Further instantiations keep other address sets (graph_launch.cc, Exec::Choose):
+        # calls alternating between a few sets of buffers then patch nothing.
+        self.slots = self._add_slots(self._graph.raw_cuda_graph(), slot_count())
         # A trial launch over capture B's buffers: every site re-pointed and the graph run
         # once before any user call depends on it (a refused update fails here, and the
         # executable keeps the Python path). The first FFI call re-points again. A failure
@@ -275,6 +280,14 @@ class NativeGraph:
         check(exe_id, err, "instantiating the captured graph")
         return exe_id
 
+    def _add_slots(self, graph: int, count: int) -> int:
+        if count <= 1:
+            return 1
+        err = ctypes.create_string_buffer(_ERRBUF)
+        status = self.lib.hk_exec_add_slots(self.id, graph, count - 1, err, _ERRBUF)
+        check(status, err, "instantiating the captured graph again (address-set slots)")
+        return status
+
     def __del__(self) -> None:
         if getattr(self, "id", 0) > 0:
             self.lib.hk_exec_destroy(self.id)   # waits for queued launches first
@@ -292,6 +305,28 @@ class NativeGraph:
         status = self.lib.hk_exec_launch(self.id, int_array(addresses, ctypes.c_uint64),
                                          len(addresses), stream, err, _ERRBUF)
         check(status, err, "launching the graph")
+
+    def trace(self, on: bool) -> None:
+        """Record host times and device events around each launch (benchmarks only)."""
+        if self.lib.hk_exec_trace(self.id, 1 if on else 0) < 0:
+            raise NativeLauncherError("the CUDA driver has no event calls for the trace")
+
+    def trace_read(self) -> dict[str, float]:
+        """The last traced call (waits for it): host ns (CLOCK_MONOTONIC, as
+        time.perf_counter_ns) at the handler's entry, after patching and after launching;
+        device ms from the base event (``trace_base``) to the launch's start and end, and the
+        launch's own device time."""
+        host = (ctypes.c_uint64 * 3)()
+        ms = (ctypes.c_float * 3)()
+        if self.lib.hk_exec_trace_read(self.id, host, ms) < 0:
+            raise NativeLauncherError("no traced call to read (trace off, or no base event)")
+        return {"entry_ns": host[0], "patched_ns": host[1], "launched_ns": host[2],
+                "start_ms": ms[0], "device_ms": ms[1], "end_ms": ms[2]}
+
+    def trace_base(self, stream: int) -> None:
+        """Record the trace's base event on ``stream`` (a raw CUDA stream handle)."""
+        if self.lib.hk_trace_base(stream) < 0:
+            raise NativeLauncherError("recording the trace's base event failed")
 
     def replay_on_staging(self) -> Any:
         """A function launching the graph on torch's current stream over fresh zeroed
@@ -334,7 +369,19 @@ class NativeGraph:
                    "kernels; " if self.lowered_copies else "")
                 + (f"{len(self.kept_words)} capture-local words kept as captured; "
                    if self.kept_words else "")
+                + (f"{self.slots} instantiations (address sets kept); " if self.slots > 1 else "")
                 + f"built in {self.build_seconds:.2f} s")
+
+
+def slot_count() -> int:
+    """Instantiations of each native graph (``HLOTK_NATIVE_SLOTS``, default 4, at least 1):
+    how many address sets of its arguments and results calls can alternate between without
+    re-patching kernel parameters."""
+    raw = os.environ.get("HLOTK_NATIVE_SLOTS", "4")
+    try:
+        return max(1, min(int(raw), 64))
+    except ValueError:
+        raise NativeLauncherError(f"HLOTK_NATIVE_SLOTS={raw!r} is not a whole number") from None
 
 
 def ffi_call(exe_id: int, module: Any, aliases: dict[int, int], dry_run: bool = False) -> Any:
