@@ -158,8 +158,10 @@ def summarize(records: list[dict], steps: int,
 
 
 def kernel_table(fn: Callable, args: tuple, *, pipeline: Optional[str] = None,
-                 steps: int = 5, hlotk: bool = True, xla: bool = True) -> dict:
-    """{"hlotk": summary, "xla": summary} for ``fn(*args)`` (see ``summarize``)."""
+                 steps: int = 5, hlotk: bool = True, xla: bool = True,
+                 dump_dir: str = "", tag: str = "hlotk") -> dict:
+    """{tag: summary, "xla": summary} for ``fn(*args)`` (see ``summarize``); with
+    ``dump_dir``, hlotk's fused module, its thunks and XLA's optimized HLO are written there."""
     import jax
     import runtime
     from runtime.cuda import executable_of
@@ -173,8 +175,13 @@ def kernel_table(fn: Callable, args: tuple, *, pipeline: Optional[str] = None,
         for _ in range(4):           # compile, autotune, capture the graph, replay
             jax.block_until_ready(hc(*dev_args))
         recs = _trace_kernels(lambda: jax.block_until_ready(hc(*dev_args)), steps)
-        out["hlotk"] = summarize(recs, steps, hlotk_kernel_names(exe))
-        out["hlotk"]["thunks"] = len(exe.thunks())
+        out[tag] = summarize(recs, steps, hlotk_kernel_names(exe))
+        out[tag]["thunks"] = len(exe.thunks())
+        if dump_dir:
+            with open(os.path.join(dump_dir, f"{tag}.hlo"), "w") as fh:
+                fh.write(hc.as_text())
+            with open(os.path.join(dump_dir, f"{tag}.thunks"), "w") as fh:
+                fh.write(exe.describe())
         del hc, exe
     if xla:
         xc = jax.jit(fn).lower(*dev_args).compile()
@@ -185,13 +192,16 @@ def kernel_table(fn: Callable, args: tuple, *, pipeline: Optional[str] = None,
             recs = _jax_trace_kernels(lambda: xc(*dev_args), steps)
             out["xla_source"] = "jax.profiler"
         out["xla"] = summarize(recs, steps)
+        if dump_dir:
+            with open(os.path.join(dump_dir, "xla.hlo"), "w") as fh:
+                fh.write(xc.as_text())
     return out
 
 
 def format_table(res: dict, top: int = 40) -> str:
     """Categories side by side, then each side's top kernels."""
     lines = []
-    sides = [s for s in ("hlotk", "xla") if s in res]
+    sides = [s for s in res if isinstance(res[s], dict) and "kernels" in res[s]]
     for s in sides:
         r = res[s]
         lines.append(f"{s}: kernel sum {r['sum_us']:.1f} us/step over {r['launches']:.0f} "
