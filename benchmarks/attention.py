@@ -100,8 +100,11 @@ def attention_grad(q, k, v):
                                             ** 2), argnums=(0, 1, 2))(q, k, v)
 
 
-# --baseline no-split-gemms: the CUDA pipeline before split GEMM fusions were priced as such.
-BASELINES = {"no-split-gemms": lambda spec: spec.replace(",split_gemms=true", "")}
+# --baseline: no-split-gemms is the CUDA pipeline without split GEMM fusions priced as such;
+# main is the pipeline before i14-step (no split_gemms, no split-reductions).
+BASELINES = {"no-split-gemms": lambda spec: spec.replace(",split_gemms=true", ""),
+             "main": lambda spec: spec.replace(",split_gemms=true", "")
+                                      .replace("split-reductions,", "")}
 
 
 def baseline_spec(name_or_spec: str) -> str:
@@ -186,7 +189,7 @@ def main() -> None:
                          "via torch.profiler, kernels inside hlotk's CUDA graph) beside XLA's")
     ap.add_argument("--baseline", default="",
                     help="also run the training step through this pipeline spec (or "
-                         "'no-split-gemms') in the same process, as the 'before'")
+                         "'no-split-gemms', 'main') in the same process, as the 'before'")
     ap.add_argument("--programs", default="", help="suite programs to run (default all): "
                     "attn_fwd,attn_grad,transformer_train,train_baseline")
     opts = ap.parse_args()

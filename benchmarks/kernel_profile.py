@@ -106,8 +106,11 @@ def hlotk_kernel_names(exe: Any) -> dict[str, list[str]]:
         k = getattr(t, "kernel", None)
         name = getattr(k, "name", None)
         if name:
-            out[name].append(t.inst.name)
+            out[name].append(f"{t.inst.name}[{getattr(k, 'template', '?')}]")
     return dict(out)
+
+
+_REDUCTION_TEMPLATES = ("[looped_rows]", "[normalization]", "[column_reduction]")
 
 
 def category(name: str, thunks: Optional[list[str]] = None) -> str:
@@ -118,6 +121,10 @@ def category(name: str, thunks: Optional[list[str]] = None) -> str:
             return "gemm prologue"
         if all(".epilogue" in t for t in thunks):
             return "gemm epilogue"
+        if all(t.endswith(_REDUCTION_TEMPLATES) for t in thunks):
+            return "reduction"
+        if all(t.endswith("[transpose]") for t in thunks):
+            return "copy/transpose"
     if any(m in low for m in _ATTN_MARKERS) and "fusion" not in low:
         return "attention"
     if any(m in low for m in _GEMM_MARKERS) and "fused_" not in low and "triton" not in low:
