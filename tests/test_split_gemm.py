@@ -146,3 +146,38 @@ def test_training_step_matches_jax(spec):
     for g, w in zip(got, want):
         g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
         assert np.linalg.norm(g - w) <= 3e-2 * max(np.linalg.norm(w), 1e-6)
+
+
+QKV_HLO = """HloModule qkv
+
+ENTRY %main (h: bf16[2,16,32], wq: f32[32,32], wk: f32[32,32]) -> (bf16[2,16,32], bf16[2,16,32]) {
+  %h = bf16[2,16,32]{2,1,0} parameter(0)
+  %wq = f32[32,32]{1,0} parameter(1)
+  %wk = f32[32,32]{1,0} parameter(2)
+  %two = bf16[] constant(2)
+  %b2 = bf16[2,16,32]{2,1,0} broadcast(%two), dimensions={}
+  %x = bf16[2,16,32]{2,1,0} multiply(%h, %b2)
+  %cq = bf16[32,32]{1,0} convert(%wq)
+  %ck = bf16[32,32]{1,0} convert(%wk)
+  %q = bf16[2,16,32]{2,1,0} dot(%x, %cq), lhs_contracting_dims={2}, rhs_contracting_dims={0}
+  %k = bf16[2,16,32]{2,1,0} dot(%x, %ck), lhs_contracting_dims={2}, rhs_contracting_dims={0}
+  ROOT %t = (bf16[2,16,32]{2,1,0}, bf16[2,16,32]{2,1,0}) tuple(%q, %k)
+}
+"""
+
+
+def test_explain_fusion_cli_decides_as_the_cuda_pipeline(tmp_path, capsys):
+    """``hlotk explain-fusion --backend cuda``: the producer read by two GEMMs the Triton
+    template cannot tile stays its own kernel, and the table says why."""
+    from runtime.cli import main
+    src = tmp_path / "qkv.hlo"
+    src.write_text(QKV_HLO)
+    assert main(["explain-fusion", str(src), "--target", "h200"]) == 0
+    plain = capsys.readouterr().out
+    assert main(["explain-fusion", str(src), "--target", "h200", "--backend", "cuda"]) == 0
+    cuda = capsys.readouterr().out
+    rows = {tuple(line.split()[:3]) for line in cuda.splitlines()[2:]}
+    assert ("x", "q", "no") in rows and ("x", "k", "no") in rows, cuda
+    assert "runs split" in cuda and "runs split" not in plain
+    plain_rows = {tuple(line.split()[:3]) for line in plain.splitlines()[2:]}
+    assert ("x", "q", "yes") in plain_rows, plain     # priced as one kernel: duplicated
