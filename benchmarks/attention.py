@@ -100,10 +100,29 @@ def attention_grad(q, k, v):
                                             ** 2), argnums=(0, 1, 2))(q, k, v)
 
 
-def suite_rows(ceil: dict) -> list[dict]:
+# --baseline: no-split-gemms is the CUDA pipeline without split GEMM fusions priced as such;
+# main is the pipeline before i14-step (no split_gemms, no split-reductions).
+BASELINES = {"no-split-gemms": lambda spec: spec.replace(",split_gemms=true", ""),
+             "main": lambda spec: spec.replace(",split_gemms=true", "")
+                                      .replace("split-reductions,", "")}
+
+
+def baseline_spec(name_or_spec: str) -> str:
+    from passes.pipelines import PIPELINES
+    make = BASELINES.get(name_or_spec)
+    return make(PIPELINES["default"]["cuda"]) if make else name_or_spec
+
+
+def train_program() -> tuple:
+    """(fn, args) of the suite's transformer training step."""
+    return transformer_train_step(16), transformer_train_args(4, 2048, 1024)
+
+
+def suite_rows(ceil: dict, baseline: str = "", only: str = "") -> list[dict]:
     """Issue 14's GPU programs through gpu_suite.run_one (do_bench, wall_ms, device time,
     profile, kernels, host fallbacks, temp, error vs jax.jit): the forward attention end
-    to end, jax.grad of it, and the transformer training step."""
+    to end, jax.grad of it, and the transformer training step (also through the
+    ``baseline`` pipeline spec when given, in the same process)."""
     import ml_dtypes
     from benchmarks.gpu_suite import run_one
     b, h, s, d = 2, 16, 4096, 128
@@ -124,10 +143,15 @@ def suite_rows(ceil: dict) -> list[dict]:
          transformer_train_step(th), transformer_train_args(tb, ts, tm), 0, train_flops,
          "bf16", 3e-2),
     ]
+    if baseline:
+        progs.append(("train_baseline", progs[-1][1] + f" [pipeline {baseline}]") + progs[-1][2:])
+    if only:
+        progs = [p for p in progs if p[0] in only.split(",")]
     rows = []
     for prog in progs:
         try:
-            rows.append(run_one(prog, ceil, autotune=True))
+            spec = baseline_spec(baseline) if prog[0] == "train_baseline" else ""
+            rows.append(run_one(prog, ceil, autotune=True, pipeline=spec))
         except Exception as e:  # noqa: BLE001
             import traceback
             traceback.print_exc()
@@ -160,17 +184,28 @@ def main() -> None:
                     help="comma-separated sections: kernel (flash kernel alone, SDPA), xent "
                          "(cross-entropy), suite (forward/grad/training step via run_one)")
     ap.add_argument("--out", default="")
-    only = set(ap.parse_args().only.split(","))
+    ap.add_argument("--kernels", action="store_true",
+                    help="with suite: per-kernel device time of the training step (CUPTI "
+                         "via torch.profiler, kernels inside hlotk's CUDA graph) beside XLA's")
+    ap.add_argument("--baseline", default="",
+                    help="also run the training step through this pipeline spec (or "
+                         "'no-split-gemms', 'main') in the same process, as the 'before'")
+    ap.add_argument("--programs", default="", help="suite programs to run (default all): "
+                    "attn_fwd,attn_grad,transformer_train,train_baseline")
+    opts = ap.parse_args()
+    only = set(opts.only.split(","))
     rows = []
     if "suite" in only:
         import json
         from benchmarks.gpu_suite import ceilings
         ceil = ceilings()
         sdpa = sdpa_ms()
-        suite = suite_rows(ceil)
-        if ap.parse_args().out:
-            with open(ap.parse_args().out, "w") as fh:
-                json.dump({"sdpa": sdpa, "rows": suite}, fh, indent=1, default=str)
+        suite = suite_rows(ceil, opts.baseline, opts.programs)
+        kernels = kernel_section(opts) if opts.kernels else {}
+        if opts.out:
+            with open(opts.out, "w") as fh:
+                json.dump({"sdpa": sdpa, "rows": suite, "kernels": kernels}, fh, indent=1,
+                          default=str)
         print(f"torch SDPA causal B2 H16 S4096 D128 bf16: fwd {sdpa['sdpa_fwd']:.3f} ms, "
               f"fwd+bwd {sdpa['sdpa_fwd_bwd']:.3f} ms (bwd ~{sdpa['sdpa_bwd']:.3f})")
         print(f"{'program':18s} {'ok':>3s} {'err':>8s} {'hlotk':>7s} {'xla':>7s} {'ratio':>5s} "
@@ -188,6 +223,27 @@ def main() -> None:
         sys.stdout.flush()
     if only & {"kernel", "xent"}:
         kernel_and_xent(only)
+
+
+def kernel_section(opts) -> dict:
+    """Per-kernel breakdown of the training step: hlotk (and the baseline pipeline) and
+    XLA, same process (benchmarks/kernel_profile.py); printed, returned for --out."""
+    import os
+    from benchmarks.kernel_profile import format_table, kernel_table
+    fn, args = train_program()
+    dump = os.environ.get("OUT", "")
+    res: dict = {}
+    try:
+        res.update(kernel_table(fn, args, xla=True, dump_dir=dump))
+        if opts.baseline:
+            res.update(kernel_table(fn, args, pipeline=baseline_spec(opts.baseline), xla=False,
+                                    dump_dir=dump, tag="baseline"))
+    except Exception:  # noqa: BLE001  (the suite's numbers above still stand)
+        import traceback
+        traceback.print_exc()
+    print("=== per-kernel device time, transformer training step (us per step) ===")
+    print(format_table(res), flush=True)
+    return res
 
 
 def kernel_and_xent(only: set) -> None:

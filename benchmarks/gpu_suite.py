@@ -260,7 +260,9 @@ def device_ms(exe) -> float:
     return total if missing == 0 else float("nan")
 
 
-def run_one(prog, ceil, autotune: bool) -> dict:
+def run_one(prog, ceil, autotune: bool, pipeline: str = "") -> dict:
+    """One program through hlotk and jax.jit (see the module doc); ``pipeline``: a spec
+    for ``runtime.jit`` instead of the CUDA default (to compare two in one process)."""
     import jax
     import torch
     import runtime
@@ -281,7 +283,8 @@ def run_one(prog, ceil, autotune: bool) -> dict:
         row["xla_temp"] = float("nan")
     os.environ["HLOTK_AUTOTUNE"] = "1" if autotune else "0"
     t0 = time.perf_counter()
-    hc = runtime.jit(fn, backend="cuda").lower(*dev_args).compile()
+    kw = {"pipeline": pipeline} if pipeline else {}
+    hc = runtime.jit(fn, backend="cuda", **kw).lower(*dev_args).compile()
     row["hlotk_compile_s"] = time.perf_counter() - t0
     exe = executable_of(hc)
     t0 = time.perf_counter()

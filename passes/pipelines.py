@@ -25,8 +25,13 @@ PIPELINES: dict[str, dict[str, str]] = {
         # f32/f64/complex dots are cuBLAS calls on the GPU (Triton's TF32 GEMM measured at a
         # fraction of cuBLAS's rate on the H200, benchmarks/NOTES.md), so they fuse with
         # nothing and their neighbours fuse with each other, as after XLA's gemm rewriter.
+        # GEMM fusions the Triton template cannot tile run as prologue kernels + cuBLAS +
+        # an epilogue (runtime/cuda/split.py); split_gemms prices them that way, so cheap
+        # producers (layer norms, bf16 casts of weights) are computed once, not per GEMM.
+        # Reductions to a few values (a loss summed to a scalar) become a row reduction +
+        # a small one (split-reductions): the row template gets rows to spread.
         "cuda": f"inline,{SIMPLIFY},sink-gathers,layout-assignment{{target=gpu}},"
-                f"fusion{{library_dots={CUDA_LIBRARY_DOTS}}},schedule",
+                f"split-reductions,fusion{{library_dots={CUDA_LIBRARY_DOTS},split_gemms=true}},schedule",
     },
     "simplify": {"cpu": SIMPLIFY, "cuda": SIMPLIFY},
     "none": {"cpu": "", "cuda": ""},

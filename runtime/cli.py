@@ -142,7 +142,13 @@ def cmd_explain_fusion(args: argparse.Namespace, out: TextIO) -> int:
     from hlo.render import to_dot
     from passes.fusion.explain import explain
     module = inputs_mod.load_module(args.file)
-    fused, report = explain(module, args.target, args.policy)
+    options = {}
+    if getattr(args, "backend", "") == "cuda":
+        # Decide as the CUDA pipeline's fusion does: f32 dots are cuBLAS calls, GEMM
+        # fusions the Triton template cannot tile are priced as split kernels.
+        from passes.pipelines import CUDA_LIBRARY_DOTS
+        options = {"library_dots": CUDA_LIBRARY_DOTS, "split_gemms": True}
+    fused, report = explain(module, args.target, args.policy, **options)
     if args.dot:
         write_atomically(args.dot, to_dot(module, edge_styles=report.edge_styles(),
                                           title=f"fusion decisions ({report.policy}, {args.target})"))
@@ -255,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     exf.add_argument("--target", default="h100", help="device spec (h100, h200, a100)")
     exf.add_argument("--policy", default="priority",
                      help="priority, greedy, none or module:Class")
+    exf.add_argument("--backend", default="", choices=["", "cuda"],
+                     help="cuda: decide as the CUDA pipeline does (f32 dots as cuBLAS calls, "
+                          "GEMM fusions the Triton template cannot tile priced as split)")
     exf.add_argument("--unfused-only", action="store_true", help="only pairs left apart")
     exf.add_argument("--dot", metavar="FILE",
                      help="write the unfused graph, edges coloured by decision, as DOT")

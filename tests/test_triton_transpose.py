@@ -116,3 +116,42 @@ ENTRY e {
     from runtime.cuda.thunks import one_instruction_fusion
     # 8 rows: too few for a tile to pay for its shared-memory round trip.
     assert transpose_tile_dims(one_instruction_fusion(m.entry.root).attrs["calls"]) is None
+
+
+@needs_kernels
+def test_layout_changing_reshape_of_an_attention_output_is_a_tiled_transpose():
+    # An attention kernel's output stored [b,h,d,s] (s minor), viewed as [b,s,h,d] and
+    # reshaped to [b,s,h*d] row-major for the next GEMM: the source's minor dim s survives
+    # as output dim 1 while the output's minor dim is h*d, so it tiles like a transpose.
+    m, exe = build("""HloModule m
+fc {
+  a = f32[2,4,16,48]{3,2,1,0} parameter(0)
+  v = f32[2,48,4,16]{1,3,2,0} bitcast(a)
+  ROOT r = f32[2,48,64]{2,1,0} reshape(v)
+}
+ENTRY e {
+  p = f32[2,4,16,48]{3,2,1,0} parameter(0)
+  ROOT f = f32[2,48,64]{2,1,0} fusion(p), kind=kLoop, calls=fc
+}""")
+    comp = m.entry.root.attrs["calls"]
+    assert transpose_tile_dims(comp) == (2, 1)
+    assert templates(exe)["f"] == "transpose"
+    x = np.random.default_rng(2).standard_normal((2, 4, 16, 48)).astype(np.float32)
+    run_both(m, exe, [x])
+    # The reference, by hand: out[b, s, h*16 + d] = x[b, h, d, s].
+    got = exe.run([x], output="numpy")[0]
+    np.testing.assert_array_equal(np.asarray(got), x.transpose(0, 3, 1, 2).reshape(2, 48, 64))
+
+
+def test_reshape_that_keeps_the_minor_dim_is_not_a_transpose():
+    m = hlo.parse_hlo("""HloModule m
+fc {
+  a = f32[2,4,48,16]{3,2,1,0} parameter(0)
+  v = f32[2,48,4,16]{3,1,2,0} bitcast(a)
+  ROOT r = f32[2,48,64]{2,1,0} reshape(v)
+}
+ENTRY e {
+  p = f32[2,4,48,16]{3,2,1,0} parameter(0)
+  ROOT f = f32[2,48,64]{2,1,0} fusion(p), kind=kLoop, calls=fc
+}""")
+    assert transpose_tile_dims(m.entry.root.attrs["calls"]) is None

@@ -229,7 +229,22 @@ def _source_minor(v: Instruction) -> int | None:
         if v.operands[0].shape.dims != v.shape.dims:
             return None
         v = v.operands[0]
+    if v.opcode == "bitcast" and v.operands and v.operands[0].opcode == "parameter" \
+            and v.shape.layout is not None:
+        # A view of the parameter: the same bytes, so its own layout says what is minor.
+        return _physical_minor(v.shape) if v.shape.rank else None
     return _physical_minor(v.shape) if v.opcode == "parameter" and v.shape.rank else None
+
+
+def _reshape_kept_dim(reshape: Instruction, d: int) -> int | None:
+    """The output dim of a (row-major index) reshape that is operand dim ``d`` unchanged
+    (same size, same number of elements before it), or None."""
+    src, dst = reshape.operands[0].shape.dims, reshape.shape.dims
+    before = math.prod(src[:d])
+    for j in range(len(dst)):
+        if math.prod(dst[:j]) == before and dst[j] == src[d]:
+            return j
+    return None
 
 
 def transpose_tile_dims(comp: Computation) -> tuple[int, int] | None:
@@ -246,12 +261,19 @@ def transpose_tile_dims(comp: Computation) -> tuple[int, int] | None:
         return None
     a = _physical_minor(shape)
     for inst in comp.instructions:
-        if inst.opcode not in ("copy", "transpose") or inst.shape.dims != shape.dims:
+        if inst.opcode not in ("copy", "transpose", "reshape") or inst.shape.dims != shape.dims:
             continue
         m_in = _source_minor(inst.operands[0])
         if m_in is None:
             continue
-        b = m_in if inst.opcode == "copy" else list(inst.attrs.get("dimensions", ())).index(m_in)
+        if inst.opcode == "reshape":
+            # A layout-changing reshape (an attention output in [b,h,d,s] read as
+            # [b,s,h*d]): a transpose when the source's minor dim survives as an output dim.
+            b = _reshape_kept_dim(inst, m_in)
+            if b is None:
+                continue
+        else:
+            b = m_in if inst.opcode == "copy" else list(inst.attrs.get("dimensions", ())).index(m_in)
         if b != a and shape.dims[a] >= 16 and shape.dims[b] >= 16:
             return a, b
     return None

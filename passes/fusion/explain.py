@@ -164,15 +164,16 @@ EXPLAIN_PIPELINE = "inline,fixpoint(simplify,cse,dce)"
 
 
 def explain(module: Module, target: str = "h100", policy: object = "priority",
-            prepare: str = EXPLAIN_PIPELINE) -> tuple[Module, FusionReport]:
+            prepare: str = EXPLAIN_PIPELINE, **options: object) -> tuple[Module, FusionReport]:
     """Simplify ``module`` (in place), then fuse a copy; returns (fused copy, report).
-    The simplified, unfused module is what the report's names refer to."""
+    The simplified, unfused module is what the report's names refer to. ``options``: more
+    fields of the fusion pass (``library_dots``, ``split_gemms`` as the CUDA pipeline sets)."""
     from passes import run_pipeline
     from .pass_ import Fusion
     if prepare:
         run_pipeline(module, prepare)
     fused = module.clone()
-    Fusion(policy=policy, target=target).run(fused)
+    Fusion(policy=policy, target=target, **options).run(fused)  # type: ignore[arg-type]
     report = report_for(fused)
     assert report is not None
     return fused, report

@@ -135,7 +135,8 @@ def library_dot_rule(library_dots: frozenset[str]) -> Callable[[Instruction], De
 def fuse_computation(comp: Computation, policy: FusionPolicy, target: str, report: FusionReport,
                      max_operands: int = 96, max_size: int = 256,
                      normalization: bool = True,
-                     library_dots: frozenset[str] = frozenset(), attention: bool = True) -> int:
+                     library_dots: frozenset[str] = frozenset(), attention: bool = True,
+                     split_gemms: bool = False) -> int:
     spec = get_device(target)
     may_fuse = library_dot_rule(library_dots)
     matches = find_attention(comp.instructions, report, backward=True) if attention else []
@@ -143,6 +144,7 @@ def fuse_computation(comp: Computation, policy: FusionPolicy, target: str, repor
     in_attention = {id(i) for m in matches for i in m.members}
     state = FusionState(comp, spec,
                         fusible=lambda i: id(i) in in_attention or bool(may_fuse(i)))
+    state.split_gemms = split_gemms
     for inst in comp.instructions:
         for o in inst.operands:
             report.edges[(o.name, inst.name)] = False
@@ -187,6 +189,9 @@ class Fusion:
     attention: bool = True
     # Operand types ('+'-separated, e.g. f32+f64) whose dots stay unfused library calls.
     library_dots: str = ""
+    # The backend runs GEMM fusions whose dot its GEMM template cannot tile as prologue
+    # kernels + a library GEMM + an epilogue kernel: price them so (split_gemm.py).
+    split_gemms: bool = False
 
     def run(self, module: Module) -> bool:
         policy = resolve_policy(self.policy)
@@ -204,7 +209,7 @@ class Fusion:
         for comp in fusion_roots(module):
             made += fuse_computation(comp, policy, spec.key, report, self.max_operands,
                                      self.max_size, self.normalization, library,
-                                     self.attention)
+                                     self.attention, self.split_gemms)
             # Small constants are copied into every fusion that reads them (XLA does the
             # same); the originals left without readers go.
             comp.remove_dead()

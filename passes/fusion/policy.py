@@ -108,6 +108,23 @@ def _estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:
     return apart, state.estimate(inst, {p.id, g.id})
 
 
+def split_note(c: Candidate, state: FusionState) -> str:
+    """For a rejection: how the fused group would run when the backend splits it into
+    library GEMM + loop kernels (``FusionState.split_gemms``), else ''."""
+    if not state.split_gemms or c.action == "sibling":
+        return ""
+    from .split_gemm import split_reason
+    for g in c.consumers:
+        inst = g.instances() + [i for i in c.producer.instances() if i not in g]
+        why = split_reason(inst, [])
+        if why is not None:
+            _, together = estimates(c, state)
+            return (f"; fused, it runs split into {together.kernels} kernels ({why}: "
+                    "cuBLAS reads its operands from memory, so the fused producer "
+                    "becomes a prologue kernel per GEMM)")
+    return ""
+
+
 def benefit_us(c: Candidate, state: FusionState) -> float:
     apart, together = estimates(c, state)
     return apart.time_us - together.time_us

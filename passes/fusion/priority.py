@@ -15,7 +15,7 @@ from typing import Iterator
 
 from .legality import YES, Decision, no
 from .policy import (Candidate, benefit_us, producer_consumer_candidates, register_policy,
-                     sibling_candidates)
+                     sibling_candidates, split_note)
 from .rewrite import FusionState
 
 SIBLING_PENALTY = 1e9
@@ -44,7 +44,7 @@ class PriorityPolicy:
         if b == 0.0 and _free(c):
             return YES
         if b <= self.min_benefit_us:
-            return no(f"not profitable: benefit {b:.2f} us")
+            return no(f"not profitable: benefit {b:.2f} us{split_note(c, state)}")
         return YES
 
 

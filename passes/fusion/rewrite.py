@@ -76,6 +76,9 @@ class FusionState:
         self._candidates: dict[tuple, tuple[Estimate, Estimate]] = {}
         self._big: dict[int, list[Instruction]] = {}
         self.epoch = 0        # bumped when readers change in ways merges do not (duplicates)
+        # Price groups whose dot the backend runs as library GEMM + loop kernels that way
+        # (split_gemm.py; the Fusion pass's ``split_gemms`` option).
+        self.split_gemms = False
         for inst in comp.instructions:
             if fusible is None or fusible(inst):
                 self._add(Group([inst]))
@@ -215,7 +218,11 @@ class FusionState:
         key = (frozenset(id(i) for i in instances), tuple(id(o) for o in outs))
         est = self._estimates.get(key)
         if est is None:
-            est = estimate_kernel(instances, outs, self.spec, SMALL_CONSTANT_ELEMENTS)
+            if self.split_gemms:
+                from .split_gemm import split_estimate
+                est = split_estimate(instances, outs, self.spec, SMALL_CONSTANT_ELEMENTS)
+            if est is None:
+                est = estimate_kernel(instances, outs, self.spec, SMALL_CONSTANT_ELEMENTS)
             self._estimates[key] = est
         return est
 

@@ -82,6 +82,15 @@ def split_gemm_fusion(inst: Instruction, operand_slots: list[Slot], output_slots
     for k, x in enumerate(dot.operands):
         if id(x) in known:
             continue
+        src = x
+        while src.opcode == "bitcast" and id(src) not in known:
+            src = src.operands[0]
+        if src is not x and id(src) in known:
+            # Bitcasts only: the same bytes seen with x's shape and layout; cuBLAS reads
+            # them in place (a kernel would copy them for nothing).
+            s = known[id(src)]
+            known[id(x)] = Slot(s.allocation, s.offset, x.shape)
+            continue
         slot = scratch(x.shape)
         f, ins = extract(comp, [x], known, f"{inst.name}.prologue{k}")
         thunks.append(kernel(f, ins, [slot]))

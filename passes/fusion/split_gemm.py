@@ -1,0 +1,125 @@
+"""What a GEMM fusion costs when the backend runs it as library GEMM + loop kernels.
+
+The CUDA backend's Triton GEMM template tiles a dot with one contracting and one free
+dimension per side (batch dimensions allowed) whose fused outputs all have the dot's
+shape. Any other GEMM fusion (a rank-3 activation times a weight, a weight gradient that
+contracts batch and sequence) runs split (runtime/cuda/split.py):
+
+    one prologue kernel per dot operand computed inside the fusion (written out)
+    -> cuBLAS on the materialized operands
+    -> one epilogue kernel for the fused computation after the dot (if any).
+
+Fusing a producer into such a GEMM therefore saves nothing: its value is written out and
+read back either way, and duplicating it into several such GEMMs computes and writes it
+once per GEMM (on the H200 training step: a layer norm recomputed by 6 GEMM fusions, every
+f32 weight converted to bf16 twice, 34 prologue kernels). With ``fusion{split_gemms=true}``
+the cost model prices a group holding such a dot as those kernels, so the policy keeps the
+producer in its own kernel, computed once, whenever that is cheaper; explain-fusion says
+why. XLA's GPU pipeline makes the same call: a dot its GEMM emitter declines becomes a
+cuBLAS custom call whose operands other fusions produce.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from hlo.ir import Instruction
+
+from .cost_model import ZERO, DeviceSpec, Estimate, array_bytes, estimate_kernel, is_free
+
+
+def _dot_dims(dot: Instruction) -> tuple[list[int], list[int], list[int]]:
+    """(contracting dims of lhs, free dims of lhs, free dims of rhs)."""
+    a = dot.attrs
+    lb, rb = set(a.get("lhs_batch_dims", ())), set(a.get("rhs_batch_dims", ()))
+    lc, rc = list(a.get("lhs_contracting_dims", ())), set(a.get("rhs_contracting_dims", ()))
+    lhs, rhs = dot.operands
+    lf = [d for d in range(lhs.shape.rank) if d not in lb and d not in lc]
+    rf = [d for d in range(rhs.shape.rank) if d not in rb and d not in rc]
+    return lc, lf, rf
+
+
+def untiled_reason(dot: Instruction) -> Optional[str]:
+    """Why the Triton GEMM template cannot tile ``dot`` (so a GEMM fusion around it runs
+    split), or None when it can. Mirrors ``codegen.triton.templates.gemm_template``."""
+    lc, lf, rf = _dot_dims(dot)
+    if len(lc) != 1 or len(lf) != 1 or len(rf) != 1:
+        return (f"%{dot.name} contracts {len(lc)} and keeps {len(lf)}+{len(rf)} free dims "
+                "(the Triton GEMM template tiles 1 and 1+1)")
+    lt, rt = dot.operands[0].shape.dtype, dot.operands[1].shape.dtype
+    ints = {"s8", "u8"}
+    if lt.name in ints and rt.name in ints:
+        return None
+    if lt == rt and lt.name in ("bf16", "f16"):
+        return None
+    if lt.is_float and rt.is_float and lt.bits <= 32 and rt.bits <= 32:
+        return None
+    return f"%{dot.name} multiplies {lt.name} by {rt.name}"
+
+
+def _cone(roots: Sequence[Instruction], inside: set[int], stop: set[int]) -> list[Instruction]:
+    """Instructions of ``inside`` (ids) that ``roots`` need, not crossing ``stop`` (ids),
+    in an order with operands first."""
+    out: list[Instruction] = []
+    seen: set[int] = set()
+
+    def visit(v: Instruction) -> None:
+        if id(v) in seen or id(v) not in inside or id(v) in stop:
+            return
+        seen.add(id(v))
+        for o in v.operands:
+            visit(o)
+        out.append(v)
+    for r in roots:
+        visit(r)
+    return out
+
+
+def split_reason(instances: Sequence[Instruction], outputs: Sequence[Instruction]) -> Optional[str]:
+    """Why a group of ``instances`` writing ``outputs`` would run split, or None: it holds
+    one dot that the template cannot tile, or an output not of the dot's shape."""
+    dots = [i for i in instances if i.opcode == "dot"]
+    if len(dots) != 1:
+        return None
+    dot = dots[0]
+    why = untiled_reason(dot)
+    if why is None:
+        bad = [o for o in outputs if o.shape.is_array and o.shape.dims != dot.shape.dims]
+        if bad:
+            why = f"output %{bad[0].name} {list(bad[0].shape.dims)} is not the dot's shape"
+    return why
+
+
+def split_estimate(instances: Sequence[Instruction], outputs: Sequence[Instruction],
+                   spec: DeviceSpec, small_constant_elements: int) -> Optional[Estimate]:
+    """The cost of the group as split kernels (see module doc), or None if it is not split."""
+    if split_reason(instances, outputs) is None:
+        return None
+    dot = next(i for i in instances if i.opcode == "dot")
+    inside = {id(i) for i in instances}
+    total = ZERO
+    materialized: set[int] = set()
+    for x in dot.operands:
+        if id(x) not in inside:
+            continue
+        body = _cone([x], inside, set())
+        if all(is_free(i) for i in body):
+            continue        # a view of an input: cuBLAS reads the input itself
+        total = total + estimate_kernel(body, [x], spec, small_constant_elements)
+        materialized.add(id(x))
+    total = total + estimate_kernel([dot], [dot], spec, small_constant_elements)
+    if list(outputs) == [dot]:
+        return total
+    stop = {id(dot)} | materialized
+    epilogue = _cone(outputs, inside, stop)
+    # Outputs that are the dot or a prologue's value are copied out of scratch by the
+    # epilogue (split.py extracts them as parameters of its kernel).
+    copied = sum(array_bytes(o.shape) for o in outputs if id(o) in stop)
+    if not epilogue:
+        return total + Estimate(spec.kernel_launch_us + 2 * copied / spec.bytes_per_us,
+                                copied, copied, 0.0, 1, 2 * copied / spec.bytes_per_us, 0.0)
+    e = estimate_kernel(epilogue, outputs, spec, small_constant_elements)
+    if copied:
+        extra = copied / spec.bytes_per_us
+        e = Estimate(e.time_us + extra, e.bytes_read + copied, e.bytes_written, e.flops,
+                     1, e.memory_us + extra, e.compute_us)
+    return total + e
