@@ -43,6 +43,8 @@ class Plan:
     config: dict                                # chosen values (+ num_warps, num_stages)
     grid: Callable[[dict], tuple]
     candidates: list[dict] = field(default_factory=list)   # configs autotuning may try
+    # The kernel's outputs when they are not the fusion's (a split reduction's partials).
+    output_shapes: Optional[list[Shape]] = None
 
 
 def outputs_of(comp: Computation) -> list[Instruction]:
