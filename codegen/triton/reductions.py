@@ -253,10 +253,11 @@ def split_of(comp: Computation) -> Optional[Split]:
         if any(not o.shape.is_array for o in ops):
             return None
     if a.column:
+        # Tiles of 4096 elements (not 8192 as unsplit): chunks of fewer rows, more parts.
         bm = column_block_m(a)
-        bn = max(16, 8192 // bm)
+        bn = max(16, 4096 // bm)
         programs = -(-a.M // bm)
-        unit = 256
+        unit = bn
     else:
         bm, bn, unit = 1, ROW_TILE, 8192
         programs = a.M

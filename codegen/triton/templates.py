@@ -49,7 +49,18 @@ class Plan:
 
 def outputs_of(comp: Computation) -> list[Instruction]:
     root = comp.root
-    return list(root.operands) if root.opcode == "tuple" else [root]
+    if root.opcode == "tuple":
+        return list(root.operands)
+    if root.opcode == "reduce" and root.shape.is_tuple:
+        # A variadic reduce as the root (argmax): one output per element, read through
+        # get-tuple-elements made for the emitter only (not users in the IR).
+        outs = []
+        for k, e in enumerate(root.shape.elements):
+            g = Instruction("get-tuple-element", [root], e, {"index": k}, name=f"{root.name}.{k}")
+            root.users.remove(g)
+            outs.append(g)
+        return outs
+    return [root]
 
 
 def numel(shape: Shape) -> int:

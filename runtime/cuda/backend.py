@@ -332,7 +332,7 @@ class CudaExecutable:
             return self._host(inst, "a tuple or untyped operand")
         root = fusion.attrs["calls"].root
         if inst.shape.is_tuple:
-            if root.opcode != "tuple" or any(not e.is_array for e in inst.shape.elements):
+            if root.opcode not in ("tuple", "reduce") or any(not e.is_array for e in inst.shape.elements):
                 return self._host(inst, "a nested tuple result")
             outs = [self.leaves(inst).get((k,)) for k in range(len(inst.shape.elements))]
         else:
