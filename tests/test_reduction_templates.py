@@ -159,6 +159,20 @@ def test_column_sums_few_and_many_columns(rows, cols):
     assert want in templates(ks), ks
 
 
+def test_relu_grad_beside_bias_grad_split():
+    # A multi-output column reduction with a full-shape output that needs no reduction
+    # (the MLP backward's ReLU gradient and bias gradient): the partials kernel stores
+    # the select, the finishing kernel the column sums.
+    def f(g, h):
+        sel = jnp.where(h > 0, g, 0.0)
+        return sel * 1.0, jnp.sum(sel, 0)
+    r = rng(12)
+    g = r.standard_normal((1024, 320)).astype(np.float32)
+    h = r.standard_normal((1024, 320)).astype(np.float32)
+    ks = run(f, g, h)
+    assert "split_partials" in templates(ks), ks
+
+
 def test_scalar_loss_split_over_the_grid():
     def mse(a, b):
         return jnp.mean((a.astype(jnp.float32) - b) ** 2)

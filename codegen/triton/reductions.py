@@ -228,24 +228,35 @@ class Split:
     block_n: int
 
 
-def column_block_m(a: Analysis) -> int:
-    return min(next_pow2(a.M), max(8, COLUMN_TILE_BYTES // max(1, a.width)))
+def column_block_m(a: Analysis, split: bool) -> int:
+    """Kept elements per column tile: 256 bytes of each reduced row when the grid is
+    filled by splitting the reduced range; unsplit, as many as leave ~2 programs per SM,
+    down to one 32-byte sector per row (a narrower tile wastes DRAM sectors)."""
+    wide = max(8, COLUMN_TILE_BYTES // max(1, a.width))
+    if split:
+        return min(next_pow2(a.M), wide)
+    narrow = max(1, 32 // max(1, a.width))
+    return min(next_pow2(a.M), max(narrow, min(wide, prev_pow2(max(1, a.M // COLUMN_PROGRAMS)))))
 
 
 def split_of(comp: Computation) -> Optional[Split]:
     """How to cut this reduction fusion into partials + finish, or None (one kernel).
 
     Split when the one-kernel grid would leave SMs idle (fewer programs than
-    ``COLUMN_PROGRAMS``) over a large input, and the fusion is one pass whose outputs are
-    all row-shaped (the finishing kernel recomputes them from the reductions)."""
+    ``COLUMN_PROGRAMS``) over a large input, and the fusion is one pass: its reductions
+    read no other reduction, and its full-shape outputs (stored by the partials kernel,
+    as a ReLU gradient beside its bias gradient) read none either. The finishing kernel
+    computes the row-shaped outputs from the reductions."""
     if legacy():
         return None
     try:
         a = analyze(comp)
     except NotTileable:
         return None
-    if a.M * a.R < SPLIT_MIN_ELEMENTS or any(k != "kept" for k in a.out_kind):
+    if a.M * a.R < SPLIT_MIN_ELEMENTS or not any(k == "kept" for k in a.out_kind):
         return None
+    if any(k == "full" and a.reads_level(o) for o, k in zip(a.outs, a.out_kind)):
+        return None      # a full-shape output after a reduction: the row is needed twice
     if a.levels != 1 or a.online:
         return None
     for r in a.reduces:
@@ -254,7 +265,7 @@ def split_of(comp: Computation) -> Optional[Split]:
             return None
     if a.column:
         # Tiles of 4096 elements (not 8192 as unsplit): chunks of fewer rows, more parts.
-        bm = column_block_m(a)
+        bm = column_block_m(a, split=True)
         bn = max(16, 4096 // bm)
         programs = -(-a.M // bm)
         unit = bn
@@ -332,12 +343,23 @@ def finish_fusion(fusion: Instruction, split: Split) -> Instruction:
             mapping[id(v)] = body.add_instruction(Instruction(
                 "reduce", mine + new_inits, v.shape, dict(v.attrs, dimensions=[0]), name=v.name))
         return mapping[id(v)]
-    body.root = clone(comp.root)
+    _, kept = split_outputs(comp)
+    outs = [clone(o) for o in (a.outs[k] for k in kept)]
+    if len(outs) == 1 and len(a.outs) == 1:
+        body.root = outs[0]
+        shape = comp.root.shape
+    elif len(outs) == 1:
+        body.root = outs[0]
+        shape = outs[0].shape
+    else:
+        from hlo.shape import TupleShape
+        shape = TupleShape(tuple(o.shape for o in outs))
+        body.root = body.add_instruction(Instruction("tuple", outs, shape, name="tuple"))
     stand_ins = [Instruction("parameter", [], p.shape, name=f"in{j}", parameter_number=j)
                  for j, p in enumerate(params)]
     stand_ins += [Instruction("parameter", [], s, name=f"partial{j}", parameter_number=n + j)
                   for j, s in enumerate(pshapes)]
-    out = Instruction("fusion", stand_ins, fusion.shape, {"kind": "kInput", "calls": body},
+    out = Instruction("fusion", stand_ins, shape, {"kind": "kInput", "calls": body},
                       name=f"{fusion.name}.finish")
     body.fusion_instruction = out
     return out
@@ -388,12 +410,13 @@ def _columns(em: Emitter, a: Analysis, kept_idx: Index, start: str) -> Index:
     return _merge(a.kept_dims, list(kept_idx), a.red_dims, red)
 
 
-def _store_outputs(em: Emitter, a: Analysis, which: list[int], idx: Index, mask: str) -> None:
+def _store_outputs(em: Emitter, a: Analysis, which: list[int], idx: Index, mask: str,
+                   number: Optional[dict] = None) -> None:
     ref = a.full_dims if a.out_kind[which[0]] == "full" else a.kept_shape
     for k in which:
         o = a.outs[k]
         oi = map_index(tuple(o.shape.dims), ref, idx)
-        _store(em, k, o, em.value(o, oi), oi, mask)
+        _store(em, (number or {}).get(k, k), o, em.value(o, oi), oi, mask)
 
 
 def _masked(v: str, pad: str, need: bool) -> str:
@@ -450,7 +473,7 @@ def _single(em: Emitter, a: Analysis, big: bool) -> Plan:
 
 def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan:
     if a.column:
-        BM = split.block_m if split else column_block_m(a)
+        BM = split.block_m if split else column_block_m(a, split=False)
         BN = split.block_n if split else max(16, min(next_pow2(a.R), 8192 // BM))
         warps = 8 if BM * BN >= 8192 else 4
     else:
@@ -477,8 +500,8 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
         stores = [k for k in full_k if out_pass[k] == lv]
         if not mine and not stores:
             continue
-        if split is not None and stores:
-            raise NotTileable("a split reduction stores no full-shape outputs")
+        if split is not None and lv > 0:
+            raise NotTileable("a split reduction is one pass")
         state = []
         for r in mine:
             if id(r) in a.online:
@@ -521,7 +544,10 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
                 for j, acc in enumerate(accs):
                     em.line(f"{acc} = {new}" if len(accs) == 1 else f"{acc} = {new}[{j}]")
         if stores:
-            _store_outputs(em, a, stores, full, "row_mask & col_mask")
+            # split: the kernel's outputs are the partials, then these full-shape outputs
+            number = ({k: len(partial_shapes_of(a, split)) + j for j, k in enumerate(full_k)}
+                      if split is not None else None)
+            _store_outputs(em, a, stores, full, "row_mask & col_mask", number)
         em.pop_scope()
         # The level's reductions, from the lane accumulators (bound for later passes).
         for r, ops, ivs, sum_, accs, s, s_acc in state:
@@ -564,6 +590,7 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
         parts = split.parts
         cfg = {"BLOCK_M": BM, "BLOCK_N": BN, "num_warps": warps, "num_stages": 1}
         cands = [cfg] + [dict(cfg, num_warps=w) for w in (4, 8) if w != warps]
+        shapes = shapes + [a.outs[k].shape for k in full_k]
         return Plan("split_partials", ["BLOCK_M", "BLOCK_N"], cfg,
                     lambda c: (max(1, -(-M // c["BLOCK_M"])), parts), cands, output_shapes=shapes)
     kept_k = [k for k, kind in enumerate(a.out_kind) if kind == "kept"]
@@ -595,6 +622,14 @@ def partial_shapes_of(a: Analysis, split: Split) -> list[Shape]:
             dims = (split.parts,) + a.kept_shape
             shapes.append(array(dt, dims, tuple(reversed(range(len(dims))))))
     return shapes
+
+
+def split_outputs(comp: Computation) -> tuple[list[int], list[int]]:
+    """(full-shape output numbers the partials kernel stores, row-shaped output numbers
+    the finishing kernel stores), in the fusion's output order."""
+    a = analyze(comp)
+    return ([k for k, kind in enumerate(a.out_kind) if kind == "full"],
+            [k for k, kind in enumerate(a.out_kind) if kind == "kept"])
 
 
 def _tl(shape: Shape) -> str:

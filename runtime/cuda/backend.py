@@ -417,7 +417,7 @@ class CudaExecutable:
         None: one kernel does it."""
         from codegen.triton import TritonCodegenError, compile_fusion
         from codegen.triton.kernel import classify
-        from codegen.triton.reductions import finish_fusion, split_of
+        from codegen.triton.reductions import finish_fusion, split_of, split_outputs
         if classify(fusion) != "rows":
             return None
         plan = split_of(fusion.attrs["calls"])
@@ -431,13 +431,16 @@ class CudaExecutable:
             return None
         if fin.template == "generic":
             return None
+        full, kept = split_outputs(fusion.attrs["calls"])
         slots = []
-        for shape in part.output_shapes:
+        for shape in part.output_shapes[:len(part.output_shapes) - len(full)]:
             self.scratch_sizes.append(max(shape.byte_size, 1))
             slots.append(Slot(self._n_assigned + len(self.scratch_sizes) - 1, 0, shape))
         self.stats["split_reductions"] = self.stats.get("split_reductions", 0) + 1
-        return SplitThunk(inst, [KernelThunk(inst, part, ins, slots, fusion),
-                                 KernelThunk(inst, fin, ins + slots, outs, fin_fusion)])
+        # The partials kernel also stores the full-shape outputs that need no reduction.
+        return SplitThunk(inst, [
+            KernelThunk(inst, part, ins, slots + [outs[k] for k in full], fusion),
+            KernelThunk(inst, fin, ins + slots, [outs[k] for k in kept], fin_fusion)])
 
     def _host(self, inst: Instruction, reason: str) -> HostThunk:
         operand_leaves = [list(self.leaves(o).items()) for o in inst.operands]
