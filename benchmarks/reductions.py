@@ -33,6 +33,7 @@ os.environ.setdefault("HLOTK_AUTOTUNE", "0")
 
 import numpy as np  # noqa: E402
 
+HEADER = "# Reduction kernels against copy bandwidth (`python -m benchmarks.reductions`)\n\n"
 TARGET = 0.70
 SMALL = 4 << 20      # below this many bytes a kernel is launch/ramp bound on an H100/H200
 
@@ -139,8 +140,9 @@ def time_group(group: list, ceil: float, legacy_cmp: bool) -> dict:
            "inputs": [f"{s.shape.dtype.name}{list(s.shape.dims)}" for s in first.inputs],
            "outputs": [f"{s.shape.dtype.name}{list(s.shape.dims)}" for s in last.outputs],
            "bytes": nbytes, "us": us, "bw": nbytes / (us * 1e-6) / ceil,
-           "passes": k0.source.count("for c0 in range(")}
-    if legacy_cmp:
+           "passes": k0.source.count("for c0 in range("),
+           "copy_gbs": ceil / 1e9, "device": torch.cuda.get_device_name()}
+    if legacy_cmp and nbytes >= SMALL:     # small kernels: launch bound either way
         row["legacy_us"], row["legacy_template"] = _legacy(first, ins, outs)
         row["legacy_bw"] = nbytes / (row["legacy_us"] * 1e-6) / ceil
     row["why"] = why_not(row)
@@ -268,7 +270,21 @@ def main() -> None:
     ap.add_argument("--list", action="store_true", help="no timing: kernels and templates only")
     ap.add_argument("--jsonl", default="")
     ap.add_argument("--out", default="")
+    ap.add_argument("--merge", nargs="*", help="make the table from these JSON-lines files")
+    ap.add_argument("--device", default="", help="with --merge: the device the rows came from")
+    ap.add_argument("--copy-gbs", type=float, default=0.0, help="with --merge: copy bandwidth")
     opts = ap.parse_args()
+    if opts.merge is not None:
+        rows = [json.loads(line) for path in opts.merge if os.path.exists(path)
+                for line in open(path) if line.strip()]
+        first = next((r for r in rows if "copy_gbs" in r), {})
+        text = table(rows, opts.copy_gbs or first.get("copy_gbs", 0.0),
+                     opts.device or first.get("device", ""))
+        print(text)
+        if opts.out:
+            with open(opts.out, "w") as fh:
+                fh.write(HEADER + text + "\n")
+        return
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     rows = measure(set(opts.only.split(",")), not opts.no_legacy, opts.jsonl, opts.list)
     if opts.list:
@@ -282,8 +298,7 @@ def main() -> None:
     print(text)
     if opts.out:
         with open(opts.out, "w") as fh:
-            fh.write("# Reduction kernels against copy bandwidth (`python -m benchmarks.reductions`)\n\n"
-                     + text + "\n")
+            fh.write(HEADER + text + "\n")
 
 
 if __name__ == "__main__":
