@@ -281,7 +281,7 @@ def test_looped_normalization_row_too_long():
     k = check_fusion(f)
     assert k.template == "rows_onepass"
     # max and sum in one pass (online rescaling), then the output pass
-    assert k.source.count("for c0 in range(0, 20000, BLOCK_N)") == 2
+    assert k.source.count("for c0 in range(") == 2
 
 
 def test_looped_normalization_legacy_template(monkeypatch):

@@ -487,7 +487,6 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
         lo, hi = "c_lo", "c_hi"
     else:
         lo, hi = "0", str(a.R)
-    need = a.R % BN != 0     # split chunks are whole tiles: only the last one is ragged
     full_k = [k for k, kind in enumerate(a.out_kind) if kind == "full"]
     out_pass = {k: a.reads_level(a.outs[k]) for k in full_k}
 
@@ -520,35 +519,73 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
                 s_acc = em.assign(f"acc_{partner[0].name}", "tl.zeros([BLOCK_M, BLOCK_N], tl.float32)",
                                   "online sum of exp(x - running max), rescaled as the max grows")
             state.append((r, ops, ivs, sum_, accs, partner[0] if partner else None, s_acc))
-        em.line(f"for c0 in range({lo}, {hi}, BLOCK_N):",
-                f"pass {lv} over the reduced range" + (f": {', '.join('%' + r.name for r in mine)}" if mine else ": outputs"))
-        em.push_scope()
-        full = _columns(em, a, kept_idx, "c0 + ")
-        for r, ops, ivs, sum_, accs, s, s_acc in state:
-            vals = [em.value(o, full) for o in ops]
-            tiles = [em.assign(f"x_{r.name}", _masked(v, "0" if sum_ else iv, need))
-                     for v, iv in zip(vals, ivs)]
-            if s is not None:
-                m_old = accs[0]
-                em.line(f"m_new = tl.maximum({m_old}, {tiles[0]}, propagate_nan=tl.PropagateNan.ALL)")
-                em.line("dead = m_new == -float('inf')", "no finite value yet: keep the sum at 0")
-                em.line(f"{s_acc} = tl.where(dead, 0.0, {s_acc} * tl.exp({m_old} - m_new) "
-                        f"+ tl.exp({tiles[0]} - m_new))")
-                em.line(f"{m_old} = m_new")
-                continue
-            if sum_:
-                em.line(f"{accs[0]} += {tiles[0]}.to({accs[0]}.dtype)")
+        whole = f"({a.R} - {a.R} % BLOCK_N)"
+        number = ({k: len(partial_shapes_of(a, split)) + j for j, k in enumerate(full_k)}
+                  if split is not None else None)   # split: partials first, then these
+
+        def body(kind: str) -> None:
+            """One tile of the pass. "whole": an unclamped tile (Triton sees contiguous
+            columns and loads 16 bytes per thread). "shifted": the ragged end as the last
+            BLOCK_N columns, overlapping tiles already counted (masked off), so its loads
+            stay contiguous too. "clamped": a row shorter than one tile."""
+            em.push_scope()
+            ragged = kind != "whole"
+            if kind == "clamped":
+                full = _columns(em, a, kept_idx, "c0 + ")
             else:
-                fn = combine_fn(em, r.attrs["to_apply"])
-                new = em.assign("c", f"{fn}({', '.join(accs + tiles)})")
-                for j, acc in enumerate(accs):
-                    em.line(f"{acc} = {new}" if len(accs) == 1 else f"{acc} = {new}[{j}]")
-        if stores:
-            # split: the kernel's outputs are the partials, then these full-shape outputs
-            number = ({k: len(partial_shapes_of(a, split)) + j for j, k in enumerate(full_k)}
-                      if split is not None else None)
-            _store_outputs(em, a, stores, full, "row_mask & col_mask", number)
-        em.pop_scope()
+                em.line("cols = c0 + tl.arange(0, BLOCK_N)[None, :]")
+                if kind == "shifted":
+                    em.line(f"col_mask = cols >= {whole}", "columns no whole tile counted")
+                red = em.delinearize("c", "cols", [a.full_dims[d] for d in a.red_dims])
+                full = _merge(a.kept_dims, list(kept_idx), a.red_dims, red)
+            for r, ops, ivs, sum_, accs, s, s_acc in state:
+                vals = [em.value(o, full) for o in ops]
+                tiles = [em.assign(f"x_{r.name}", _masked(v, "0" if sum_ else iv, ragged))
+                         for v, iv in zip(vals, ivs)]
+                if s is not None:
+                    m_old = accs[0]
+                    em.line(f"m_new = tl.maximum({m_old}, {tiles[0]}, propagate_nan=tl.PropagateNan.ALL)")
+                    em.line("dead = m_new == -float('inf')", "no finite value yet: keep the sum at 0")
+                    em.line(f"{s_acc} = tl.where(dead, 0.0, {s_acc} * tl.exp({m_old} - m_new) "
+                            f"+ tl.exp({tiles[0]} - m_new))")
+                    em.line(f"{m_old} = m_new")
+                    continue
+                if sum_:
+                    em.line(f"{accs[0]} += {tiles[0]}.to({accs[0]}.dtype)")
+                else:
+                    fn = combine_fn(em, r.attrs["to_apply"])
+                    new = em.assign("c", f"{fn}({', '.join(accs + tiles)})")
+                    for j, acc in enumerate(accs):
+                        em.line(f"{acc} = {new}" if len(accs) == 1 else f"{acc} = {new}[{j}]")
+            if stores:
+                _store_outputs(em, a, stores, full, "row_mask & col_mask" if ragged else "row_mask",
+                               number)
+            em.pop_scope()
+        what = (f": {', '.join('%' + r.name for r in mine)}" if mine else ": outputs")
+        em.line(f"for c0 in range({lo}, {'tl.minimum(c_hi, ' + whole + ')' if split else whole}, BLOCK_N):",
+                f"pass {lv} over the reduced range{what}")
+        body("whole")                 # (push_scope indents the body)
+        if split is not None:
+            if a.R % BN:
+                em.line(f"if c_hi > {whole}:", "the part holding the ragged end")
+                em.indent += 1
+                em.line(f"c0 = {a.R} - BLOCK_N")
+                em.indent -= 1
+                body("shifted")   # split: R >= 2 chunks >= BLOCK_N
+        else:
+            em.line(f"if {a.R} % BLOCK_N != 0:", "static: a ragged end")
+            em.indent += 1
+            em.line(f"if {a.R} >= BLOCK_N:")
+            em.indent += 1
+            em.line(f"c0 = {a.R} - BLOCK_N")
+            em.indent -= 1
+            body("shifted")
+            em.line("else:")
+            em.indent += 1
+            em.line("c0 = 0")
+            em.indent -= 1
+            body("clamped")
+            em.indent -= 1
         # The level's reductions, from the lane accumulators (bound for later passes).
         for r, ops, ivs, sum_, accs, s, s_acc in state:
             if split is not None:
