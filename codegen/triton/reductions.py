@@ -403,9 +403,26 @@ def _rows_prologue(em: Emitter, a: Analysis, big: bool) -> Index:
 
 
 def _columns(em: Emitter, a: Analysis, kept_idx: Index, start: str) -> Index:
+    """Column indices of a tile that starts at a multiple of 16 (or a row's start),
+    kept in range. A ragged tile maps each group of V columns past the end onto the last
+    V columns of the row (V: the largest power of two <= 16 dividing R), so runs of V
+    stay contiguous and V-aligned, and the hints let Triton load them as vectors; the
+    plain clamp (every column past the end -> R-1) made every load scalar."""
+    R = a.R
+    v = 1
+    while v < 16 and R % (2 * v) == 0:
+        v *= 2
     em.line(f"cols = {start}tl.arange(0, BLOCK_N)[None, :]")
-    em.line(f"col_mask = cols < {a.R}")
-    clamp_if(em, "cols_c", "cols", a.R, "BLOCK_N")
+    em.line(f"col_mask = cols < {R}")
+    em.line(f"if {R} % BLOCK_N == 0:", "static: the block divides the extent")
+    em.line("    cols_c = cols")
+    em.line("else:")
+    if v > 1:
+        em.line(f"    cols_c = tl.where(col_mask, cols, {R - v} + cols % {v})",
+                f"in range, in aligned runs of {v}")
+        em.line(f"    cols_c = tl.max_contiguous(tl.multiple_of(cols_c, [1, {v}]), [1, {v}])")
+    else:
+        em.line(f"    cols_c = tl.minimum(cols, {max(R - 1, 0)})", "clamped: loads stay in bounds")
     red = em.delinearize("c", "cols_c", [a.full_dims[d] for d in a.red_dims])
     return _merge(a.kept_dims, list(kept_idx), a.red_dims, red)
 
