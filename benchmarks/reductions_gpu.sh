@@ -1,23 +1,29 @@
 #!/bin/bash
-# Issue 14's reductions on the GPU machine, one call: the gpu tests of the reduction work,
-# then benchmarks/reductions.py (suite + issue 14 with the legacy templates beside; the zoo
-# without), merged into $OUT/reductions.md. Each step has its own timeout.
+# Issue 14's reductions on the GPU machine, one call: the reduction-template tests, the
+# cross-entropy and training step against XLA (benchmarks/attention.py), every reduction
+# kernel of the suite and issue 14 (legacy templates beside; ZOO=1 adds the zoo), then the
+# CUDA runtime's gpu tests with what time is left. Each step has its own timeout.
 set -u
 export PYTHONPATH=$PWD JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false \
-       HLOTK_CACHE_DIR=/tmp/hlotk_cache PYTHONUNBUFFERED=1 HLOTK_AUTOTUNE=0
+       HLOTK_CACHE_DIR=/tmp/hlotk_cache PYTHONUNBUFFERED=1
 O=${OUT:-/tmp/reductions_out}
+BUDGET=${BUDGET:-400}
 mkdir -p "$O"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-T0=$SECONDS
+left() { echo $((BUDGET - SECONDS)); }
 # every test of the reduction templates runs for real here (no interpreter on a GPU)
-timeout ${T_TESTS:-90} python3 -m pytest -q -p no:cacheprovider tests/test_reduction_templates.py \
+HLOTK_AUTOTUNE=0 timeout 70 python3 -m pytest -q -p no:cacheprovider tests/test_reduction_templates.py \
     > "$O/tests.log" 2>&1
-echo "tests rc=$? $((SECONDS - T0)) s"; tail -4 "$O/tests.log"
-timeout ${T_RED:-190} python3 -m benchmarks.reductions --only suite,issue14 --jsonl "$O/red.jsonl" \
-    > "$O/red.log" 2>&1
-echo "reductions rc=$? $((SECONDS - T0)) s"; grep "^#" "$O/red.log" | tail -20
-timeout ${T_ZOO:-75} python3 -m benchmarks.reductions --only zoo --no-legacy --jsonl "$O/zoo.jsonl" \
-    > "$O/zoo.log" 2>&1
-echo "zoo rc=$? $((SECONDS - T0)) s"
-python3 -m benchmarks.reductions --merge "$O/red.jsonl" "$O/zoo.jsonl" --out "$O/reductions.md" \
-    | grep -v "| zoo |" | cut -c1-260
+echo "tests rc=$? ${SECONDS} s"; tail -3 "$O/tests.log"
+timeout 190 python3 -m benchmarks.attention --only ${ATTN:-xent,suite} \
+    --suite-programs ${SUITE:-transformer_train} > "$O/attention.log" 2>&1
+echo "attention rc=$? ${SECONDS} s"; grep -v "^ \|^[0-9. ]*ms " "$O/attention.log" | tail -22 | cut -c1-400
+HLOTK_AUTOTUNE=0 timeout $(( $(left) > 20 ? $(left) - 15 : 5 )) python3 -m benchmarks.reductions \
+    --only suite,issue14${ZOO:+,zoo} --jsonl "$O/red.jsonl" > "$O/red.log" 2>&1
+echo "reductions rc=$? ${SECONDS} s"
+python3 -m benchmarks.reductions --merge "$O/red.jsonl" --out "$O/reductions.md" | cut -c1-330
+if [ "$(left)" -gt 40 ]; then
+  timeout $(( $(left) - 5 )) python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_runtime.py \
+      > "$O/cuda_runtime.log" 2>&1
+  echo "cuda_runtime rc=$? ${SECONDS} s"; tail -3 "$O/cuda_runtime.log"
+fi

@@ -51,6 +51,8 @@ ROW_TILE = 4096
 SPLIT_PROGRAMS = 528
 # A column tile reads this many bytes of each reduced row (two 128-byte lines).
 COLUMN_TILE_BYTES = 256
+# A split column reduction's tile spans whole rows up to this many kept elements.
+SPLIT_ROW_ELEMENTS = 2048
 # Below this many input elements a reduction is never split (a launch costs more).
 SPLIT_MIN_ELEMENTS = 1 << 18
 
@@ -264,19 +266,27 @@ def split_of(comp: Computation) -> Optional[Split]:
         if any(not o.shape.is_array for o in ops):
             return None
     if a.column:
-        # Tiles of 4096 elements (not 8192 as unsplit): chunks of fewer rows, more parts.
-        bm = column_block_m(a, split=True)
-        bn = max(16, 4096 // bm)
+        # Whole rows (up to 2048 kept elements) per tile, a few rows per step: each
+        # program streams a contiguous band of the input. Column tiles of 256 bytes over
+        # 128-row chunks measured 20% of copy bandwidth on the LN weight gradient
+        # [8192, 1024] bf16 (H200): eight programs reading every DRAM row at 2 KiB stride.
+        bm = min(next_pow2(a.M), max(COLUMN_TILE_BYTES // max(1, a.width), SPLIT_ROW_ELEMENTS))
+        bn = max(2, 8192 // bm)
         programs = -(-a.M // bm)
         unit = bn
+        # ~2 programs per SM, each at least 4 steps: the [P, kept] f32 partials stay a
+        # few percent of the input.
+        parts = max(1, min(SPLIT_PROGRAMS // 2 // programs, -(-a.R // (4 * unit))))
     else:
         bm, bn, unit = 1, ROW_TILE, 8192
         programs = a.M
         if next_pow2(a.R) <= ROW_TILE and a.M >= 8:
             return None      # short rows: the row template's BLOCK_M rows per program
+        if programs >= COLUMN_PROGRAMS:
+            return None
+        parts = max(1, min(SPLIT_PROGRAMS // programs, -(-a.R // (2 * unit))))
     if programs >= COLUMN_PROGRAMS:
         return None
-    parts = max(1, min(SPLIT_PROGRAMS // programs, -(-a.R // (2 * unit))))
     if parts < 2:
         return None
     chunk = -(-a.R // parts)
@@ -526,14 +536,19 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
             sum_ = len(ops) == 1 and is_sum_reducer(r.attrs["to_apply"])
             ivs = [em.value(i, ()) for i in inits]
             accs = []
+            partner = [s for s in a.reduces if a.online.get(id(s)) is r]
+            # Lane accumulators ([BLOCK_M, BLOCK_N], reduced across lanes once at the end);
+            # a max with an online exp-sum keeps one max and one sum per row instead, so
+            # each element costs one exp (per-lane rescaling cost two: the bf16
+            # cross-entropy ran at 55% of copy bandwidth on exp throughput, H200).
+            width = "1" if partner else "BLOCK_N"
             for i, iv in zip(inits, ivs):
                 dt = "tl.float32" if sum_ and is_narrow_float(i.shape.dtype) else em.repr_type(i.shape.dtype)
-                accs.append(em.assign(f"acc_{r.name}", f"tl.zeros([BLOCK_M, BLOCK_N], {dt})"
+                accs.append(em.assign(f"acc_{r.name}", f"tl.zeros([BLOCK_M, {width}], {dt})"
                                       + ("" if sum_ else f" + {iv}")))
-            partner = [s for s in a.reduces if a.online.get(id(s)) is r]
             s_acc = None
             if partner:
-                s_acc = em.assign(f"acc_{partner[0].name}", "tl.zeros([BLOCK_M, BLOCK_N], tl.float32)",
+                s_acc = em.assign(f"acc_{partner[0].name}", "tl.zeros([BLOCK_M, 1], tl.float32)",
                                   "online sum of exp(x - running max), rescaled as the max grows")
             state.append((r, ops, ivs, sum_, accs, partner[0] if partner else None, s_acc))
         whole = f"({a.R} - {a.R} % BLOCK_N)"
@@ -561,10 +576,12 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
                          for v, iv in zip(vals, ivs)]
                 if s is not None:
                     m_old = accs[0]
-                    em.line(f"m_new = tl.maximum({m_old}, {tiles[0]}, propagate_nan=tl.PropagateNan.ALL)")
+                    fn = combine_fn(em, r.attrs["to_apply"])
+                    em.line(f"t_max = tl.reduce({tiles[0]}, 1, {fn}, keep_dims=True)", "this tile's row max")
+                    em.line(f"m_new = tl.maximum({m_old}, t_max, propagate_nan=tl.PropagateNan.ALL)")
                     em.line("dead = m_new == -float('inf')", "no finite value yet: keep the sum at 0")
-                    em.line(f"{s_acc} = tl.where(dead, 0.0, {s_acc} * tl.exp({m_old} - m_new) "
-                            f"+ tl.exp({tiles[0]} - m_new))")
+                    em.line(f"t_sum = tl.sum(tl.exp({tiles[0]} - m_new), axis=1, keep_dims=True)")
+                    em.line(f"{s_acc} = tl.where(dead, 0.0, {s_acc} * tl.exp({m_old} - m_new) + t_sum)")
                     em.line(f"{m_old} = m_new")
                     continue
                 if sum_:
@@ -628,9 +645,7 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
             em.bind(r, kept_idx, val, outer=True)
             if s is not None:
                 sv = em.value(_reduce_parts(s)[1][0], ())
-                total = em.assign(s.name, f"tl.sum(tl.where({accs[0]} == -float('inf'), 0.0, "
-                                          f"{s_acc} * tl.exp({accs[0]} - {val})), axis=1, keep_dims=True) + {sv}",
-                                  em._comment(s))
+                total = em.assign(s.name, f"{s_acc} + {sv}", em._comment(s))
                 em.bind(s, kept_idx, total, outer=True)
     if split is not None:
         shapes = partial_shapes_of(a, split)
