@@ -9,8 +9,10 @@ On the GPU machine, from the repository root:
 Each program is compiled with ``runtime.jit(fn, backend="cuda")`` (autotuning off: the
 templates' own configs); every kernel whose fusion has a reduce is launched alone on fresh
 random inputs laid out as the executable's slots (a split reduction: its partials and
-finishing kernels together) and timed with ``triton.testing.do_bench`` (median; it clears
-the L2 before each run). Minimal bytes: every input read once plus every output written
+finishing kernels together) captured in a CUDA graph and timed as its replay with
+``triton.testing.do_bench`` (median; it clears the L2 before each run): the executable
+replays graphs too, and eager launches would add Python's launch cost between the two
+kernels of a split. Minimal bytes: every input read once plus every output written
 once. Beside it the same fusion through the legacy templates
 (``HLOTK_REDUCTION_TEMPLATES=legacy``), in the same process.
 
@@ -130,8 +132,20 @@ def time_group(group: list, ceil: float, legacy_cmp: bool) -> dict:
             k.launch(o, i)
     run()
     torch.cuda.synchronize()
+    # Timed as a CUDA graph replay, as the executable runs them: Python's launch cost
+    # (tens of us per Triton launch) would otherwise sit between the two kernels of a
+    # split reduction (run 2 measured such gaps, not kernels).
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()                                     # warm on the capture stream
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            run()
+    torch.cuda.current_stream().wait_stream(stream)
     nbytes = sum(_nbytes(s.shape) for s in first.inputs) + sum(_nbytes(s.shape) for s in last.outputs)
-    us = bench(run, rep=100) * 1e3
+    us = bench(graph.replay, rep=100) * 1e3
     copy_us = same_size_copy_us(nbytes)
     k0 = first.kernel
     row = {"kernel": " + ".join(t.kernel.name for t in group),
@@ -164,7 +178,15 @@ def same_size_copy_us(nbytes: int) -> float:
     if n not in _COPY_US:
         a = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
         b = torch.empty_like(a)
-        _COPY_US[n] = bench(lambda: b.copy_(a), rep=100) * 1e3
+        b.copy_(a)
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        torch.cuda.synchronize()
+        with torch.cuda.stream(stream):
+            with torch.cuda.graph(graph, stream=stream):
+                b.copy_(a)
+        torch.cuda.synchronize()
+        _COPY_US[n] = bench(graph.replay, rep=100) * 1e3
         del a, b
     return _COPY_US[n]
 
@@ -186,8 +208,16 @@ def _legacy(first, ins, outs) -> tuple[float, str]:
         else:
             os.environ["HLOTK_REDUCTION_TEMPLATES"] = old
     try:
+        import torch
         k.launch(outs, ins)
-        return bench(lambda: k.launch(outs, ins), rep=100) * 1e3, k.template
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            with torch.cuda.graph(graph, stream=stream):
+                k.launch(outs, ins)
+        torch.cuda.synchronize()
+        return bench(graph.replay, rep=100) * 1e3, k.template
     except Exception as e:  # noqa: BLE001  (the legacy kernel may not run at all)
         return float("nan"), f"{k.template} (failed: {type(e).__name__})"
 
@@ -287,6 +317,7 @@ def table(rows: list[dict], ceil_gbs: float = 0.0, device: str = "") -> str:
              "| legacy us (template, % BW) | why not >= 70% |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(timed, key=lambda r: (r["group"], r["program"], -r["bytes"])):
+        r["why"] = why_not(r)       # with this version's reasons (rows may be older)
         legacy = (f"{r['legacy_us']:.1f} ({r['legacy_template']}, {r['legacy_bw']:.0%})"
                   if "legacy_us" in r else "")
         lines.append(f"| {r['group']} | {r['program']} | {r['kernel']} | {r['template']} | "

@@ -217,3 +217,19 @@ def test_gpu_cross_entropy_and_split_loss_at_size():
     assert "split_partials" in templates(ks)
     ks = run(lambda a: jnp.mean(a.astype(jnp.float32) ** 2), ln_in.astype(BF16))
     assert "split_partials" in templates(ks)
+
+
+def test_variadic_reduce_operands_are_whole_tiles():
+    # argmin over 7-wide rows, several rows per program: the iota operand is [1, N] and
+    # the values [M, N]; Triton's compiler (not its interpreter) needs every operand of a
+    # variadic tl.reduce the same shape (the zoo's argmax_argmin failed so on the H200).
+    r = rng(13)
+    ks = run(lambda x: jnp.argmin(x, -1), r.standard_normal((6, 7)).astype(np.float32))
+    names = [n for n, t in ks if t == "normalization"]
+    assert names, ks
+    src = [k.source for t in executable_of(runtime.jit(lambda x: jnp.argmin(x, -1), backend="cuda")
+                                          .lower(np.zeros((6, 7), np.float32)).compile()).thunks()
+           if (k := getattr(t, "kernel", None)) is not None][0]
+    for line in src.splitlines():
+        if line.strip().startswith("x_reduce"):
+            assert "tl.broadcast_to(" in line or "tl.zeros([BLOCK_M, BLOCK_N]" in line, line

@@ -447,7 +447,11 @@ def _store_outputs(em: Emitter, a: Analysis, which: list[int], idx: Index, mask:
 
 
 def _masked(v: str, pad: str, need: bool) -> str:
-    return f"tl.where(col_mask, {v}, {pad})" if need else f"({v} + tl.zeros([BLOCK_M, BLOCK_N], {v}.dtype))"
+    """``v`` as a full [BLOCK_M, BLOCK_N] tile (an iota read along the columns is [1, N]:
+    a variadic reduce needs all its operands the same shape), padded past the row."""
+    if need:
+        return f"tl.broadcast_to(tl.where(col_mask, {v}, {pad}), [BLOCK_M, BLOCK_N])"
+    return f"({v} + tl.zeros([BLOCK_M, BLOCK_N], {v}.dtype))"
 
 
 def _single(em: Emitter, a: Analysis, big: bool) -> Plan:
