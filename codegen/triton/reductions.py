@@ -37,7 +37,7 @@ from typing import Optional
 from hlo.ir import Computation, Instruction
 from hlo.shape import Shape
 
-from .elemental import Emitter, Index, is_narrow_float
+from .elemental import Emitter, Index, is_narrow_float, tl_type
 from .templates import (COLUMN_PROGRAMS, NotTileable, Plan, _merge, _reduce_parts, _store,
                         clamp_if, combine_fn, is_sum_reducer, next_pow2, outputs_of, prev_pow2,
                         row_tile_limit)
@@ -412,7 +412,7 @@ def _rows_prologue(em: Emitter, a: Analysis, big: bool) -> Index:
     return tuple(em.delinearize("r", "rows_c", list(a.kept_shape)))
 
 
-def _columns(em: Emitter, a: Analysis, kept_idx: Index, start: str) -> Index:
+def _columns(em: Emitter, a: Analysis, kept_idx: Index, start: str, big: bool = False) -> Index:
     """Column indices of a tile that starts at a multiple of 16 (or a row's start),
     kept in range. A ragged tile maps each group of V columns past the end onto the last
     V columns of the row (V: the largest power of two <= 16 dividing R), so runs of V
@@ -422,7 +422,7 @@ def _columns(em: Emitter, a: Analysis, kept_idx: Index, start: str) -> Index:
     v = 1
     while v < 16 and R % (2 * v) == 0:
         v *= 2
-    em.line(f"cols = {start}tl.arange(0, BLOCK_N)[None, :]")
+    em.line(f"cols = {start}tl.arange(0, BLOCK_N)[None, :]{'.to(tl.int64)' if big else ''}")
     em.line(f"col_mask = cols < {R}")
     em.line(f"if {R} % BLOCK_N == 0:", "static: the block divides the extent")
     em.line("    cols_c = cols")
@@ -462,7 +462,7 @@ def _single(em: Emitter, a: Analysis, big: bool) -> Plan:
     if BN >= 2048:
         warps = max(warps, 4)
     kept_idx = _rows_prologue(em, a, big)
-    full_idx = _columns(em, a, kept_idx, "")
+    full_idx = _columns(em, a, kept_idx, "", big)
     need = a.R != BN
 
     def handler(inst: Instruction, idx: Index) -> object:
@@ -567,9 +567,10 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
             em.push_scope()
             ragged = kind != "whole"
             if kind == "clamped":
-                full = _columns(em, a, kept_idx, "c0 + ")
+                full = _columns(em, a, kept_idx, "c0 + ", big)
             else:
-                em.line("cols = c0 + tl.arange(0, BLOCK_N)[None, :]")
+                # (int64 past 2^31 elements: a column index times a row stride overflows)
+                em.line(f"cols = c0 + tl.arange(0, BLOCK_N)[None, :]{'.to(tl.int64)' if big else ''}")
                 if kind == "shifted":
                     em.line(f"col_mask = cols >= {whole}", "columns no whole tile counted")
                 red = em.delinearize("c", "cols", [a.full_dims[d] for d in a.red_dims])
@@ -706,9 +707,8 @@ def split_outputs(comp: Computation) -> tuple[list[int], list[int]]:
 
 
 def _tl(shape: Shape) -> str:
-    from .elemental import tl_type
     return tl_type(shape.dtype)
 
 
-__all__ = ["rows_template", "split_of", "finish_fusion", "partial_shapes", "legacy",
-           "LEGACY_ENV", "Split", "analyze", "prev_pow2"]
+__all__ = ["rows_template", "split_of", "split_outputs", "finish_fusion", "partial_shapes",
+           "legacy", "LEGACY_ENV", "Split", "analyze"]
