@@ -317,6 +317,8 @@ def transpose_template(em: Emitter, comp: Computation, big: bool) -> Plan:
 # A row whose input is at most this many bytes is one tile (one load, registers): bf16 rows
 # up to 32K, f32 up to 16K. The 8192x32000 bf16 cross-entropy row as one 32768 tile ran at
 # 0.50x XLA against 0.84x looped in 4096-wide passes (H200, benchmarks/NOTES.md issue 14).
+# (The legacy rule: reductions.rows_template, the default now, tiles rows wider than 4096
+# only when a looped kernel would read them more than once.)
 ROW_TILE_BYTES = 65536
 MAX_ROW_TILE = 32768
 
