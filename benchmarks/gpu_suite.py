@@ -229,6 +229,21 @@ def ceilings() -> dict:
     return out
 
 
+_COPY: list[float] = []
+
+
+def ceilings_copy() -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second), measured once
+    per process as ``ceilings()`` does."""
+    if not _COPY:
+        import torch
+        a = torch.empty(1 << 28, device="cuda").normal_()
+        b = torch.empty_like(a)
+        _COPY.append(2 * a.numel() * 4 / (bench(lambda: b.copy_(a)) * 1e-3))
+        del a, b
+    return _COPY[0]
+
+
 def rel_err(got, want) -> float:
     g = np.asarray(got).astype(np.float64)
     w = np.asarray(want).astype(np.float64)

@@ -229,7 +229,7 @@ def test_column_reduction():
   ROOT %r = f32[24] reduce(%p0, %z), dimensions={0}, to_apply=%add""", ["p0: f32[37,24]"],
              "f32[24]", kind="kInput", extra=ADD)
     k = check_fusion(f)
-    assert k.template == "column_reduction"
+    assert k.template == "column_onepass"
 
 
 def test_multi_output_column_reduction_stores_its_elementwise_root_in_the_same_pass():
@@ -245,9 +245,11 @@ def test_multi_output_column_reduction_stores_its_elementwise_root_in_the_same_p
   ROOT %t = (f32[70,48], f32[48]) tuple(%sel, %r)""", ["g: f32[70,48]", "h: f32[70,48]"],
              "(f32[70,48], f32[48])", kind="kInput", extra=ADD)
     k = check_fusion(f)
-    assert k.template == "column_reduction"
+    assert k.template == "column_onepass"
     assert k.source.count("for c0 in range(") == 1, k.source
     # 48 f32 columns: 8 per program (one 32-byte sector per row), so 6 programs, not 2.
+    # (Large inputs with few columns are split over row chunks instead, 256-byte tiles:
+    # codegen/triton/reductions.split_of.)
     assert k.config["BLOCK_M"] == 8
 
 
@@ -265,6 +267,25 @@ def test_multi_output_reduction_sum_and_sum_of_squares():
 
 
 def test_looped_normalization_row_too_long():
+    f = make("""  %p0 = f32[2,20000] parameter(0)
+  %ninf = f32[] constant(-inf)
+  %m = f32[2] reduce(%p0, %ninf), dimensions={1}, to_apply=%max
+  %mxb = f32[2,20000] broadcast(%m), dimensions={0}
+  %sub = f32[2,20000] subtract(%p0, %mxb)
+  %e = f32[2,20000] exponential(%sub)
+  %z = f32[] constant(0)
+  %s = f32[2] reduce(%e, %z), dimensions={1}, to_apply=%add
+  %sb = f32[2,20000] broadcast(%s), dimensions={0}
+  ROOT %d = f32[2,20000] divide(%e, %sb)""", ["p0: f32[2,20000]"], "f32[2,20000]",
+             kind="kCustom", extra=ADD, backend_config='{"fusion_backend_config":{"kind":"__triton"}}')
+    k = check_fusion(f)
+    assert k.template == "rows_onepass"
+    # max and sum in one pass (online rescaling), then the output pass
+    assert k.source.count("for c0 in range(") == 2
+
+
+def test_looped_normalization_legacy_template(monkeypatch):
+    monkeypatch.setenv("HLOTK_REDUCTION_TEMPLATES", "legacy")
     f = make("""  %p0 = f32[2,20000] parameter(0)
   %ninf = f32[] constant(-inf)
   %m = f32[2] reduce(%p0, %ninf), dimensions={1}, to_apply=%max

@@ -1,7 +1,10 @@
 """The row-reduction tile rule (codegen/triton/templates.row_tile_limit): a row whose input
-fits in 64 KiB is one tile (bf16 up to 32K elements, f32 up to 16K); wider rows loop. The
-32000-wide bf16 vocabulary row of a cross-entropy must be one tile (0.49x XLA on the H200,
-against 0.84x with two 16K passes: benchmarks/NOTES.md, issue 14 stage 3)."""
+fits in 64 KiB may be one tile (bf16 up to 32K elements, f32 up to 16K); wider rows loop.
+The legacy templates use it for every row (the 32000-wide bf16 cross-entropy row as one
+tile: 0.49x XLA against 0.84x with two 16K passes, benchmarks/NOTES.md issue 14 stage 3);
+the one-pass templates (codegen/triton/reductions.py) only where a looped kernel would
+read the row more than once (a softmax's output pass), since one 4096-wide pass over the
+row measured faster still (NOTES, issue 14 reductions run 2)."""
 from __future__ import annotations
 
 import pytest

@@ -26,6 +26,8 @@ from codegen.cache import KernelCache, cache_root, content_key
 
 from .autotune import autotune_level, tune, tuned_config
 from .elemental import (HELPERS_GPU, HELPERS_INTERPRET, Emitter, TritonCodegenError)
+from .reductions import Split, legacy as legacy_reductions
+from .reductions import rows_template as reduction_rows_template
 from .templates import (NotTileable, Plan, gemm_template, loop_template, outputs_of, rows_template,
                         transpose_tile_dims, transpose_template)
 
@@ -47,7 +49,8 @@ def kernel_name(comp: Computation) -> str:
         op = inst.opcode.replace("-", "_")
         if inst.opcode not in _NAME_SKIP and op not in ops:
             ops.append(op)
-    return "fused_" + "_".join(ops[:4] or ["copy"])
+    suffix = "_finish" if comp.name.endswith(".finish") else ""   # a split reduction's 2nd kernel
+    return "fused_" + "_".join(ops[:4] or ["copy"]) + suffix
 
 
 def classify(fusion: Instruction) -> str:
@@ -191,7 +194,8 @@ def _header(fusion: Instruction, comp: Computation, template: str, name: str) ->
                      for i, line in enumerate(lines))
 
 
-def _generate(fusion: Instruction, template: str, round_narrow: bool) -> tuple[str, Plan, Emitter]:
+def _generate(fusion: Instruction, template: str, round_narrow: bool,
+              split: Optional[Split] = None) -> tuple[str, Plan, Emitter]:
     comp: Computation = fusion.attrs["calls"]
     em = Emitter(fusion.name, round_narrow)
     params = sorted(comp.parameters, key=lambda p: p.parameter_number)
@@ -205,7 +209,10 @@ def _generate(fusion: Instruction, template: str, round_narrow: bool) -> tuple[s
         if template == "gemm":
             plan = gemm_template(em, comp, big)
         elif template == "rows":
-            plan = rows_template(em, comp, big)
+            # issue 14's one-pass and split reduction templates, unless asked for the old
+            # ones (HLOTK_REDUCTION_TEMPLATES=legacy) to compare
+            plan = (rows_template(em, comp, big) if legacy_reductions() and split is None
+                    else reduction_rows_template(em, comp, big, split=split))
         elif template == "transpose":
             plan = transpose_template(em, comp, big)
         else:
@@ -213,11 +220,14 @@ def _generate(fusion: Instruction, template: str, round_narrow: bool) -> tuple[s
     except TritonCodegenError as e:
         e.partial_source = "\n".join(em.lines)   # type: ignore[attr-defined]
         raise
-    name = kernel_name(comp)
+    name = kernel_name(comp) + ("_partials" if split is not None else "")
+    if plan.output_shapes is not None:
+        outs = plan.output_shapes    # type: ignore[assignment]
     args = [f"p{p.parameter_number}" for p in params] + [f"out{k}" for k in range(len(outs))]
     args += [f"const{k}" for k in range(len(em.extra_constants))]
     strides = [s for p in params for s in em.param_strides[p.parameter_number]]
-    strides += [f"so{k}_{d}" for k, o in enumerate(outs) for d in range(o.shape.rank)]
+    strides += [f"so{k}_{d}" for k, o in enumerate(outs)
+                for d in range(len(getattr(o, "shape", o).dims))]
     strides += [f"sc{k}_{d}" for k, c in enumerate(em.extra_constants) for d in range(c.ndim)]
     sig = ", ".join(args + strides + [f"{c}: tl.constexpr" for c in plan.constexprs])
     parts = [_header(fusion, comp, plan.template, name), "",
@@ -243,14 +253,16 @@ def _write_partial(fusion: Instruction, err: TritonCodegenError) -> Path:
 
 
 def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: bool | int = 0,
-                   round_narrow_each_op: bool = True, template: Optional[str] = None) -> TritonKernel:
+                   round_narrow_each_op: bool = True, template: Optional[str] = None,
+                   split: Optional[Split] = None) -> TritonKernel:
     """Generate (or fetch from the cache) the Triton kernel for one ``fusion`` instruction.
 
     ``template``: force gemm | rows | loop | generic (default: chosen from the fusion).
     ``round_narrow_each_op``: round bf16/f16 after each elementwise op (our interpreter's
     numerics) instead of keeping f32 between ops. ``autotune``: 0/1/2 (off, pruned,
     exhaustive; ``codegen.triton.autotune``); a config already tuned for this kernel
-    source, device and Triton version is used without measuring.
+    source, device and Triton version is used without measuring. ``split``: the partials
+    kernel of a split reduction (``reductions.split_of``); its outputs are the partials.
     """
     if fusion_inst.opcode != "fusion":
         raise TritonCodegenError(f"%{fusion_inst.name} is a {fusion_inst.opcode}, not a fusion")
@@ -258,10 +270,12 @@ def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: 
     first = template or classify(fusion_inst)
     order = [first] + (["loop"] if first == "transpose" else []) + \
         (["generic"] if first != "generic" else [])
+    if split is not None:
+        order = ["rows"]
     last_err: Optional[Exception] = None
     for t in order:
         try:
-            source, plan, em = _generate(fusion_inst, t, round_narrow_each_op)
+            source, plan, em = _generate(fusion_inst, t, round_narrow_each_op, split)
             break
         except NotTileable as e:
             last_err = e
@@ -271,7 +285,7 @@ def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: 
             raise TritonCodegenError(f"{e} (partial source kept at {path})") from e
     else:
         raise TritonCodegenError(f"fusion %{fusion_inst.name}: no template fits ({last_err})")
-    name = kernel_name(comp)
+    name = kernel_name(comp) + ("_partials" if split is not None else "")
     key = f"{name}_{content_key(source, GENERATOR_VERSION, target)[:16]}"
     _CACHE.get_or_create(key, lambda: source)
     path = _CACHE.path(key)
@@ -289,7 +303,8 @@ def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: 
     return TritonKernel(name=name, source=source, path=path, template=plan.template,
                         config=tuned or cfg, plan=plan, fusion_name=fusion_inst.name,
                         input_shapes=[p.shape for p in params],
-                        output_shapes=[o.shape for o in outputs_of(comp)],
+                        output_shapes=(list(plan.output_shapes) if plan.output_shapes is not None
+                                       else [o.shape for o in outputs_of(comp)]),
                         constants=list(em.extra_constants), key=key,
                         autotune=0 if tuned else level, target=target,
                         predicted_us=est.time_us, predicted_bytes=est.bytes_moved,

@@ -43,11 +43,24 @@ class Plan:
     config: dict                                # chosen values (+ num_warps, num_stages)
     grid: Callable[[dict], tuple]
     candidates: list[dict] = field(default_factory=list)   # configs autotuning may try
+    # The kernel's outputs when they are not the fusion's (a split reduction's partials).
+    output_shapes: Optional[list[Shape]] = None
 
 
 def outputs_of(comp: Computation) -> list[Instruction]:
     root = comp.root
-    return list(root.operands) if root.opcode == "tuple" else [root]
+    if root.opcode == "tuple":
+        return list(root.operands)
+    if root.opcode == "reduce" and root.shape.is_tuple:
+        # A variadic reduce as the root (argmax): one output per element, read through
+        # get-tuple-elements made for the emitter only (not users in the IR).
+        outs = []
+        for k, e in enumerate(root.shape.elements):
+            g = Instruction("get-tuple-element", [root], e, {"index": k}, name=f"{root.name}.{k}")
+            root.users.remove(g)
+            outs.append(g)
+        return outs
+    return [root]
 
 
 def numel(shape: Shape) -> int:
@@ -326,6 +339,8 @@ def transpose_template(em: Emitter, comp: Computation, big: bool) -> Plan:
 # A row whose input is at most this many bytes is one tile (one load, registers): bf16 rows
 # up to 32K, f32 up to 16K. The 8192x32000 bf16 cross-entropy row as one 32768 tile ran at
 # 0.50x XLA against 0.84x looped in 4096-wide passes (H200, benchmarks/NOTES.md issue 14).
+# (The legacy rule: reductions.rows_template, the default now, tiles rows wider than 4096
+# only when a looped kernel would read them more than once.)
 ROW_TILE_BYTES = 65536
 MAX_ROW_TILE = 32768
 

@@ -298,7 +298,8 @@ class CudaExecutable:
                 return [LibraryThunk(inst, call, slots, [res])]   # type: ignore[arg-type]
         if op in _HOST_ONLY or inst.is_side_effecting:
             return [self._host(inst, "no kernel generator for this op")]
-        return [self._kernel(inst, one_instruction_fusion(inst), wrapped=True)]
+        t = self._kernel(inst, one_instruction_fusion(inst), wrapped=True)
+        return list(t.thunks) if isinstance(t, SplitThunk) else [t]
 
     def _flash_attention(self, inst: Instruction) -> Thunk:
         """A flash-attention fusion (forward, maybe with its row max and sum, or backward):
@@ -331,13 +332,16 @@ class CudaExecutable:
             return self._host(inst, "a tuple or untyped operand")
         root = fusion.attrs["calls"].root
         if inst.shape.is_tuple:
-            if root.opcode != "tuple" or any(not e.is_array for e in inst.shape.elements):
+            if root.opcode not in ("tuple", "reduce") or any(not e.is_array for e in inst.shape.elements):
                 return self._host(inst, "a nested tuple result")
             outs = [self.leaves(inst).get((k,)) for k in range(len(inst.shape.elements))]
         else:
             outs = [self.leaves(inst).get(())]
         if any(s is None or ar.torch_dtype(s.shape.dtype) is None for s in outs):
             return self._host(inst, "a result type torch has no dtype for")
+        split = self._split_reduction(inst, fusion, ins, outs)   # type: ignore[arg-type]
+        if split is not None:
+            return split
         try:
             kernel = compile_fusion(fusion, target=self.target, autotune=self.autotune)
         except TritonCodegenError as e:
@@ -403,6 +407,40 @@ class CudaExecutable:
             return None
         self.stats["split_gemm_fusions"] = self.stats.get("split_gemm_fusions", 0) + 1
         return SplitThunk(inst, thunks)
+
+    def _split_reduction(self, inst: Instruction, fusion: Instruction, ins: list[Slot],
+                         outs: list[Slot]) -> Optional["SplitThunk"]:
+        """A reduction with too few kept elements to fill the GPU (a loss to a scalar, a
+        weight gradient over the token rows) as two kernels: partial reductions over P
+        chunks of the reduced range into scratch buffers, then a finishing fusion that
+        reduces the partials and computes the outputs (codegen/triton/reductions.py).
+        None: one kernel does it."""
+        from codegen.triton import TritonCodegenError, compile_fusion
+        from codegen.triton.kernel import classify
+        from codegen.triton.reductions import finish_fusion, split_of, split_outputs
+        if classify(fusion) != "rows":
+            return None
+        plan = split_of(fusion.attrs["calls"])
+        if plan is None:
+            return None
+        try:
+            part = compile_fusion(fusion, target=self.target, autotune=self.autotune, split=plan)
+            fin_fusion = finish_fusion(fusion, plan)
+            fin = compile_fusion(fin_fusion, target=self.target, autotune=self.autotune)
+        except TritonCodegenError:
+            return None
+        if fin.template == "generic":
+            return None
+        full, kept = split_outputs(fusion.attrs["calls"])
+        slots = []
+        for shape in part.output_shapes[:len(part.output_shapes) - len(full)]:
+            self.scratch_sizes.append(max(shape.byte_size, 1))
+            slots.append(Slot(self._n_assigned + len(self.scratch_sizes) - 1, 0, shape))
+        self.stats["split_reductions"] = self.stats.get("split_reductions", 0) + 1
+        # The partials kernel also stores the full-shape outputs that need no reduction.
+        return SplitThunk(inst, [
+            KernelThunk(inst, part, ins, slots + [outs[k] for k in full], fusion),
+            KernelThunk(inst, fin, ins + slots, [outs[k] for k in kept], fin_fusion)])
 
     def _host(self, inst: Instruction, reason: str) -> HostThunk:
         operand_leaves = [list(self.leaves(o).items()) for o in inst.operands]
@@ -740,7 +778,8 @@ def _expensive_prologue(fusion: Instruction) -> bool:
 
 
 class SplitThunk(SequenceThunk):
-    """The thunks one split GEMM fusion became (flattened into the enclosing sequence)."""
+    """The thunks one split GEMM fusion or split reduction became (flattened into the
+    enclosing sequence)."""
 
 
 def _slice(a: BufferAssignment, inst: Instruction, ix: tuple[int, ...]) -> tuple[int, int]:
