@@ -27,6 +27,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
+from hlo.dots import dot_dims
 from hlo.ir import Instruction
 
 from . import register
@@ -56,16 +57,6 @@ class DotPlan:
 _PLANS: "weakref.WeakKeyDictionary[Instruction, DotPlan]" = weakref.WeakKeyDictionary()
 
 
-def _dims(inst: Instruction) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int]]:
-    a = inst.attrs
-    lb, rb = list(a.get("lhs_batch_dims", ())), list(a.get("rhs_batch_dims", ()))
-    lc, rc = list(a.get("lhs_contracting_dims", ())), list(a.get("rhs_contracting_dims", ()))
-    lhs, rhs = inst.operands
-    lf = [d for d in range(lhs.shape.rank) if d not in lb and d not in lc]
-    rf = [d for d in range(rhs.shape.rank) if d not in rb and d not in rc]
-    return lb, rb, lc, rc, lf, rf
-
-
 def _highest(inst: Instruction) -> bool:
     return any(str(p).lower() == "highest" for p in inst.attrs.get("operand_precision") or ())
 
@@ -79,7 +70,7 @@ def plan(inst: Instruction) -> Optional[DotPlan]:
         return None
     lhs, rhs = inst.operands
     lt, rt, ot = lhs.shape.dtype.name, rhs.shape.dtype.name, inst.shape.dtype.name
-    lb, rb, lc, rc, lf, rf = _dims(inst)
+    lb, rb, lc, rc, lf, rf = dot_dims(inst)
     ld, rd = lhs.shape.dims, rhs.shape.dims
     B = math.prod(ld[d] for d in lb)
     M = math.prod(ld[d] for d in lf)

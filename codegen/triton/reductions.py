@@ -40,6 +40,7 @@ from hlo.shape import Shape
 from .elemental import Emitter, Index, is_narrow_float, tl_type
 from .templates import (COLUMN_PROGRAMS, NotTileable, Plan, _merge, _reduce_parts, _store,
                         clamp_if, combine_fn, is_sum_reducer, next_pow2, outputs_of, prev_pow2,
+                        reduce_tile_rows,
                         row_tile_limit)
 
 LEGACY_ENV = "HLOTK_REDUCTION_TEMPLATES"
@@ -473,18 +474,7 @@ def _single(em: Emitter, a: Analysis, big: bool) -> Plan:
         sum_ = len(operands) == 1 and is_sum_reducer(inst.attrs["to_apply"])
         tiles = [em.assign(f"x_{inst.name}", _masked(em.value(o, full_idx), "0" if sum_ else iv, need))
                  for o, iv in zip(operands, ivs)]
-        if sum_:
-            dt = inst.shape.dtype
-            t = f"{tiles[0]}.to(tl.float32)" if is_narrow_float(dt) else tiles[0]
-            s = f"(tl.sum({t}, axis=1, keep_dims=True) + {ivs[0]})"
-            return em.assign(inst.name, f"{s}.to({em.repr_type(dt)})" if is_narrow_float(dt)
-                             else s, em._comment(inst))
-        fn = combine_fn(em, inst.attrs["to_apply"])
-        arg = tiles[0] if len(tiles) == 1 else "(" + ", ".join(tiles) + ")"
-        r = em.assign(inst.name, f"tl.reduce({arg}, 1, {fn}, keep_dims=True)", em._comment(inst))
-        if len(tiles) == 1:
-            return r
-        return tuple(em.assign(f"{inst.name}_{j}", f"{r}[{j}]") for j in range(len(tiles)))
+        return reduce_tile_rows(em, inst, tiles, ivs)
     em.reduce_handler = handler
     for k, kind in enumerate(a.out_kind):
         if kind == "full":

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from hlo.dots import dot_dims
 from hlo.ir import Computation, Instruction
 from hlo.shape import Shape
 
@@ -154,19 +155,27 @@ def serial_reduce(em: Emitter, inst: Instruction, idx: Index) -> object:
     return accs[0] if len(accs) == 1 else tuple(accs)
 
 
-def _dot_dims(inst: Instruction):
-    a = inst.attrs
-    lb, rb = list(a.get("lhs_batch_dims", ())), list(a.get("rhs_batch_dims", ()))
-    lc, rc = list(a.get("lhs_contracting_dims", ())), list(a.get("rhs_contracting_dims", ()))
-    lhs, rhs = inst.operands
-    lf = [d for d in range(lhs.shape.rank) if d not in lb and d not in lc]
-    rf = [d for d in range(rhs.shape.rank) if d not in rb and d not in rc]
-    return lb, rb, lc, rc, lf, rf
+def reduce_tile_rows(em: Emitter, inst: Instruction, tiles: list[str], ivs: list[str]) -> object:
+    """Reduce the [rows, cols] tiles of ``inst``'s operands along axis 1 (keeping it), its
+    inits applied once: a sum in f32 for narrow floats, otherwise the reducer as a combine
+    function (a tuple of values for a variadic reduce)."""
+    if len(tiles) == 1 and is_sum_reducer(inst.attrs["to_apply"]):
+        dt = inst.shape.dtype
+        t = f"{tiles[0]}.to(tl.float32)" if is_narrow_float(dt) else tiles[0]
+        s = f"(tl.sum({t}, axis=1, keep_dims=True) + {ivs[0]})"
+        return em.assign(inst.name, f"{s}.to({em.repr_type(dt)})" if is_narrow_float(dt)
+                         else s, em._comment(inst))
+    fn = combine_fn(em, inst.attrs["to_apply"])
+    arg = tiles[0] if len(tiles) == 1 else "(" + ", ".join(tiles) + ")"
+    r = em.assign(inst.name, f"tl.reduce({arg}, 1, {fn}, keep_dims=True)", em._comment(inst))
+    if len(tiles) == 1:
+        return r
+    return tuple(em.assign(f"{inst.name}_{j}", f"{r}[{j}]") for j in range(len(tiles)))
 
 
 def serial_dot(em: Emitter, inst: Instruction, idx: Index) -> str:
     lhs, rhs = inst.operands
-    lb, rb, lc, rc, lf, rf = _dot_dims(inst)
+    lb, rb, lc, rc, lf, rf = dot_dims(inst)
     K = math.prod(lhs.shape.dims[d] for d in lc)
     out = inst.shape.dtype
     acc_t = "tl.float32" if out.is_float else "tl.int64" if out.is_integer else tl_type(out)
@@ -440,18 +449,7 @@ def rows_template(em: Emitter, comp: Computation, big: bool,
             if tuple(idx) != kept_idx:
                 raise NotTileable("reduce read at a non-row index")
             tiles, ivs = tile_reduce(inst, idx, full_idx)
-            if len(tiles) == 1 and is_sum_reducer(inst.attrs["to_apply"]):
-                dt = inst.shape.dtype
-                t = f"{tiles[0]}.to(tl.float32)" if is_narrow_float(dt) else tiles[0]
-                s = f"(tl.sum({t}, axis=1, keep_dims=True) + {ivs[0]})"
-                return em.assign(inst.name, f"{s}.to({em.repr_type(dt)})" if is_narrow_float(dt)
-                                 else s, em._comment(inst))
-            fn = combine_fn(em, inst.attrs["to_apply"])
-            arg = tiles[0] if len(tiles) == 1 else "(" + ", ".join(tiles) + ")"
-            r = em.assign(inst.name, f"tl.reduce({arg}, 1, {fn}, keep_dims=True)", em._comment(inst))
-            if len(tiles) == 1:
-                return r
-            return tuple(em.assign(f"{inst.name}_{j}", f"{r}[{j}]") for j in range(len(tiles)))
+            return reduce_tile_rows(em, inst, tiles, ivs)
         em.reduce_handler = handler
         for k, o in enumerate(outs):
             if o.shape.dims == full_dims and len(full_dims) != len(kept_shape):
@@ -545,7 +543,7 @@ def gemm_template(em: Emitter, comp: Computation, big: bool) -> Plan:
     dot = dots[0]
     outs = outputs_of(comp)
     lhs, rhs = dot.operands
-    lb, rb, lc, rc, lf, rf = _dot_dims(dot)
+    lb, rb, lc, rc, lf, rf = dot_dims(dot)
     if len(lc) != 1 or len(lf) != 1 or len(rf) != 1:
         raise NotTileable("GEMM template wants one contracting and one free dim per side")
     for o in outs:

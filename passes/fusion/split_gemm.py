@@ -22,26 +22,16 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from hlo.dots import dot_dims
 from hlo.ir import Instruction
 
 from .cost_model import ZERO, DeviceSpec, Estimate, array_bytes, estimate_kernel, is_free
 
 
-def _dot_dims(dot: Instruction) -> tuple[list[int], list[int], list[int]]:
-    """(contracting dims of lhs, free dims of lhs, free dims of rhs)."""
-    a = dot.attrs
-    lb, rb = set(a.get("lhs_batch_dims", ())), set(a.get("rhs_batch_dims", ()))
-    lc, rc = list(a.get("lhs_contracting_dims", ())), set(a.get("rhs_contracting_dims", ()))
-    lhs, rhs = dot.operands
-    lf = [d for d in range(lhs.shape.rank) if d not in lb and d not in lc]
-    rf = [d for d in range(rhs.shape.rank) if d not in rb and d not in rc]
-    return lc, lf, rf
-
-
 def untiled_reason(dot: Instruction) -> Optional[str]:
     """Why the Triton GEMM template cannot tile ``dot`` (so a GEMM fusion around it runs
     split), or None when it can. Mirrors ``codegen.triton.templates.gemm_template``."""
-    lc, lf, rf = _dot_dims(dot)
+    _, _, lc, _, lf, rf = dot_dims(dot)
     if len(lc) != 1 or len(lf) != 1 or len(rf) != 1:
         return (f"%{dot.name} contracts {len(lc)} and keeps {len(lf)}+{len(rf)} free dims "
                 "(the Triton GEMM template tiles 1 and 1+1)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
+from hlo.dots import dot_dims  # noqa: F401  (rules.dot_dims: the handlers use it from here)
 from hlo.ir import Instruction
 
 from .tiling import Tiling
@@ -124,16 +125,6 @@ def _shape_dims(inst: Instruction) -> tuple[int, ...]:
 
 
 # --- dot ---------------------------------------------------------------------------------
-def dot_dims(inst: Instruction) -> tuple[list[int], list[int], list[int], list[int], list[int],
-                                         list[int]]:
-    """(lhs batch, rhs batch, lhs contracting, rhs contracting, lhs free, rhs free)."""
-    a = inst.attrs
-    lb, rb = list(a.get("lhs_batch_dims", ())), list(a.get("rhs_batch_dims", ()))
-    lc, rc = list(a.get("lhs_contracting_dims", ())), list(a.get("rhs_contracting_dims", ()))
-    lr, rr = len(inst.operands[0].shape.dims), len(inst.operands[1].shape.dims)
-    lf = [d for d in range(lr) if d not in lb and d not in lc]
-    rf = [d for d in range(rr) if d not in rb and d not in rc]
-    return lb, rb, lc, rc, lf, rf
 
 
 def dot_operand_from_result(inst: Instruction, out: Tiling, which: int) -> Optional[Tiling]:
