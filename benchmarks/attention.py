@@ -100,12 +100,10 @@ def attention_grad(q, k, v):
                                             ** 2), argnums=(0, 1, 2))(q, k, v)
 
 
-def suite_rows(ceil: dict) -> list[dict]:
-    """Issue 14's GPU programs through gpu_suite.run_one (do_bench, wall_ms, device time,
-    profile, kernels, host fallbacks, temp, error vs jax.jit): the forward attention end
-    to end, jax.grad of it, and the transformer training step."""
+def suite_programs() -> list[tuple]:
+    """Issue 14's GPU programs, in gpu_suite's tuple format: the forward attention, jax.grad
+    of it, and the transformer training step (also benchmarks/compile_time.py's)."""
     import ml_dtypes
-    from benchmarks.gpu_suite import run_one
     b, h, s, d = 2, 16, 4096, 128
     r = np.random.default_rng(0)
     qkv = tuple(r.standard_normal((b, s, h, d)).astype(ml_dtypes.bfloat16) for _ in range(3))
@@ -114,7 +112,7 @@ def suite_rows(ceil: dict) -> list[dict]:
     tokens = tb * ts
     train_flops = 3 * (2 * tokens * (4 * tm * tm + 8 * tm * tm)) + \
         3.5 * 4 * tb * th * ts * ts * (tm // th) / 2      # fwd + 2x bwd; +recompute of P
-    progs = [
+    return [
         ("attn_fwd", "causal attention B2 H16 S4096 D128 bf16, forward", causal_attention,
          qkv, 4 * b * s * h * d * 2, attn_flops, "bf16", 3e-2),
         ("attn_grad", "jax.grad of the causal attention (sum o^2), B2 H16 S4096 D128 bf16",
@@ -124,6 +122,14 @@ def suite_rows(ceil: dict) -> list[dict]:
          transformer_train_step(th), transformer_train_args(tb, ts, tm), 0, train_flops,
          "bf16", 3e-2),
     ]
+
+
+def suite_rows(ceil: dict) -> list[dict]:
+    """Issue 14's GPU programs through gpu_suite.run_one (do_bench, wall_ms, device time,
+    profile, kernels, host fallbacks, temp, error vs jax.jit): the forward attention end
+    to end, jax.grad of it, and the transformer training step."""
+    from benchmarks.gpu_suite import run_one
+    progs = suite_programs()
     rows = []
     for prog in progs:
         try:

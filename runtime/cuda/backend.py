@@ -631,8 +631,31 @@ class CudaExecutable:
             except Exception:  # noqa: BLE001  (the launch reports it)
                 continue
             jobs += [(k, args, c) for c in configs]
-        self.stats["precompile"] = precompile(jobs)
+        self.stats["precompile"] = precompile(jobs, self._collect_flash(mem))
         self.stats["precompile_s"] = time.perf_counter() - t0
+
+    def _flash_thunks(self) -> list[Any]:
+        """The flash-attention thunks (forward and backward: hand-written Triton kernels
+        whose candidates ``attention._pick`` times at their first launch)."""
+        mods = ("codegen.triton.attention", "codegen.triton.attention_backward")
+        return [t for t in self.thunks() if isinstance(t, LibraryThunk)
+                and getattr(t.call, "__module__", "") in mods]
+
+    def _collect_flash(self, mem: ar.Memory) -> list[tuple[str, str, str]]:
+        """What the flash-attention thunks' first launches (every candidate they will time)
+        would compile, as pool jobs: each call runs with ``parallel.collecting()`` on its
+        inputs and fresh outputs (``out=None``: the arena is not written), and its launches
+        only report their specializations."""
+        from codegen.triton.parallel import collecting
+        jobs: list[tuple[str, str, str]] = []
+        for t in self._flash_thunks():
+            with collecting() as got:
+                try:
+                    t.call(t.inst, [mem.view(s) for s in t.inputs])
+                except Exception:  # noqa: BLE001  (the launch compiles it, or reports it)
+                    pass
+            jobs += got
+        return jobs
 
     def _variant_thunks(self) -> list[tuple[Any, list[dict]]]:
         """Each Triton kernel thunk not launched yet, with the configs its first call
