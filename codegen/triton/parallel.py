@@ -240,13 +240,16 @@ def collecting() -> Iterator[list[tuple[str, str, str]]]:
     from triton import knobs
     jobs: list[tuple[str, str, str]] = []
 
-    def hook(*, compile: dict, **_: Any) -> bool:
+    def hook(*, compile: dict, fn: Any = None, **_: Any) -> bool:
         data = compile["specialization_data"]
-        try:
-            module, _, name = str(json.loads(data)["name"]).rpartition(".")
-        except (ValueError, KeyError, TypeError):
-            return True              # not ours to compile: the real launch compiles it
-        if module:
+        # Triton passes (module, name) beside the data; newer ones also name it in the data.
+        module, name = getattr(fn, "module", None), getattr(fn, "name", None)
+        if not module or not name:
+            try:
+                module, _, name = str(json.loads(data)["name"]).rpartition(".")
+            except (ValueError, KeyError, TypeError):
+                return True          # not ours to compile: the real launch compiles it
+        if module and name and "." not in name:
             jobs.append(("module:" + module, name, data))
         return True
     old = knobs.runtime.jit_cache_hook
