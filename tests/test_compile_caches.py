@@ -325,3 +325,69 @@ def test_flash_candidates_compile_in_the_pool_and_the_jit_finds_them(tmp_path):
                         "t._flash_pool_check(sys.argv[1])", str(tmp_path)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+# --- Triton's per-function key of generated kernels -----------------------------------------
+def _jit_hash_check(_tmp: str) -> None:
+    """In a process of its own (no TRITON_INTERPRET): a generated kernel's Triton key,
+    computed by Triton in one "process", is read back in the next without parsing."""
+    import jax.numpy as jnp
+    from triton.runtime.jit import JITFunction
+
+    from codegen.triton import compile_fusion, jit_hash
+    from codegen.triton import kernel as kmod
+    from tests.test_autotune import _fusion
+    x = np.ones((64, 32), np.float32)
+    kernel = compile_fusion(_fusion(lambda x, y: jnp.tanh(x) * y + 1, x, x), target="h200")
+    fn = kernel.fn
+    assert not kernel._hash_primed and fn.hash is None          # nothing stored yet
+    want = fn.cache_key                                          # Triton's own computation
+    jit_hash.record(fn, kernel.path, kernel.name)
+    jit_hash.flush()
+    assert json.loads(jit_hash.table_path().read_text())
+    # A new process: module and function loaded again, key read, no ast.parse.
+    kmod._MODULES.clear()
+    jit_hash.reset_for_tests()
+    kernel._fn = None
+    parsed = []
+    orig = JITFunction.parse
+    JITFunction.parse = lambda self: parsed.append(self) or orig(self)
+    fn2 = kernel.fn
+    assert fn2 is not fn and kernel._hash_primed
+    assert fn2.cache_key == want and parsed == []
+    # The file edited: no entry for it, Triton computes the key.
+    text = kernel.path.read_text()
+    kernel.path.write_text(text + "\n# edited\n")
+    kmod._MODULES.clear()
+    kernel._fn = None
+    assert kernel.fn.hash is None and not kernel._hash_primed
+
+
+def test_generated_kernel_triton_key_is_read_back_and_keyed_by_file(tmp_path):
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(HLOTK_CACHE_DIR=str(tmp_path / "c"), HLOTK_MACHINE_CACHE_DIR=str(tmp_path / "m"),
+               PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    p = subprocess.run([sys.executable, "-c", "import sys, tests.test_compile_caches as t; "
+                        "t._jit_hash_check(sys.argv[1])", str(tmp_path)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
+def test_corrupt_jit_hash_table_warns_and_primes_nothing(tmp_path):
+    pytest.importorskip("triton")
+    from codegen.triton import jit_hash
+    jit_hash.reset_for_tests()
+    path = jit_hash.table_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("[garbage")
+    f = type("Fn", (), {"hash": None})()
+    src = tmp_path / "k.py"
+    src.write_text("x = 1\n")
+    with pytest.warns(CacheWarning, match="unreadable"):
+        assert not jit_hash.prime(f, src, "k")
+    assert f.hash is None
+    jit_hash.reset_for_tests()
+    path.write_text(json.dumps({jit_hash.entry_key(src, "k"): "not a sha"}))
+    assert not jit_hash.prime(f, src, "k") and f.hash is None     # a malformed value
+    jit_hash.reset_for_tests()

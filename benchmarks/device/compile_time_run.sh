@@ -14,12 +14,13 @@ python3 -c "import triton, jax, torch; print('triton', triton.__version__, 'jax'
 MC=/tmp/hlotk_machine_i13
 rm -rf "$MC"
 cd "$HERE" && PYTHONPATH=$HERE timeout "${3:-160}" python3 -m benchmarks.compile_time --autotune 1 \
-    --only "$AFTER" --machine-cache "$MC" ${CPROFILE:---cprofile} --out "$OUT/after.md" > "$OUT/after.log" 2>&1
+    --only "$AFTER" --machine-cache "$MC" ${CT_EXTRA:-} --out "$OUT/after.md" > "$OUT/after.log" 2>&1
 echo "after rc=$?"
 if [ "${4:-100}" -gt 0 ]; then
   cd "$HERE" && HLOTK_CACHE_DIR=/tmp/hlotk_cache PYTHONPATH=$HERE timeout "${4:-100}" python3 -m pytest -q \
       -m gpu -n 4 -p no:cacheprovider tests/test_compile_caches.py tests/test_autotune.py \
       tests/test_native_launcher.py tests/test_cuda_runtime.py tests/test_fusion_attention.py \
+      tests/test_codegen_triton.py \
       > "$OUT/tests.log" 2>&1
   echo "tests rc=$?"
 fi

@@ -68,6 +68,17 @@ def fingerprint(root: Optional[str] = None) -> str:
     return h.hexdigest()
 
 
+_FP: Optional[str] = None
+
+
+def current_fingerprint() -> str:
+    """``fingerprint()`` of the imported Triton, computed once per process."""
+    global _FP
+    if _FP is None:
+        _FP = fingerprint()
+    return _FP
+
+
 def entry_path(fp: str) -> Path:
     return machine_cache_root() / "triton_key" / f"{fp[:40]}.json"
 
@@ -163,7 +174,7 @@ def install(compute: bool = True) -> Optional[str]:
     with _lock:
         if _VALUE is not None:
             return _VALUE
-        fp = fingerprint()
+        fp = current_fingerprint()
         key = load(fp)
         source = "disk"
         if key is None:
@@ -188,7 +199,8 @@ def worker_env(env: dict) -> dict:
 
 def reset_for_tests() -> None:
     """Undo ``install`` in this process (tests)."""
-    global _VALUE
+    global _VALUE, _FP
+    _FP = None
     with _lock:
         if _ORIGINAL is not None:
             import sys
