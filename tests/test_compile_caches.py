@@ -391,3 +391,17 @@ def test_corrupt_jit_hash_table_warns_and_primes_nothing(tmp_path):
     path.write_text(json.dumps({jit_hash.entry_key(src, "k"): "not a sha"}))
     assert not jit_hash.prime(f, src, "k") and f.hash is None     # a malformed value
     jit_hash.reset_for_tests()
+
+
+def test_scratch_like_keeps_strides_and_alignment_class():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    from runtime.cuda.backend import scratch_like
+    arena = torch.empty(4096, dtype=torch.bfloat16)
+    for offset, shape, stride in [(0, (2, 3, 8), (48, 16, 1)), (8, (2, 8, 3), (48, 1, 16)),
+                                  (3, (4, 5), (1, 4)), (0, (0, 4), (4, 1))]:
+        view = torch.as_strided(arena, shape, stride, offset)
+        s = scratch_like(view)
+        assert (tuple(s.shape), s.stride(), s.dtype) == (shape, stride, view.dtype)
+        assert (s.data_ptr() % 16 == 0) == (view.data_ptr() % 16 == 0)
+        assert s.untyped_storage().data_ptr() != arena.untyped_storage().data_ptr()

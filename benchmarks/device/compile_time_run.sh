@@ -2,7 +2,8 @@
 # Issue 13 device run (i13-warm): hlotk's first call cold/warm beside XLA, this tree
 # ("after") and the lead's checkout two levels up ("before", main), plus the gpu tests of
 # the touched files. Run from this tree's root on the device:
-#   bash benchmarks/device/compile_time_run.sh PROGRAMS_AFTER PROGRAMS_BEFORE T_AFTER T_TESTS T_BEFORE
+#   [CT_EXTRA=--cprofile] bash benchmarks/device/compile_time_run.sh PROGRAMS_AFTER PROGRAMS_BEFORE \
+#       T_AFTER T_TESTS T_BEFORE      (seconds per step; 0 skips the tests / the before run)
 set -u
 export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false
 HERE=$PWD

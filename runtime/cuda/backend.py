@@ -644,14 +644,18 @@ class CudaExecutable:
     def _collect_flash(self, mem: ar.Memory) -> list[tuple[str, str, str]]:
         """What the flash-attention thunks' first launches (every candidate they will time)
         would compile, as pool jobs: each call runs with ``parallel.collecting()`` on its
-        inputs and fresh outputs (``out=None``: the arena is not written), and its launches
-        only report their specializations."""
+        inputs and scratch outputs shaped like its arena outputs (``scratch_like``: same
+        strides and 16-byte alignment, so the same specialization; the arena is not
+        written: an output may share bytes with a parameter an earlier thunk still reads),
+        and its launches only report their specializations."""
         from codegen.triton.parallel import collecting
         jobs: list[tuple[str, str, str]] = []
         for t in self._flash_thunks():
             with collecting() as got:
                 try:
-                    t.call(t.inst, [mem.view(s) for s in t.inputs])
+                    outs = [scratch_like(mem.view(s)) for s in t.outputs]
+                    t.call(t.inst, [mem.view(s) for s in t.inputs],
+                           out=tuple(outs) if len(outs) > 1 else outs[0])
                 except Exception:  # noqa: BLE001  (the launch compiles it, or reports it)
                     pass
             jobs += got
@@ -760,6 +764,17 @@ def _expensive_prologue(fusion: Instruction) -> bool:
     if len(dots) != 1:
         return False
     return any(o.reads_any(TRANSCENDENTAL) for o in dots[0].operands)
+
+
+def scratch_like(view: Any) -> Any:
+    """A fresh tensor with ``view``'s shape, dtype, device and strides whose address is
+    16-byte aligned exactly when ``view``'s is (what Triton specializes a pointer on)."""
+    import torch
+    extent = 1 + sum((n - 1) * st for n, st in zip(view.shape, view.stride())) \
+        if view.numel() else 0
+    shift = 0 if view.data_ptr() % 16 == 0 else 1      # elements: 2+ bytes each
+    buf = torch.empty(extent + shift, dtype=view.dtype, device=view.device)
+    return torch.as_strided(buf, tuple(view.shape), tuple(view.stride()), shift)
 
 
 class SplitThunk(SequenceThunk):
