@@ -4,6 +4,13 @@ beside XLA's lower + compile of the same program in the same process.
     PYTHONUNBUFFERED=1 python3 -m benchmarks.compile_time [--only NAME,...] [--autotune 0|1|2]
         [--out benchmarks/compile_time.md]            # on a GPU: backend="cuda"
     python -m benchmarks.compile_time --deviceless    # no GPU: passes and codegen only
+        [--machine-cache DIR | --machine-cold] [--cprofile]   # issue 14's programs by name
+
+Before the programs, a "machine" step fills a fresh ``HLOTK_MACHINE_CACHE_DIR`` (the native
+launcher library, Triton's installation key: once per machine) and reports its seconds;
+``--machine-cold`` gives every program a fresh one instead (each cold row pays them).
+``prewarm_wait`` is the first call's wait for runtime/cuda/prewarm.py's threads;
+``--cprofile`` adds a third, warm run per program under cProfile (top functions in the JSON).
 
 Each program runs in two fresh processes sharing one cache directory (hlotk's
 ``HLOTK_CACHE_DIR`` and Triton's ``TRITON_CACHE_DIR``, both empty before the first):
