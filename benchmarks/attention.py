@@ -118,13 +118,10 @@ def train_program() -> tuple:
     return transformer_train_step(16), transformer_train_args(4, 2048, 1024)
 
 
-def suite_rows(ceil: dict, baseline: str = "", only: str = "") -> list[dict]:
-    """Issue 14's GPU programs through gpu_suite.run_one (do_bench, wall_ms, device time,
-    profile, kernels, host fallbacks, temp, error vs jax.jit): the forward attention end
-    to end, jax.grad of it, and the transformer training step (also through the
-    ``baseline`` pipeline spec when given, in the same process)."""
+def suite_programs() -> list[tuple]:
+    """Issue 14's GPU programs, in gpu_suite's tuple format: the forward attention, jax.grad
+    of it, and the transformer training step (also benchmarks/compile_time.py's)."""
     import ml_dtypes
-    from benchmarks.gpu_suite import run_one
     b, h, s, d = 2, 16, 4096, 128
     r = np.random.default_rng(0)
     qkv = tuple(r.standard_normal((b, s, h, d)).astype(ml_dtypes.bfloat16) for _ in range(3))
@@ -133,7 +130,7 @@ def suite_rows(ceil: dict, baseline: str = "", only: str = "") -> list[dict]:
     tokens = tb * ts
     train_flops = 3 * (2 * tokens * (4 * tm * tm + 8 * tm * tm)) + \
         3.5 * 4 * tb * th * ts * ts * (tm // th) / 2      # fwd + 2x bwd; +recompute of P
-    progs = [
+    return [
         ("attn_fwd", "causal attention B2 H16 S4096 D128 bf16, forward", causal_attention,
          qkv, 4 * b * s * h * d * 2, attn_flops, "bf16", 3e-2),
         ("attn_grad", "jax.grad of the causal attention (sum o^2), B2 H16 S4096 D128 bf16",
@@ -143,6 +140,15 @@ def suite_rows(ceil: dict, baseline: str = "", only: str = "") -> list[dict]:
          transformer_train_step(th), transformer_train_args(tb, ts, tm), 0, train_flops,
          "bf16", 3e-2),
     ]
+
+
+def suite_rows(ceil: dict, baseline: str = "", only: str = "") -> list[dict]:
+    """Issue 14's GPU programs through gpu_suite.run_one (do_bench, wall_ms, device time,
+    profile, kernels, host fallbacks, temp, error vs jax.jit): the forward attention end
+    to end, jax.grad of it, and the transformer training step (also through the
+    ``baseline`` pipeline spec when given, in the same process)."""
+    from benchmarks.gpu_suite import run_one
+    progs = suite_programs()
     if baseline:
         progs.append(("train_baseline", progs[-1][1] + f" [pipeline {baseline}]") + progs[-1][2:])
     if only:

@@ -4,6 +4,13 @@ beside XLA's lower + compile of the same program in the same process.
     PYTHONUNBUFFERED=1 python3 -m benchmarks.compile_time [--only NAME,...] [--autotune 0|1|2]
         [--out benchmarks/compile_time.md]            # on a GPU: backend="cuda"
     python -m benchmarks.compile_time --deviceless    # no GPU: passes and codegen only
+        [--machine-cache DIR | --machine-cold] [--cprofile]   # issue 14's programs by name
+
+Before the programs, a "machine" step fills a fresh ``HLOTK_MACHINE_CACHE_DIR`` (the native
+launcher library, Triton's installation key: once per machine) and reports its seconds;
+``--machine-cold`` gives every program a fresh one instead (each cold row pays them).
+``prewarm_wait`` is the first call's wait for runtime/cuda/prewarm.py's threads;
+``--cprofile`` adds a third, warm run per program under cProfile (top functions in the JSON).
 
 Each program runs in two fresh processes sharing one cache directory (hlotk's
 ``HLOTK_CACHE_DIR`` and Triton's ``TRITON_CACHE_DIR``, both empty before the first):
@@ -40,15 +47,37 @@ import time
 sys.path.insert(0, ".")
 
 PHASES = ("import_torch", "cuda_init", "init", "lower", "passes", "codegen", "other", "pool",
-          "jit_s", "load_s", "autotune", "warmup", "native", "call_rest", "capture")
+          "jit_s", "load_s", "autotune", "warmup", "native", "call_rest", "prewarm_wait",
+          "capture")
 
 
 def _program(name: str):
     from benchmarks.gpu_suite import programs
-    for prog in programs():
+    from benchmarks.attention import suite_programs
+    for prog in programs() + suite_programs():
         if prog[0] == name:
             return prog
     raise SystemExit(f"unknown program {name!r}")
+
+
+def child_machine() -> dict:
+    """Once per machine (before any program): Triton's installation key hashed and stored,
+    the native launcher library built, into ``HLOTK_MACHINE_CACHE_DIR``."""
+    row: dict = {"name": "machine"}
+    import jax  # noqa: F401
+    import triton  # noqa: F401
+    from codegen.triton import triton_key
+    from runtime.cuda.native import build
+    t0 = time.perf_counter()
+    triton_key.install()
+    row["triton_key"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    try:
+        build()
+    except Exception as e:  # noqa: BLE001
+        row["native_error"] = str(e)[:300]
+    row["native_build"] = time.perf_counter() - t0
+    return row
 
 
 def _hooks() -> dict:
@@ -150,6 +179,11 @@ def child_gpu(name: str, level: str) -> dict:
         warm.append(clock() - t)
     CudaExecutable.first_run = timed_first_run
     entries0 = _cache_entries()
+    profiler = None
+    if os.environ.get("HLOTK_CT_CPROFILE") == "1":
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
     t0 = clock()
     lowered = runtime.jit(fn, backend="cuda").lower(*dev_args)
     t1 = clock()
@@ -159,6 +193,13 @@ def child_gpu(name: str, level: str) -> dict:
     entries1 = _cache_entries()
     got = jax.block_until_ready(compiled(*dev_args))
     t3 = clock()
+    if profiler is not None:
+        import io
+        import pstats
+        profiler.disable()
+        buf = io.StringIO()
+        pstats.Stats(profiler, stream=buf).sort_stats("cumulative").print_stats(45)
+        row["cprofile"] = buf.getvalue()[-9000:]
     jax.block_until_ready(compiled(*dev_args))
     t4 = clock()
     records = compiled.executable.pass_records
@@ -183,6 +224,11 @@ def child_gpu(name: str, level: str) -> dict:
     row["fresh_process"] = t3 - t0 + row["init"] + row["cuda_init"] + row["import_torch"] \
         + row["import_triton"] + row["import_hlotk"] + row["import_jax"] + row["jax_init"]
     row["xla_fresh_process"] = row["xla"] + row["import_jax"] + row["jax_init"]
+    from codegen.triton import triton_key
+    from runtime.cuda import prewarm
+    row["prewarm_wait"] = prewarm.STATS["wait_s"]
+    row["prewarm"] = dict(prewarm.STATS)
+    row["triton_key"] = dict(triton_key.STATS)
     row["precompile"] = exe.stats.get("precompile", {})
     row["pool_stats"] = dict(parallel.STATS)
     row["tuned_kernels"] = autotune.SECONDS["tuned_kernels"]
@@ -231,11 +277,14 @@ def child_deviceless(name: str) -> dict:
     return row
 
 
-def run_child(name: str, cache: str, opts) -> dict:
+def run_child(name: str, cache: str, opts, machine: str = "", cprofile: bool = False) -> dict:
     first = not os.path.exists(os.path.join(cache, "hlotk"))
     env = dict(os.environ, HLOTK_CACHE_DIR=os.path.join(cache, "hlotk"),
                HLOTK_CT_PROFILE="1" if first and opts.profile else "0",
+               HLOTK_CT_CPROFILE="1" if cprofile else "0",
                TRITON_CACHE_DIR=os.path.join(cache, "triton"), PYTHONUNBUFFERED="1")
+    if machine:
+        env["HLOTK_MACHINE_CACHE_DIR"] = machine
     cmd = [sys.executable, "-m", "benchmarks.compile_time", "--child", name,
            "--autotune", opts.autotune] + (["--deviceless"] if opts.deviceless else [])
     try:
@@ -265,25 +314,57 @@ def main() -> None:
     ap.add_argument("--child-timeout", type=float, default=90.0)
     ap.add_argument("--profile", action="store_true", help="after the cold run's phases, "
                     "time every kernel alone (exe.profile): more calibration records")
+    ap.add_argument("--machine-cache", default="", help="the machine cache (native launcher, "
+                    "Triton's key) to use; default: a fresh one for this run, filled first "
+                    "and timed as 'once per machine'")
+    ap.add_argument("--machine-cold", action="store_true", help="a fresh machine cache for "
+                    "every cold run (each pays the native build and Triton's hash)")
+    ap.add_argument("--cprofile", action="store_true", help="a third run per program: warm, "
+                    "under cProfile (its top functions go to the JSON, not the table)")
     opts = ap.parse_args()
     if opts.child:
-        row = child_deviceless(opts.child) if opts.deviceless else child_gpu(opts.child, opts.autotune)
+        if opts.child == "machine":
+            row = child_machine()
+        else:
+            row = child_deviceless(opts.child) if opts.deviceless else \
+                child_gpu(opts.child, opts.autotune)
         print("RESULT " + json.dumps(row))
         return
     from benchmarks.gpu_suite import programs
     only = set(filter(None, opts.only.split(",")))
     first = ("transformer", "mlp_train", "adam_step")     # the issue's table first
-    names = sorted((p[0] for p in programs() if not only or p[0] in only),
+    from benchmarks.attention import suite_programs
+    extra = [p[0] for p in suite_programs() if p[0] in only]     # issue 14's, by name only
+    names = sorted([p[0] for p in programs() if not only or p[0] in only] + extra,
                    key=lambda n: (n not in first, first.index(n) if n in first else 0))
     phases = ("lower", "passes", "codegen") if opts.deviceless else PHASES
     head = "| program | run | " + " | ".join(phases) + " | first call | XLA lower+compile | ratio |"
     lines = [head, "|" + "---|" * (len(phases) + 5)]
     rows = []
+    machine = opts.machine_cache or tempfile.mkdtemp(prefix="hlotk_ct_machine_")
+    header = ""
+    if not opts.deviceless and not opts.machine_cold:
+        row = run_child("machine", machine, opts, machine)
+        row["run"] = "machine"
+        rows.append(row)
+        header = (f"Once per machine (before the programs, `HLOTK_MACHINE_CACHE_DIR`): Triton's "
+                  f"key {row.get('triton_key', float('nan')):.2f} s, native launcher build "
+                  f"{row.get('native_build', float('nan')):.2f} s"
+                  + (f" ({row['native_error']})" if "native_error" in row else "")
+                  + (f" (failed: {row['failed'][-300:]})" if "failed" in row else "")
+                  + ". Cold runs below use that machine cache (empty program caches).")
+        print(header, flush=True)
     for name in names:
         with tempfile.TemporaryDirectory(prefix="hlotk_ct_") as cache:
-            for run in ("cold", "warm"):
-                row = run_child(name, cache, opts)
+            runs = ("cold", "warm") + (("warm-cprofile",) if opts.cprofile else ())
+            mdir = tempfile.mkdtemp(prefix="hlotk_ct_machine_") if opts.machine_cold else machine
+            for run in runs:
+                row = run_child(name, cache, opts, "" if opts.deviceless else mdir,
+                                cprofile=run == "warm-cprofile")
                 row["run"] = run
+                if run == "warm-cprofile":
+                    rows.append(row)
+                    continue
                 rows.append(row)
                 if "failed" in row:
                     print(f"{name} {run}: FAILED {row['failed']}", file=sys.stderr)
@@ -299,15 +380,15 @@ def main() -> None:
                 with open(records) as src, open(opts.records, "a") as dst:
                     dst.write(src.read())
         if opts.out:
-            write(opts, phases, lines, rows)
+            write(opts, phases, lines, rows, header)
     print("\n".join(lines))
 
 
-def write(opts, phases, lines, rows) -> None:
+def write(opts, phases, lines, rows, header: str = "") -> None:
     with open(opts.out, "w") as f:
         f.write(f"# Compile time (issue 13), seconds; autotune level {opts.autotune}"
                 f"{' (deviceless: passes and codegen only)' if opts.deviceless else ''}\n\n"
-                + "\n".join(lines) + "\n")
+                + (header + "\n\n" if header else "") + "\n".join(lines) + "\n")
     with open(opts.out.replace(".md", ".json"), "w") as f:
         json.dump(rows, f, indent=1)
 

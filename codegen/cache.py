@@ -27,6 +27,19 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "hlotk"
 
 
+def machine_cache_root() -> Path:
+    """Caches that depend only on this machine's installation (the native launcher library,
+    Triton's installation key), shared by every ``HLOTK_CACHE_DIR``:
+    ``$HLOTK_MACHINE_CACHE_DIR`` if set, else ``~/.cache/hlotk-machine``. A new program
+    cache directory then rebuilds none of them."""
+    env = os.environ.get("HLOTK_MACHINE_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "hlotk-machine"
+
+
+class CacheWarning(UserWarning):
+    """A cache entry on disk could not be used (corrupt, unreadable): it is recomputed."""
+
+
 def content_key(*parts: str) -> str:
     """A stable hex digest of the given strings (length-prefixed, so parts cannot blur)."""
     h = hashlib.sha256()

@@ -340,14 +340,81 @@ def _autotune_enabled(t: Any) -> bool:
     return t.is_cuda and not torch.cuda.is_current_stream_capturing()
 
 
+def _source_key() -> str:
+    """A hash of this file and the backward's (their kernels and candidate lists): a stored
+    choice is for these kernels only."""
+    global _SOURCE_KEY
+    if _SOURCE_KEY is None:
+        import hashlib
+        from pathlib import Path
+        h = hashlib.sha256()
+        here = Path(__file__)
+        for name in ("attention.py", "attention_backward.py"):
+            p = here.with_name(name)
+            h.update(p.read_bytes() if p.exists() else b"-")
+        _SOURCE_KEY = h.hexdigest()[:20]
+    return _SOURCE_KEY
+
+
+_SOURCE_KEY: Optional[str] = None
+
+
+def _disk_key(key: tuple) -> str:
+    from .autotune import tuning_key
+    return tuning_key(f"flash|{_source_key()}|{key!r}")
+
+
+def _as_config(v: Any) -> Any:
+    return tuple(_as_config(x) for x in v) if isinstance(v, list) else v
+
+
+def _stored(key: tuple, candidates: list) -> Optional[tuple]:
+    """The choice measured by an earlier process for this shape, device, Triton version and
+    kernel source (``$HLOTK_CACHE_DIR/triton/tuning.json``, autotune.py's table), if it is
+    still one of the candidates."""
+    from .autotune import load_table
+    entry = load_table().get(_disk_key(key))
+    if not isinstance(entry, dict):
+        return None
+    try:
+        cfg = _as_config(entry["config"])
+    except (KeyError, TypeError):
+        return None
+    return cfg if cfg in candidates else None
+
+
+def _store(key: tuple, best: tuple, times: dict) -> None:
+    from .autotune import load_table, tuning_path, _write_json_atomic
+    table = dict(load_table())
+    table[_disk_key(key)] = {"config": best, "kernel": "flash",
+                             "measured_us": {repr(c): ms * 1e3 for c, ms in times.items()}}
+    try:
+        _write_json_atomic(tuning_path(), table)
+    except OSError:
+        pass
+
+
 def _pick(key: tuple, candidates: list, launch, probe: Any) -> tuple[int, int, int, int]:
-    """The config for ``key``: measured once per shape on the GPU (each candidate compiled
-    and timed with triton.testing.do_bench), the default elsewhere (interpreter, graph
-    capture, HLOTK_FLASH_AUTOTUNE=0)."""
+    """The config for ``key``: measured once per shape on the GPU (each candidate timed with
+    triton.testing.do_bench) and remembered on disk, the default elsewhere (interpreter,
+    graph capture, HLOTK_FLASH_AUTOTUNE=0). Inside ``parallel.collecting()`` (the first
+    call's compile step) each candidate that would be timed is launched into the collector,
+    so that they compile in the pool; nothing runs."""
+    from .parallel import collecting_now
     hit = _TUNED.get(key)
     if hit is not None:
         return hit
-    if len(candidates) == 1 or not _autotune_enabled(probe):
+    tune = len(candidates) > 1 and _autotune_enabled(probe)
+    if tune:
+        hit = _stored(key, candidates)
+        if hit is not None:
+            _TUNED[key] = hit
+            return hit
+    if not tune:
+        return candidates[0]
+    if collecting_now():
+        for cfg in candidates[1:]:
+            launch(cfg)
         return candidates[0]
     from triton.testing import do_bench
     times = {}
@@ -358,6 +425,8 @@ def _pick(key: tuple, candidates: list, launch, probe: Any) -> tuple[int, int, i
             continue
     best = min(times, key=times.get) if times else candidates[0]
     _TUNED[key] = best
+    if times:
+        _store(key, best, times)
     return best
 
 

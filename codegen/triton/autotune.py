@@ -141,7 +141,13 @@ def load_table() -> dict:
         return hit[1]
     try:
         table = json.loads(path.read_text())
-    except (OSError, ValueError):
+        if not isinstance(table, dict):
+            raise ValueError(f"a JSON {type(table).__name__}, not an object")
+    except (OSError, ValueError) as e:
+        import warnings
+        from codegen.cache import CacheWarning
+        warnings.warn(f"hlotk: the autotuning table {path} is unreadable ({e}); its kernels "
+                      "are measured again", CacheWarning, stacklevel=2)
         table = {}
     _TABLE[str(path)] = (mtime, table)
     return table

@@ -21,7 +21,11 @@ from typing import Any
 
 
 def load_fn(path: str, name: str) -> Any:
-    """The ``@triton.jit`` function ``name`` of the generated kernel file ``path``."""
+    """The ``@triton.jit`` function ``name`` of the generated kernel file ``path``, or of
+    the module ``path[7:]`` imported by name where ``path`` is ``module:NAME`` (hlotk's own
+    hand-written kernels, e.g. flash attention: they import other hlotk modules)."""
+    if path.startswith("module:"):
+        return getattr(importlib.import_module(path[7:]), name)
     mod_name = f"hlotk_triton_{os.path.basename(path)[:-3]}"
     mod = sys.modules.get(mod_name)
     if mod is None:
@@ -79,12 +83,36 @@ def compile_job(path: str, name: str, data: str) -> None:
     build_launcher(kernel)
 
 
+def use_parent_key() -> bool:
+    """Use the Triton installation key the parent passed in ``HLOTK_TRITON_KEY`` (it read
+    it from its disk cache or hashed it for this same installation: the worker runs the
+    parent's interpreter), instead of hashing Triton's sources and library again (~0.3 s).
+    The same module attributes as ``codegen/triton/triton_key.py`` patches."""
+    value = os.environ.get("HLOTK_TRITON_KEY")
+    if not value:
+        return False
+    import importlib
+
+    def triton_key() -> str:
+        return value
+    for name in ("triton.runtime.cache", "triton.compiler.compiler",
+                 "triton.runtime.autotuner", "triton.runtime.jit"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(mod, "triton_key"):
+            mod.triton_key = triton_key
+    return True
+
+
 def warm_up() -> None:
     """Triton's once-per-process costs, paid before the first job."""
     try:
         import triton.compiler  # noqa: F401
-        from triton.runtime.cache import triton_key
-        triton_key()
+        if not use_parent_key():
+            from triton.runtime.cache import triton_key
+            triton_key()
     except Exception:  # noqa: BLE001  (the first job pays them instead)
         pass
 

@@ -24,6 +24,7 @@ import numpy as np
 from hlo.ir import Computation, Instruction
 from codegen.cache import KernelCache, cache_root, content_key
 
+from . import jit_hash
 from .autotune import autotune_level, tune, tuned_config
 from .elemental import (HELPERS_GPU, HELPERS_INTERPRET, Emitter, TritonCodegenError)
 from .reductions import Split, legacy as legacy_reductions
@@ -90,6 +91,7 @@ class TritonKernel:
     predicted_flops: float = 0.0
     fusion_kind: str = ""
     _fn: Any = None
+    _hash_primed: bool = False     # fn.hash set from / recorded in jit_hash's table
     _const_tensors: dict = field(default_factory=dict)
 
     @property
@@ -100,6 +102,7 @@ class TritonKernel:
     def fn(self) -> Any:
         if self._fn is None:
             self._fn = getattr(_load_module(self.path), self.name)
+            self._hash_primed = jit_hash.prime(self._fn, self.path, self.name)
         return self._fn
 
     def _check(self, tensors: Sequence[Any], shapes: list, what: str) -> None:
@@ -146,6 +149,9 @@ class TritonKernel:
                 self.fn[grid](*args, **cfg, num_warps=warps, num_stages=stages)
         else:
             self.fn[grid](*args, **cfg, num_warps=warps, num_stages=stages)
+        if not self._hash_primed:       # Triton's key for this function: next process reads it
+            self._hash_primed = True
+            jit_hash.record(self._fn, self.path, self.name)
 
     def __repr__(self) -> str:
         return f"<TritonKernel {self.name} ({self.template}) {self.config} at {self.path}>"

@@ -24,6 +24,8 @@ and serves every later compile. The workers (``compile_worker.py``) import only 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -31,9 +33,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from codegen.cache import cache_root
+
+from . import triton_key
 
 _POOL: Optional["WorkerPool"] = None
 _DONE: Optional[set[str]] = None
@@ -63,6 +67,7 @@ class WorkerPool:
     def __init__(self) -> None:
         self.root = str(Path(__file__).resolve().parents[2])
         self.env = dict(os.environ)
+        self.env.pop(triton_key.ENV, None)
         self.env["PYTHONPATH"] = self.root + (os.pathsep + self.env["PYTHONPATH"]
                                               if self.env.get("PYTHONPATH") else "")
         self.procs: list[subprocess.Popen] = []
@@ -76,7 +81,8 @@ class WorkerPool:
             STATS["workers"] += 1
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-c", _LAUNCH, str(WORKER)], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=self.env,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                env=triton_key.worker_env(self.env),
                 cwd=self.root))
         STATS["start_s"] += time.perf_counter() - t0
 
@@ -201,23 +207,84 @@ def _specialization(kernel: Any, args: list, config: dict) -> Optional[str]:
     return seen[0] if seen else None
 
 
-def start_for(variants: list[tuple[Any, dict]]) -> int:
+def start_for(variants: list[tuple[Any, dict]], extra: int = 0) -> int:
     """Start (in the background: processes, not waited for) one worker per (kernel,
-    config) not compiled before, ``pool_size()`` at most; none for ``INLINE_MAX`` or fewer
+    config) not compiled before, plus ``extra`` where there is any (launches known only at
+    the first call: flash-attention candidates), ``pool_size()`` at most; none for ``INLINE_MAX`` or fewer
     unless a pool runs already. Returns how many variants are new."""
-    new = {variant_key(k, c) for k, c in variants} - _done()
-    if len(new) > INLINE_MAX or (new and _POOL is not None):
-        _pool().grow(len(new))
-    return len(new)
+    new = len({variant_key(k, c) for k, c in variants} - _done())
+    new += extra if new else 0       # all generated kernels known: a warm run, most likely
+    if new > INLINE_MAX or (new and _POOL is not None):
+        _pool().grow(new)
+    return new
 
 
-def precompile(jobs: list[tuple[Any, list, dict]]) -> dict[str, int]:
-    """Compile each (kernel, launch arguments, config) in the process pool. Returns counts:
-    ``compiled`` (in the pool), ``known`` (compiled by an earlier process), ``failed`` (left
-    to the launch), ``inline`` (so few that the launches compile them, no pool started)."""
+_COLLECTING: list[list[tuple[str, str, str]]] = []
+
+
+def collecting_now() -> bool:
+    """Inside ``collecting()``: launches are recorded, not run."""
+    return bool(_COLLECTING)
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[list[tuple[str, str, str]]]:
+    """Inside, a launch of a ``@triton.jit`` function that this process has not compiled
+    yet neither compiles nor runs: Triton's JIT stops after working out the specialization
+    (``jit_cache_hook``) and that becomes a pool job ``("module:" + module, name, data)``
+    (the worker imports the module by name). For hand-written kernels launched from code
+    (flash attention's candidates, ``codegen/triton/attention.py``), so that they compile
+    in the pool with the generated kernels instead of one after another at their launches.
+    Only launches whose results nobody reads may run inside (the caller's outputs are
+    scratch)."""
+    from triton import knobs
+    jobs: list[tuple[str, str, str]] = []
+
+    def hook(*, compile: dict, fn: Any = None, **_: Any) -> bool:
+        data = compile["specialization_data"]
+        # Triton passes (module, name) beside the data; newer ones also name it in the data.
+        module, name = getattr(fn, "module", None), getattr(fn, "name", None)
+        if not module or not name:
+            try:
+                module, _, name = str(json.loads(data)["name"]).rpartition(".")
+            except (ValueError, KeyError, TypeError):
+                return True          # not ours to compile: the real launch compiles it
+        if module and name and "." not in name:
+            jobs.append(("module:" + module, name, data))
+        return True
+    old = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = hook
+    _COLLECTING.append(jobs)
+    try:
+        yield jobs
+    finally:
+        _COLLECTING.pop()
+        knobs.runtime.jit_cache_hook = old
+
+
+def spec_key(data: str) -> str:
+    """The ``compiled.txt`` key of a collected launch: its specialization (kernel name,
+    signature, constants, options, target) and this Triton's version."""
+    from .autotune import triton_version
+    return "spec|" + hashlib.sha256(data.encode()).hexdigest()[:32] + "|" + triton_version()
+
+
+def precompile(jobs: list[tuple[Any, list, dict]],
+               collected: Optional[list[tuple[str, str, str]]] = None) -> dict[str, int]:
+    """Compile each (kernel, launch arguments, config), and each ``collected`` launch
+    (``collecting()``), in the process pool. Returns counts: ``compiled`` (in the pool),
+    ``known`` (compiled by an earlier process), ``failed`` (left to the launch), ``inline``
+    (so few that the launches compile them, no pool started)."""
     stats = {"compiled": 0, "known": 0, "failed": 0, "inline": 0}
     pending: dict[str, tuple[str, str, str]] = {}
     keys: dict[str, str] = {}
+    for job in collected or []:
+        vkey = spec_key(job[2])
+        if vkey in _done() or job[2] in pending:
+            stats["known"] += job[2] not in pending
+            continue
+        pending[job[2]] = job
+        keys[job[2]] = vkey
     for kernel, args, config in jobs:
         vkey = variant_key(kernel, config)
         if vkey in _done() or vkey in keys.values():

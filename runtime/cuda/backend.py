@@ -669,8 +669,35 @@ class CudaExecutable:
             except Exception:  # noqa: BLE001  (the launch reports it)
                 continue
             jobs += [(k, args, c) for c in configs]
-        self.stats["precompile"] = precompile(jobs)
+        self.stats["precompile"] = precompile(jobs, self._collect_flash(mem))
         self.stats["precompile_s"] = time.perf_counter() - t0
+
+    def _flash_thunks(self) -> list[Any]:
+        """The flash-attention thunks (forward and backward: hand-written Triton kernels
+        whose candidates ``attention._pick`` times at their first launch)."""
+        mods = ("codegen.triton.attention", "codegen.triton.attention_backward")
+        return [t for t in self.thunks() if isinstance(t, LibraryThunk)
+                and getattr(t.call, "__module__", "") in mods]
+
+    def _collect_flash(self, mem: ar.Memory) -> list[tuple[str, str, str]]:
+        """What the flash-attention thunks' first launches (every candidate they will time)
+        would compile, as pool jobs: each call runs with ``parallel.collecting()`` on its
+        inputs and scratch outputs shaped like its arena outputs (``scratch_like``: same
+        strides and 16-byte alignment, so the same specialization; the arena is not
+        written: an output may share bytes with a parameter an earlier thunk still reads),
+        and its launches only report their specializations."""
+        from codegen.triton.parallel import collecting
+        jobs: list[tuple[str, str, str]] = []
+        for t in self._flash_thunks():
+            with collecting() as got:
+                try:
+                    outs = [scratch_like(mem.view(s)) for s in t.outputs]
+                    t.call(t.inst, [mem.view(s) for s in t.inputs],
+                           out=tuple(outs) if len(outs) > 1 else outs[0])
+                except Exception:  # noqa: BLE001  (the launch compiles it, or reports it)
+                    pass
+            jobs += got
+        return jobs
 
     def _variant_thunks(self) -> list[tuple[Any, list[dict]]]:
         """Each Triton kernel thunk not launched yet, with the configs its first call
@@ -775,6 +802,17 @@ def _expensive_prologue(fusion: Instruction) -> bool:
     if len(dots) != 1:
         return False
     return any(o.reads_any(TRANSCENDENTAL) for o in dots[0].operands)
+
+
+def scratch_like(view: Any) -> Any:
+    """A fresh tensor with ``view``'s shape, dtype, device and strides whose address is
+    16-byte aligned exactly when ``view``'s is (what Triton specializes a pointer on)."""
+    import torch
+    extent = 1 + sum((n - 1) * st for n, st in zip(view.shape, view.stride())) \
+        if view.numel() else 0
+    shift = 0 if view.data_ptr() % 16 == 0 else 1      # elements: 2+ bytes each
+    buf = torch.empty(extent + shift, dtype=view.dtype, device=view.device)
+    return torch.as_strided(buf, tuple(view.shape), tuple(view.stride()), shift)
 
 
 class SplitThunk(SequenceThunk):

@@ -1,58 +1,122 @@
 """Compile-time work started early, in the background, so that the first call waits less
 (issue 13; benchmarks/compile_time.md has the phases).
 
-- ``start(device)``, when the CUDA client is made (once per process): a thread computes the
-  hash Triton keys every cache entry with (its sources and its 400 MB library: ~0.3 s,
-  paid once per process by the first kernel launch, warm or cold) and builds the native
-  launcher (``runtime/cuda/native``: a C++ compile of seconds, once per cache directory).
-  Both only fill caches that the first call would otherwise fill itself; ``wait()`` (before
-  the native launcher is loaded) joins the thread so that the library is never built twice.
+- ``start_at_import()`` (``import runtime``, on a machine with an NVIDIA GPU, when JAX is
+  imported already): a thread builds the native launcher library if this machine has none
+  yet (``runtime/cuda/native``: a C++ compile of ~3 s, once per machine and not per cache
+  directory; the machine cache is ``codegen.cache.machine_cache_root()``).
+- ``start(device)`` (when the CUDA client is made), once per process: Triton's installation
+  key is read from the machine cache (``codegen/triton/triton_key.py``: ~3 ms, here);
+  without a stored one a thread hashes Triton (~0.3 s) and stores it. The native library's
+  thread starts here too if it did not at import.
+- ``wait()`` (before the native launcher is loaded) joins the threads, so that the library
+  is never built twice in a process (processes take a file lock while building).
 - ``start_workers(exe)``, when an executable's kernels are known (end of codegen): the
   Triton compile workers for the variants it will compile (``codegen/triton/parallel.py``),
   started now so that they have imported Triton by the time the first call sends jobs.
+
+The threads only call functions of modules imported before they start (imports from two
+threads at once can meet in a cycle and hand one of them a half-initialized module).
+Everything here only fills caches the first call would otherwise fill itself; failures are
+left to the first call, which reports them. ``HLOTK_PREWARM=0`` turns the import-time start
+off.
 """
 from __future__ import annotations
 
+import os
+import sys
 import threading
-from typing import Any, Optional
+import time
+from typing import Any, Callable
 
-_THREAD: Optional[threading.Thread] = None
-
-
-def _triton_key() -> None:
-    from triton.runtime.cache import triton_key
-    triton_key()
-
-
-def _native_library() -> None:
-    from .native import build
-    from .native.front import disabled
-    if disabled() is None:
-        build()
+_THREADS: dict[str, threading.Thread] = {}
+_LOCK = threading.Lock()
+# Seconds of each background step and of the first call's wait for them (benchmarks).
+STATS: dict[str, float] = {"triton_key_s": 0.0, "native_s": 0.0, "wait_s": 0.0}
 
 
-def _work() -> None:
-    for step in (_triton_key, _native_library):
+def _timed(what: str, fn: Callable[[], Any]) -> Callable[[], None]:
+    def step() -> None:
+        t0 = time.perf_counter()
         try:
-            step()
+            fn()
         except Exception:  # noqa: BLE001  (the first call does it and reports what fails)
             pass
+        STATS[what + "_s"] = time.perf_counter() - t0
+    return step
+
+
+def _spawn(name: str, step: Callable[[], None]) -> None:
+    with _LOCK:
+        if name in _THREADS:
+            return
+        t = threading.Thread(target=step, name=f"hlotk-prewarm-{name}", daemon=True)
+        _THREADS[name] = t
+        t.start()
+
+
+def _start_native() -> None:
+    """The native library's build in a thread; its modules imported here, first."""
+    import jax.ffi  # noqa: F401  (build() reads its include directory)
+
+    import codegen.cache  # noqa: F401
+    from . import native
+    from .native.front import disabled
+    if disabled() is None:
+        _spawn("native", _timed("native", native.build))
+
+
+def _interpreting() -> bool:
+    v = os.environ.get("TRITON_INTERPRET")
+    return v is not None and v not in ("0", "false", "False", "no", "off")
+
+
+def gpu_present() -> bool:
+    """Whether this machine has an NVIDIA GPU this process may use, without touching CUDA
+    (the driver's device node, and CUDA_VISIBLE_DEVICES not emptied)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia/version")
+
+
+def start_at_import() -> None:
+    """From ``import runtime``: the native library's build, where a GPU is present and JAX
+    is imported already (not for Triton's interpreter, not with ``HLOTK_PREWARM=0``)."""
+    if os.environ.get("HLOTK_PREWARM", "1") in ("0", "false", "no", "off"):
+        return
+    if _interpreting() or "jax" not in sys.modules or not gpu_present():
+        return
+    try:
+        _start_native()
+    except Exception:  # noqa: BLE001  (the client's start or the first call does it)
+        pass
 
 
 def start(device: Any) -> None:
-    """Start the background thread (once per process; not for Triton's interpreter)."""
-    global _THREAD
-    from .backend import _interpret
-    if _THREAD is not None or getattr(device, "type", "") != "cuda" or _interpret():
+    """When the CUDA client is made (once per process; not for Triton's interpreter)."""
+    if getattr(device, "type", "") != "cuda" or _interpreting():
         return
-    _THREAD = threading.Thread(target=_work, name="hlotk-prewarm", daemon=True)
-    _THREAD.start()
+    try:
+        from codegen.triton import triton_key
+        if triton_key.install(compute=False) is None:
+            triton_key.original()           # Triton's modules imported here, not there
+            _spawn("triton_key", _timed("triton_key", triton_key.install))
+    except Exception:  # noqa: BLE001  (no Triton: the launches say so)
+        pass
+    try:
+        _start_native()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def wait() -> None:
     """Until the background work is done (a no-op when none was started)."""
-    if _THREAD is not None:
-        _THREAD.join()
+    for t in list(_THREADS.values()):
+        if t.is_alive():
+            t0 = time.perf_counter()
+            t.join()
+            STATS["wait_s"] += time.perf_counter() - t0
 
 
 def start_workers(exe: Any) -> None:
@@ -61,6 +125,8 @@ def start_workers(exe: Any) -> None:
         return
     try:
         from codegen.triton.parallel import start_for
-        start_for([(k, c) for k, configs in exe.variants() for c in configs])
+        # flash attention: a forward's few candidates, a backward's two kernels each
+        flash = sum(8 if "backward" in t.call.__module__ else 4 for t in exe._flash_thunks())
+        start_for([(k, c) for k, configs in exe.variants() for c in configs], extra=flash)
     except Exception:  # noqa: BLE001  (the first call starts them, or compiles at launches)
         pass

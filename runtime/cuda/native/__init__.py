@@ -17,14 +17,18 @@ also sees (``launcher.eligibility``). The others keep the Python path; ``exe.rep
 says which path an executable takes and why.
 
 Building: ``graph_launch.cc`` needs a C++17 compiler and the XLA FFI headers jaxlib ships
-(``jax.ffi.include_dir()``); the CUDA driver is loaded at run time. It is compiled on first
-use into ``$HLOTK_CACHE_DIR/native/`` (keyed by the source, the headers and the compiler),
-as Triton builds its launcher; ``python -m runtime.cuda.native`` builds it ahead of time and
-prints where, or why it cannot. Without a compiler everything still works on the Python
+(``jax.ffi.include_dir()``); the CUDA driver is loaded at run time. It is compiled once per machine
+into the machine cache (``$HLOTK_MACHINE_CACHE_DIR/native/``, default
+``~/.cache/hlotk-machine/native``; keyed by the source, the headers, the compiler and its
+flags, the CUDA driver version), not per ``HLOTK_CACHE_DIR``, in the background from
+``import runtime`` on a machine with an NVIDIA GPU (``runtime/cuda/prewarm.py``);
+``python -m runtime.cuda.native`` builds it ahead of time and prints where, or why it
+cannot. Without a compiler everything still works on the Python
 path.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -33,7 +37,7 @@ import subprocess
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from ..errors import NativeLauncherError, NativeLauncherWarning
 
@@ -56,38 +60,96 @@ def compiler() -> Optional[str]:
     return None
 
 
-def _build_key(cxx: str, include: str) -> str:
+def cuda_driver_version() -> str:
+    """The CUDA driver's version (``cuDriverGetVersion``, no context needed), or "none"."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        v = ctypes.c_int(0)
+        return str(v.value) if lib.cuDriverGetVersion(ctypes.byref(v)) == 0 else "none"
+    except (OSError, AttributeError):
+        return "none"
+
+
+def _compiler_id(cxx: str) -> str:
+    """The compiler binary as a file: its real path, size and modification time (a
+    compiler upgrade changes them; no ``--version`` subprocess on the warm path)."""
+    real = os.path.realpath(shutil.which(cxx) or cxx)
+    try:
+        st = os.stat(real)
+        return f"{real}\0{st.st_size}\0{st.st_mtime_ns}"
+    except OSError:
+        return real
+
+
+def _build_key(cxx: str, include: str, flags: list[str]) -> str:
+    """What the library depends on: the source, the XLA FFI headers it includes, the
+    compiler and its flags, the CUDA driver version (the driver is loaded at run time, so
+    the build does not read it; keyed anyway so that a driver upgrade starts clean)."""
     h = hashlib.sha256()
     h.update(SOURCE.read_bytes())
     for header in ("api.h", "ffi.h", "c_api.h"):
         p = Path(include, "xla", "ffi", "api", header)
         h.update(p.read_bytes() if p.exists() else b"-")
-    h.update(cxx.encode())
+    for part in (cxx, _compiler_id(cxx), " ".join(flags), cuda_driver_version()):
+        h.update(b"\0" + part.encode())
     return h.hexdigest()[:20]
+
+
+_FLAGS = ["-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden"]
+
+
+def library_dir(cache_dir: Optional[Path] = None) -> Path:
+    """Where the built library lives: ``cache_dir/native`` if given, else the machine
+    cache (``codegen.cache.machine_cache_root()/native``), shared by every
+    ``HLOTK_CACHE_DIR``: it depends on this machine's compiler and jaxlib, not on a program."""
+    from codegen.cache import machine_cache_root
+    return Path(cache_dir) / "native" if cache_dir is not None else machine_cache_root() / "native"
 
 
 def build(cache_dir: Optional[Path] = None) -> Path:
     """Compile ``graph_launch.cc`` (once; later calls find the cached library). Raises
     NativeLauncherError naming the compiler and its output when it cannot."""
     import jax.ffi
-    from codegen.cache import cache_root
     cxx = compiler()
     if cxx is None:
         raise NativeLauncherError("no C++ compiler found (set CXX, or install g++ or clang++) "
                                   f"to build {SOURCE.name}")
     include = jax.ffi.include_dir()
-    out_dir = Path(cache_dir or cache_root()) / "native"
-    path = out_dir / f"graph_launch_{_build_key(cxx, include)}.so"
+    out_dir = library_dir(cache_dir)
+    path = out_dir / f"graph_launch_{_build_key(cxx, include, _FLAGS)}.so"
     if path.exists():
         return path
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise NativeLauncherError(f"cannot create {out_dir} for the native launcher: {e}") from None
+    # One build at a time on this machine (processes of a test run, the background build
+    # started at import): the others wait and then find the library.
+    with _build_lock(out_dir):
+        if not path.exists():
+            _compile(cxx, include, out_dir, path)
+    return path
+
+
+@contextlib.contextmanager
+def _build_lock(out_dir: Path) -> Iterator[None]:
+    try:
+        f = open(out_dir / ".build.lock", "w")
+    except OSError:             # a read-only cache: build without the lock
+        yield
+        return
+    try:
+        import fcntl
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+    finally:
+        f.close()               # releases the lock
+
+
+def _compile(cxx: str, include: str, out_dir: Path, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=path.stem, suffix=".tmp.so")
     os.close(fd)
-    cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
-           "-isystem", include, str(SOURCE), "-o", tmp, "-ldl"]
+    cmd = [cxx, *_FLAGS, "-isystem", include, str(SOURCE), "-o", tmp, "-ldl"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
@@ -99,7 +161,21 @@ def build(cache_dir: Optional[Path] = None) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return path
+
+
+def _load(path: Path) -> Any:
+    """``ctypes.CDLL(path)``; a library that does not load (a damaged file in the cache) is
+    reported, removed and built again once."""
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as e:
+        warnings.warn(f"hlotk: the cached native launcher {path} does not load ({e}); "
+                      "building it again", NativeLauncherWarning, stacklevel=3)
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        return ctypes.CDLL(str(build()))
 
 
 _ERRBUF = 1024
@@ -116,7 +192,7 @@ def library() -> Any:
     if _LIB_ERROR is not None:
         raise NativeLauncherError(_LIB_ERROR)
     try:
-        lib = ctypes.CDLL(str(build()))
+        lib = _load(build())
         _declare(lib)
         import jax.ffi
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.hk_ffi_graph_launch),
