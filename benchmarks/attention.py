@@ -200,7 +200,6 @@ def main() -> None:
                     "attn_fwd,attn_grad,transformer_train,train_baseline")
     opts = ap.parse_args()
     only = set(opts.only.split(","))
-    rows = []
     if "suite" in only:
         import json
         from benchmarks.gpu_suite import ceilings
@@ -300,7 +299,6 @@ def kernel_and_xent(only: set) -> None:
     x16 = jax.random.normal(key, (8192, 32000), jnp.bfloat16)
     labels = jax.random.randint(key, (8192,), 0, 32000)
     masked = labels.at[::7].set(-100)
-    xce_nll = jax.jit(cross_entropy)
     for name, fn, x, lab in [("xent nll bf16", cross_entropy, x16, labels),
                              ("xent nll f32", cross_entropy, x16.astype(jnp.float32), labels),
                              ("xent masked mean bf16", masked_mean_nll, x16, masked)]:

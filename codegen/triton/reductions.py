@@ -505,9 +505,9 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
         em.line("pid_p = tl.program_id(1)", f"part of the reduced range ({split.parts} parts)")
         em.line(f"c_lo = pid_p * {split.chunk}")
         em.line(f"c_hi = tl.minimum(c_lo + {split.chunk}, {a.R})")
-        lo, hi = "c_lo", "c_hi"
+        lo = "c_lo"
     else:
-        lo, hi = "0", str(a.R)
+        lo = "0"
     full_k = [k for k, kind in enumerate(a.out_kind) if kind == "full"]
     out_pass = {k: a.reads_level(a.outs[k]) for k in full_k}
 
