@@ -318,6 +318,22 @@ def _cone(root: Instruction, stop: set[int]) -> list[Instruction]:
     return out
 
 
+def _other_dots(value: Instruction, *known: Instruction) -> list[Instruction]:
+    """Dots reading ``value`` (through permuting views) besides the ``known`` ones."""
+    ids = {id(k) for k in known}
+    return [u for u, _ in _readers(value) if u.opcode == "dot" and id(u) not in ids]
+
+
+def _missing(part: str, wrt: str, why: str, others: list[Instruction]) -> str:
+    """Which part of the backward is missing and why, for the explanation."""
+    if others:
+        return (f"{part} is not matched: {why}; %{others[0].name} reads it but not in that "
+                "form (its dims do not pair with the scores' as the kernel needs)")
+    return (f"{part} is not in this gradient ({why}: the gradient is not taken with "
+            f"respect to {wrt}); the fused backward computes dQ, dK and dV together from one "
+            "recompute of P, so a gradient without all three is left unfused")
+
+
 def _operand_maps(qk: Instruction, x: Instruction, k_is_lhs: bool
                   ) -> tuple[tuple[Instruction, dict], tuple[Instruction, dict]]:
     """((q source, {score dim: q source dim}), (k source, {score dim: k source dim})) for
@@ -363,9 +379,15 @@ def match_backward(div: Instruction, stats_given: bool = False, fwd=None) -> Bac
             bp, cp = _paired(u, s, div)
             if sorted(bp) == list(range(nb)) and sorted(cp) == rows:
                 dvs.append((u, s))
+    if not dvs:
+        # (the forward's P·V reads P too, contracting its keys)
+        others = [u for u in _other_dots(div) if _side(u, div) is None or
+                  rank - 1 not in _paired(u, _side(u, div), div)[1]]
+        raise NoMatch(_missing("dV = P^T.dO", "v", f"no dot contracts the probabilities "
+                               f"%{div.name} over their rows", others))
     if len(dvs) != 1:
-        raise NoMatch(f"no single dot contracts the probabilities %{div.name} over their rows "
-                      f"(dV = P^T.dO); found {len(dvs)}")
+        raise NoMatch(f"{len(dvs)} dots contract the probabilities %{div.name} over their rows "
+                      "(dV = P^T.dO); the fused backward has one")
     dv, p_side = dvs[0]
     do_read = dv.operands[1 - p_side]
     do = _src(do_read)
@@ -383,9 +405,13 @@ def match_backward(div: Instruction, stats_given: bool = False, fwd=None) -> Bac
         b_, c_, f_ = ([w[d] for d in dims] for dims in _dims(u, 0))
         if b_ == do_b and f_ == do_c and len(c_) == 1 and len(_dims(u, 1)[2]) == 1:
             dps.append(u)
+    if not dps:
+        raise NoMatch(_missing("dP = dO.V^T", "q and k", f"no dot reads the cotangent "
+                               f"%{do.name} as dO.V^T ([batch, rows, keys])",
+                               _other_dots(do, dv)))
     if len(dps) != 1:
-        raise NoMatch(f"no single dot dO.V^T ([batch, rows, keys]) reads the cotangent "
-                      f"%{do.name}; found {len(dps)}")
+        raise NoMatch(f"{len(dps)} dots read the cotangent %{do.name} as dO.V^T; the fused "
+                      "backward has one")
     dp = dps[0]
     if fwd is not None:     # V as the forward read it: dP contracts its head dim
         pv_v = 1 if fwd.p_is_lhs else 0
@@ -415,6 +441,14 @@ def match_backward(div: Instruction, stats_given: bool = False, fwd=None) -> Bac
             if set(bp) == batch and set(cp) == contract and all(
                     of[d] == o_perm[e] for pairs in (bp, cp) for d, e in pairs.items()):
                 found[name] = (u, g)
+    for name, other, what, src in (("dq", "dk", "q", k_src), ("dk", "dq", "k", q_src)):
+        if name not in found and other in found:
+            raise NoMatch(_missing(
+                "dQ = dS.K" if name == "dq" else "dK = dS^T.Q", what,
+                f"{'dK = dS^T.Q' if name == 'dq' else 'dQ = dS.K'} is there, but no dot "
+                f"contracts that dS with %{src.name} as "
+                f"{'dQ = dS.K' if name == 'dq' else 'dK = dS^T.Q'} would",
+                _other_dots(src, qk, found[other][0])))
     if set(found) != {"dq", "dk"} or found["dq"][1] is not found["dk"][1]:
         raise NoMatch(f"dQ = dS.K and dK = dS^T.Q reading one dS not found (found "
                       f"{sorted(found) or 'neither'})")
