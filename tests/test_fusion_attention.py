@@ -194,9 +194,13 @@ def small_backward_blocks(monkeypatch):
 
 @pytest.mark.usefixtures("small_backward_blocks")
 @pytest.mark.parametrize("case", ["causal", "bias_mask", "gqa", "gqa_grouped2", "gqa_grouped4",
-                                  "causal_bf16"])
+                                  "gqa_grouped4_bf16", "causal_bf16"])
 def test_gradient_fused_forward_and_backward_match_jax(case):
-    if case.startswith("gqa_grouped"):
+    if case == "gqa_grouped4_bf16":
+        import ml_dtypes
+        args = tuple(a.astype(ml_dtypes.bfloat16) for a in _grouped_inputs(4, s=40))
+        _grad_case(_grouped_gqa, args, 3e-2)
+    elif case.startswith("gqa_grouped"):
         # the grouped einsum: dK and dV sum over the group inside the backward fusion;
         # 37 keys in blocks of 16 (the last one partial)
         _grad_case(_grouped_gqa, _grouped_inputs(int(case[-1]), s=37), 5e-5)
@@ -511,14 +515,18 @@ def test_triton_attention_backward_kernels_match_jax_grad(case, atomic, monkeypa
 @pytest.mark.parametrize("dtype,d,s,case", [
     ("bf16", 128, 200, "causal"), ("f16", 64, 129, "causal"), ("bf16", 256, 70, "causal"),
     ("f32", 64, 100, "causal"), ("bf16", 64, 300, "plain"), ("f32", 32, 24, "bias_mask"),
-    ("f32", 16, 20, "gqa"), ("f32", 16, 70, "gqa_grouped2"), ("f32", 16, 70, "gqa_grouped4")])
+    ("f32", 16, 20, "gqa"), ("f32", 16, 70, "gqa_grouped2"), ("f32", 16, 70, "gqa_grouped4"),
+    ("bf16", 64, 200, "gqa_grouped4"), ("bf16", 128, 129, "gqa_grouped2")])
 def test_attention_gradient_cuda_kernels(dtype, d, s, case):
     """runtime.jit(jax.grad(loss), backend="cuda"): both attention fusions run as Triton
     kernels (no host fallback) and the gradients equal jax.jit's."""
     import ml_dtypes
     from runtime.cuda import executable_of
     dt = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}[dtype]
-    if case in ("bias_mask", "gqa") or case.startswith("gqa_grouped"):
+    if case.startswith("gqa_grouped"):
+        f = _grouped_gqa
+        args = tuple(a.astype(dt) for a in _grouped_inputs(int(case[-1]), s=s, d=d, batch=2))
+    elif case in ("bias_mask", "gqa"):
         f, args = _backward_case(case)
     else:
         rng = np.random.default_rng(12)
