@@ -10,7 +10,9 @@ walked in blocks of ``BLOCK_K`` twice, as the GPU kernels do:
    dK = dSᵀ·Q and dV = Pᵀ·dO are written.
 
 Each gradient is computed by its own dot instruction's contraction (``dot_general`` with
-the block in place of dS or P), so whatever dimension order jax.grad chose comes out.
+the block in place of dS or P, transposed as that dot reads it), so whatever dimension
+order jax.grad chose comes out. Grouped query heads ([kv head, group, q] rows) need nothing
+more: dK and dV contract the group with the queries, which sums over it.
 """
 from __future__ import annotations
 
