@@ -350,6 +350,25 @@ def _grouped_gqa(q, k, v):
     return jnp.einsum("bhgqk,bkhd->bqhgd", p, v).reshape(b, s, h, d)
 
 
+def _grouped_variant(scale_q=False, group_major=False):
+    """The grouped form with the scale folded into q (the CUDA layout assignment puts a
+    layout copy after the scores' transpose) or with q heads as [group, kv head]."""
+    def f(q, k, v):
+        b, s, h, d = q.shape
+        kv = k.shape[2]
+        qg = q.reshape(b, s, h // kv, kv, d) if group_major else q.reshape(b, s, kv, h // kv, d)
+        spec = "bqghd" if group_major else "bqhgd"
+        if scale_q:
+            qg = qg * (1.0 / np.sqrt(d)).astype(q.dtype)
+        sc = jnp.einsum(f"{spec},bkhd->bhgqk", qg, k)
+        if not scale_q:
+            sc = sc / np.sqrt(d)
+        sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -1e30)
+        p = jax.nn.softmax(sc, axis=-1)
+        return jnp.einsum(f"bhgqk,bkhd->{spec}", p, v).reshape(b, s, h, d)
+    return f
+
+
 def _grouped_inputs(group: int, s: int, d: int = 16, kv_heads: int = 2, batch: int = 1):
     """(q, k, v) with ``group`` query heads per K/V head."""
     rng = np.random.default_rng(13 + group)
@@ -430,6 +449,10 @@ def _backward_case(name: str):
     if name == "bias_mask":
         f, q, k, v, bias, mask = _bias_mask_case(batch=2, d=16)
         return f, (q, k, v, bias, mask)
+    if name == "gqa_grouped_scale_q":
+        return _grouped_variant(scale_q=True), _grouped_inputs(2, s=70)
+    if name == "gqa_grouped_group_major":
+        return _grouped_variant(group_major=True), _grouped_inputs(4, s=70)
     if name.startswith("gqa_grouped"):     # 70 keys: two or three key blocks per kernel
         return _grouped_gqa, _grouped_inputs(int(name[-1]), s=70)
     q = rng.standard_normal((2, 20, 4, 16)).astype(np.float32)
@@ -496,7 +519,9 @@ def triton_attention_on_cpu(monkeypatch):
                                          ("gqa", False), ("causal_long", True),
                                          ("bias_mask", True), ("gqa_grouped2", False),
                                          ("gqa_grouped4", False), ("gqa_grouped2", True),
-                                         ("gqa_grouped4", True)])
+                                         ("gqa_grouped4", True),
+                                         ("gqa_grouped_scale_q", False),
+                                         ("gqa_grouped_group_major", True)])
 def test_triton_attention_backward_kernels_match_jax_grad(case, atomic, monkeypatch):
     """jax.grad through the CUDA pipeline with the forward-with-row-stats and the backward
     Triton kernels (TRITON_INTERPRET=1, f32) equals jax.jit's gradient; both backward

@@ -346,7 +346,11 @@ def _score_steps(x: Instruction, qk: Instruction) -> tuple[list[ScoreStep], list
         if _row_transpose(cur):
             cur = cur.operands[0]
             continue
-        if op == "convert" or (op in _VIEWS and _is_identity(trace_view(cur)[1], cur.shape.dims)
+        # one view step, not the whole chain: a layout copy of the grouped einsum's
+        # transpose (the CUDA layout assignment's) is an identity here, the transpose below
+        # it a row transpose
+        step = view_step(cur) if op in _VIEWS else None
+        if op == "convert" or (step is not None and _is_identity(step, cur.shape.dims)
                                and cur.operands[0].shape.dims == cur.shape.dims):
             if op == "convert":
                 steps.append(ScoreStep("convert", cur, dtype=cur.shape.dtype.name))
