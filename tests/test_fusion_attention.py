@@ -193,9 +193,18 @@ def small_backward_blocks(monkeypatch):
 
 
 @pytest.mark.usefixtures("small_backward_blocks")
-@pytest.mark.parametrize("case", ["causal", "bias_mask", "gqa", "causal_bf16"])
+@pytest.mark.parametrize("case", ["causal", "bias_mask", "gqa", "gqa_grouped2", "gqa_grouped4",
+                                  "gqa_grouped4_bf16", "causal_bf16"])
 def test_gradient_fused_forward_and_backward_match_jax(case):
-    if case == "causal":
+    if case == "gqa_grouped4_bf16":
+        import ml_dtypes
+        args = tuple(a.astype(ml_dtypes.bfloat16) for a in _grouped_inputs(4, s=40))
+        _grad_case(_grouped_gqa, args, 3e-2)
+    elif case.startswith("gqa_grouped"):
+        # the grouped einsum: dK and dV sum over the group inside the backward fusion;
+        # 37 keys in blocks of 16 (the last one partial)
+        _grad_case(_grouped_gqa, _grouped_inputs(int(case[-1]), s=37), 5e-5)
+    elif case == "causal":
         _grad_case(_attention(causal=True), _inputs((1, 37, 2, 8)), 5e-5)
     elif case == "bias_mask":
         f, q, k, v, bias, mask = _bias_mask_case(batch=2, d=8)
@@ -341,6 +350,93 @@ def _grouped_gqa(q, k, v):
     return jnp.einsum("bhgqk,bkhd->bqhgd", p, v).reshape(b, s, h, d)
 
 
+def _grouped_variant(scale_q=False, group_major=False):
+    """The grouped form with the scale folded into q (the CUDA layout assignment puts a
+    layout copy after the scores' transpose) or with q heads as [group, kv head]."""
+    def f(q, k, v):
+        b, s, h, d = q.shape
+        kv = k.shape[2]
+        qg = q.reshape(b, s, h // kv, kv, d) if group_major else q.reshape(b, s, kv, h // kv, d)
+        spec = "bqghd" if group_major else "bqhgd"
+        if scale_q:
+            qg = qg * (1.0 / np.sqrt(d)).astype(q.dtype)
+        sc = jnp.einsum(f"{spec},bkhd->bhgqk", qg, k)
+        if not scale_q:
+            sc = sc / np.sqrt(d)
+        sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -1e30)
+        p = jax.nn.softmax(sc, axis=-1)
+        return jnp.einsum(f"bhgqk,bkhd->{spec}", p, v).reshape(b, s, h, d)
+    return f
+
+
+def _grouped_inputs(group: int, s: int, d: int = 16, kv_heads: int = 2, batch: int = 1):
+    """(q, k, v) with ``group`` query heads per K/V head."""
+    rng = np.random.default_rng(13 + group)
+    q = rng.standard_normal((batch, s, kv_heads * group, d)).astype(np.float32)
+    k, v = (rng.standard_normal((batch, s, kv_heads, d)).astype(np.float32) for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("group", [2, 4])
+def test_grouped_gqa_gradient_deviceless_h200_has_no_score_tensor(group):
+    """jax.grad of the grouped einsum form compiles to one forward and one backward
+    attention fusion (the group folded into the rows of each K/V head): no buffer holds
+    the B·H·G·S·S scores, the backward outputs dK and dV in K/V's shape (summed over the
+    group), and the CPU backend's gradients equal jax.jit's."""
+    b, s, kv, d = 1, 128, 2, 16
+    args = _grouped_inputs(group, s=s, d=d, kv_heads=kv, batch=b)
+    c = _grad_case(_grouped_gqa, args, 5e-5, target="h200")
+    scores = b * kv * group * s * s * 4
+    assert max(bf.size for bf in c.buffer_assignment().buffers) < scores
+    assert c.memory_analysis().temp_size_in_bytes < scores
+    (bwd,) = [i for comp in c.module.computations for i in comp.instructions
+              if i.opcode == "fusion" and fusion_kind(i) == "attention_backward"]
+    # dQ has every query head; dK and dV one per K/V head (summed over the group inside)
+    sizes = sorted(int(np.prod(e.dims)) for e in bwd.shape.elements)
+    assert sizes == [b * s * kv * d, b * s * kv * d, b * s * kv * group * d], bwd.shape
+
+
+def test_explain_fusion_names_the_grouped_gqa_backward(tmp_path, capsys):
+    """``hlotk explain-fusion`` on jax.grad of the grouped form: the forward and backward
+    fusions' reasons say what was matched, the group size and that dK/dV sum over it."""
+    from runtime.cli import main
+    args = _grouped_inputs(4, s=24)
+    src = tmp_path / "gqa_grad.mlir"
+    src.write_text(jax.jit(_loss_grad(_grouped_gqa, args)).lower(*args).as_text())
+    assert main(["explain-fusion", str(src), "--target", "h200"]) == 0
+    out = capsys.readouterr().out
+    assert "flash attention: q·k, softmax and ·v in one kernel" in out, out
+    assert "grouped-query heads: 4 query heads share each K/V head" in out, out
+    bwd = [line for line in out.splitlines() if "flash-attention backward" in line]
+    assert bwd and all("dK and dV sum over the group inside the kernel" in line
+                       for line in bwd), out
+    assert "no flash-attention fusion" not in out, out
+
+
+@pytest.mark.parametrize("argnums,missing,wrt", [((0, 2), "dK = dS^T.Q", "k"),
+                                                 ((1, 2), "dQ = dS.K", "q"),
+                                                 ((0, 1), "dV = P^T.dO", "v")])
+def test_grouped_gqa_partial_gradient_says_which_part_is_missing(tmp_path, capsys, argnums,
+                                                                 missing, wrt):
+    """A gradient that skips one of q, k, v has no dK (or dQ, dV) dot: the fused backward
+    computes all three, so nothing is fused, and explain-fusion says which part is missing
+    and why; the unfused program still equals jax.jit."""
+    from runtime.cli import main
+    args = _grouped_inputs(2, s=24)
+    g = jax.grad(lambda q, k, v: jnp.sum(_grouped_gqa(q, k, v) ** 2), argnums=argnums)
+    src = tmp_path / "partial.mlir"
+    src.write_text(jax.jit(g).lower(*args).as_text())
+    assert main(["explain-fusion", str(src), "--target", "h200"]) == 0
+    out = capsys.readouterr().out
+    (note,) = [line for line in out.splitlines() if "the backward is not matched" in line]
+    assert f"{missing} is not in this gradient" in note, note
+    assert f"not taken with respect to {wrt}" in note, note
+    jf = runtime.jit(g)
+    assert not _attention_fusions(jf.lower(*args).compile())
+    for a, b in zip(jf(*args), jax.jit(g)(*args)):
+        np.testing.assert_allclose(a, b, rtol=5e-5, atol=5e-5)
+
+
 def _backward_case(name: str):
     """(f, args) of the gradient cases: masks, bias, repeated KV heads, ragged lengths."""
     rng = np.random.default_rng(11)
@@ -353,6 +449,12 @@ def _backward_case(name: str):
     if name == "bias_mask":
         f, q, k, v, bias, mask = _bias_mask_case(batch=2, d=16)
         return f, (q, k, v, bias, mask)
+    if name == "gqa_grouped_scale_q":
+        return _grouped_variant(scale_q=True), _grouped_inputs(2, s=70)
+    if name == "gqa_grouped_group_major":
+        return _grouped_variant(group_major=True), _grouped_inputs(4, s=70)
+    if name.startswith("gqa_grouped"):     # 70 keys: two or three key blocks per kernel
+        return _grouped_gqa, _grouped_inputs(int(name[-1]), s=70)
     q = rng.standard_normal((2, 20, 4, 16)).astype(np.float32)
     k, v = (rng.standard_normal((2, 20, 2, 16)).astype(np.float32) for _ in range(2))
     base = _attention(causal=True)
@@ -415,7 +517,11 @@ def triton_attention_on_cpu(monkeypatch):
 @pytest.mark.parametrize("case,atomic", [("causal", False), ("causal_long", False),
                                          ("plain", False), ("bias_mask", False),
                                          ("gqa", False), ("causal_long", True),
-                                         ("bias_mask", True)])
+                                         ("bias_mask", True), ("gqa_grouped2", False),
+                                         ("gqa_grouped4", False), ("gqa_grouped2", True),
+                                         ("gqa_grouped4", True),
+                                         ("gqa_grouped_scale_q", False),
+                                         ("gqa_grouped_group_major", True)])
 def test_triton_attention_backward_kernels_match_jax_grad(case, atomic, monkeypatch):
     """jax.grad through the CUDA pipeline with the forward-with-row-stats and the backward
     Triton kernels (TRITON_INTERPRET=1, f32) equals jax.jit's gradient; both backward
@@ -434,14 +540,18 @@ def test_triton_attention_backward_kernels_match_jax_grad(case, atomic, monkeypa
 @pytest.mark.parametrize("dtype,d,s,case", [
     ("bf16", 128, 200, "causal"), ("f16", 64, 129, "causal"), ("bf16", 256, 70, "causal"),
     ("f32", 64, 100, "causal"), ("bf16", 64, 300, "plain"), ("f32", 32, 24, "bias_mask"),
-    ("f32", 16, 20, "gqa")])
+    ("f32", 16, 20, "gqa"), ("f32", 16, 70, "gqa_grouped2"), ("f32", 16, 70, "gqa_grouped4"),
+    ("bf16", 64, 200, "gqa_grouped4"), ("bf16", 128, 129, "gqa_grouped2")])
 def test_attention_gradient_cuda_kernels(dtype, d, s, case):
     """runtime.jit(jax.grad(loss), backend="cuda"): both attention fusions run as Triton
     kernels (no host fallback) and the gradients equal jax.jit's."""
     import ml_dtypes
     from runtime.cuda import executable_of
     dt = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}[dtype]
-    if case in ("bias_mask", "gqa"):
+    if case.startswith("gqa_grouped"):
+        f = _grouped_gqa
+        args = tuple(a.astype(dt) for a in _grouped_inputs(int(case[-1]), s=s, d=d, batch=2))
+    elif case in ("bias_mask", "gqa"):
         f, args = _backward_case(case)
     else:
         rng = np.random.default_rng(12)

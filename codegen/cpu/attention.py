@@ -82,9 +82,9 @@ class _Slicer:
                                   a.get("lhs_contracting_dims", ()), rc,
                                   accumulation_dtype(res, lhs, rhs))
                 return to_result(out, res)
-        elif op in ("parameter", "constant") or (inst.op.category != "elementwise"
-                                                  and op not in ("broadcast", "iota",
-                                                                 "transpose", "select")):
+        elif op in ("parameter", "constant") or (
+                inst.op.category != "elementwise" and op not in (
+                    "broadcast", "iota", "transpose", "select") and not _permutes(inst)):
             pass
         elif op == "iota":
             d = inst.attrs.get("iota_dimension", 0)
@@ -105,14 +105,24 @@ class _Slicer:
             for i in order:
                 expand[dims[i]] = v.shape[order.index(i)]
             return np.broadcast_to(v.reshape(expand), shape)
-        elif op == "transpose":
-            perm = list(inst.attrs["dimensions"])
+        elif op == "transpose" or (op in ("bitcast", "copy") and _permutes(inst)):
+            # a bitcast to another layout that permutes the dims is a transpose
+            perm = list(inst.attrs["dimensions"]) if op == "transpose" else _permutes(inst)
             return np.transpose(self.at(inst.operands[0], perm[dim]), perm)
         else:   # elementwise (select, compare, convert, arithmetic)
             ops = [self.at(o, dim if o.shape.rank == inst.shape.rank else None)
                    for o in inst.operands]
             return inst.op.evaluate(inst, ops, self.ctx)
         return np.take(self.full(inst), np.arange(inst.shape.dims[dim])[self.ks], axis=dim)
+
+
+def _permutes(inst: Instruction) -> Optional[list]:
+    """``where`` of a bitcast/copy that only permutes its operand's dims, else None."""
+    if inst.opcode not in ("bitcast", "copy"):
+        return None
+    from passes.fusion.attention import _permutation
+    step = _permutation(inst)
+    return list(step) if step is not None else None
 
 
 def run_attention(comp, operands: list[np.ndarray], block_k: Optional[int] = None,

@@ -10,7 +10,9 @@ walked in blocks of ``BLOCK_K`` twice, as the GPU kernels do:
    dK = dSᵀ·Q and dV = Pᵀ·dO are written.
 
 Each gradient is computed by its own dot instruction's contraction (``dot_general`` with
-the block in place of dS or P), so whatever dimension order jax.grad chose comes out.
+the block in place of dS or P, transposed as that dot reads it), so whatever dimension
+order jax.grad chose comes out. Grouped query heads ([kv head, group, q] rows) need nothing
+more: dK and dV contract the group with the queries, which sums over it.
 """
 from __future__ import annotations
 
@@ -42,10 +44,15 @@ def match_body(comp):
     raise InvalidArgumentError(f"{comp.name}: not a flash-attention backward body: {why}")
 
 
-def _contract(dot: Instruction, value_side: int, value: np.ndarray, other: np.ndarray,
-              acc) -> np.ndarray:
-    """``dot``'s contraction with ``value`` as its ``value_side`` operand (rounded to that
-    operand's element type first, as the unfused program rounds it)."""
+def _contract(dot: Instruction, value_side: int, source: Instruction, value: np.ndarray,
+              other: np.ndarray, acc) -> np.ndarray:
+    """``dot``'s contraction with ``value`` (a block of ``source``, dS or P, in the scores'
+    order) as its ``value_side`` operand, which may read ``source`` transposed (rounded to
+    that operand's element type first, as the unfused program rounds it)."""
+    from passes.fusion.attention_grad import value_perm
+    perm = value_perm(dot, value_side, source)
+    assert perm is not None
+    value = np.transpose(value, perm)
     value = value.astype(dot.operands[value_side].shape.dtype.np_dtype).astype(acc)
     lhs, rhs = (value, other) if value_side == 0 else (other, value)
     a = dot.attrs
@@ -114,15 +121,15 @@ def run_attention_backward(comp, operands: list[np.ndarray], block_k: Optional[i
         for pred, keep in b.selects:
             ds = np.where(sl.at(pred, last) == keep, ds, 0)
         ds = ds * b.scale
-        dq += _contract(b.dq, 1 - dq_side, ds,
+        dq += _contract(b.dq, 1 - dq_side, b.g_root, ds,
                         np.take(k_full, np.arange(n_keys)[ks], axis=k_seq), acc)
-        for out, dot, side, val, other in ((dk, b.dk, 1 - dk_side, ds, q_full),
-                                           (dv, b.dv, 1 - dv_side, p, do_full)):
+        for out, dot, side, src, val, other in ((dk, b.dk, 1 - dk_side, b.g_root, ds, q_full),
+                                                (dv, b.dv, 1 - dv_side, b.div, p, do_full)):
             # the keys are the one free dim of dS / P: their place among the output dims
             kpos = nb if side == 0 else nb + len(_dims(dot, 0)[2])
             idx = [slice(None)] * out.ndim
             idx[kpos] = ks
-            out[tuple(idx)] = _contract(dot, side, val, other, acc)
+            out[tuple(idx)] = _contract(dot, side, src, val, other, acc)
     results = {id(b.dq): dq, id(b.dk): dk, id(b.dv): dv}
     outs = list(comp.root.operands) if comp.root.opcode == "tuple" else [comp.root]
     if any(id(o) not in results for o in outs):

@@ -299,22 +299,14 @@ def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, DQAcc, Bias, Mask,
 
 
 # --- the launch --------------------------------------------------------------------------------
-def _gradient_perm(dot, value_side: int, nb: int) -> list[int]:
-    """Dims of a gradient dot's result in [batch, rows-or-keys..., d] order: the value
-    (dS or P) on the lhs gives that order; on the rhs the head dim comes first."""
-    rank = dot.shape.rank
-    if value_side == 0:
-        return list(range(rank))
-    return list(range(nb)) + list(range(nb + 1, rank)) + [nb]
-
-
 class BackwardPlan(ScorePlan):
     """What the launch needs from a backward fusion body: the operands' permutations into
     [batch..., seq..., d], the score function (ScorePlan), each output's order."""
 
     def __init__(self, comp):
         from passes.fusion.attention import NoMatch, _is_identity, _through
-        from passes.fusion.attention_grad import _dims, _side, match_backward
+        from passes.fusion.attention_grad import (_dims, _side, gradient_order,
+                                                   match_backward, other_dims)
         b, why = None, "no softmax divide"
         for inst in comp.instructions:
             if inst.opcode == "divide":
@@ -341,7 +333,8 @@ class BackwardPlan(ScorePlan):
         self.v = plain(b.dp.operands[1])[1]
         self.v_perm = vb + vf + vc
         p_side = _side(b.dv, b.div)
-        dob, doc, dof = _dims(b.dv, 1 - p_side)
+        # dO's rows in the order of the P rows they contract with (the scores' order)
+        dob, doc, dof = other_dims(b.dv, p_side, b.div)
         self.do = plain(b.dv.operands[1 - p_side])[1]
         self.do_perm = dob + doc + dof
         g_sides = {"dq": _side(b.dq, b.g_root), "dk": _side(b.dk, b.g_root), "dv": p_side}
@@ -349,8 +342,9 @@ class BackwardPlan(ScorePlan):
             if plain(dot.operands[1 - g_sides[name]])[1] != want:
                 raise Unsupported(f"%{dot.name} ({name}) does not read the forward's "
                                   f"{'k' if name == 'dq' else 'q'}")
-        self.perms = {n: _gradient_perm(d, g_sides[n], nb)
-                      for n, d in (("dq", b.dq), ("dk", b.dk), ("dv", b.dv))}
+        # each gradient's result dims as [batch, rows-or-keys in the scores' order..., d]
+        self.perms = {n: gradient_order(d, g_sides[n], v) for n, d, v in
+                      (("dq", b.dq, b.g_root), ("dk", b.dk, b.g_root), ("dv", b.dv, b.div))}
         outs = list(comp.root.operands) if comp.root.opcode == "tuple" else [comp.root]
         names = {id(b.dq): "dq", id(b.dk): "dk", id(b.dv): "dv"}
         self.outputs = [names.get(id(o), "") for o in outs]

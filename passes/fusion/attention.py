@@ -238,10 +238,14 @@ def _find_qk(x: Instruction) -> Instruction:
 
 def _row_transpose(inst: Instruction) -> bool:
     """A transpose between q·k and the score function (a grouped-query einsum may write
-    [b,h,k,q,g] and transpose it to [b,h,g,q,k]); ``_check_dots`` checks where dims go."""
-    if inst.opcode != "transpose":
+    [b,h,k,q,g] and transpose it to [b,h,g,q,k]; after layout assignment that transpose
+    can be a bitcast to another layout); ``_check_dots`` checks where dims go."""
+    if inst.opcode == "transpose":
+        return True
+    if inst.opcode not in ("bitcast", "copy"):
         return False
-    return True
+    step = _permutation(inst)
+    return step is not None and step != tuple(range(len(step)))
 
 
 def _iota_side(inst: Instruction) -> Optional[tuple[int, int, tuple]]:
@@ -342,7 +346,11 @@ def _score_steps(x: Instruction, qk: Instruction) -> tuple[list[ScoreStep], list
         if _row_transpose(cur):
             cur = cur.operands[0]
             continue
-        if op == "convert" or (op in _VIEWS and _is_identity(trace_view(cur)[1], cur.shape.dims)
+        # one view step, not the whole chain: a layout copy of the grouped einsum's
+        # transpose (the CUDA layout assignment's) is an identity here, the transpose below
+        # it a row transpose
+        step = view_step(cur) if op in _VIEWS else None
+        if op == "convert" or (step is not None and _is_identity(step, cur.shape.dims)
                                and cur.operands[0].shape.dims == cur.shape.dims):
             if op == "convert":
                 steps.append(ScoreStep("convert", cur, dtype=cur.shape.dtype.name))
@@ -387,8 +395,10 @@ def score_dims(x: Instruction, qk: Instruction) -> tuple:
     where = tuple(range(x.shape.rank))
     cur = x
     while cur is not qk:
-        if cur.opcode == "transpose":
-            where = tuple(cur.attrs["dimensions"][w] for w in where)
+        if _row_transpose(cur):
+            step = _permutation(cur)
+            assert step is not None
+            where = tuple(step[w] for w in where)
             cur = cur.operands[0]
             continue
         cur = next(o for o in cur.operands if _reaches(o, qk))
@@ -691,6 +701,33 @@ REASON = ("flash attention: q·k, softmax and ·v in one kernel with an online s
           "scores never leave the chip")
 
 
+def grouped_rows(scores: tuple, nb: int) -> int:
+    """How many query heads share one K/V head: the product of the scores' row dims before
+    the sequence (a grouped-query einsum's [kv head, group, q] rows); 1 for plain rows."""
+    return int(np.prod(scores[nb:-2], dtype=np.int64))
+
+
+def reason_for(m) -> str:
+    """The explanation recorded for a match's fused edges: what was matched."""
+    from .attention_grad import BackwardMatch
+    nb = len(m.qk.attrs.get("lhs_batch_dims", ()))
+    scores = (m.x if isinstance(m, BackwardMatch) else m.logits).shape.dims
+    group = grouped_rows(scores, nb)
+    if isinstance(m, BackwardMatch):
+        why = ("flash-attention backward (jax.grad's): dV = P^T.dO, dP = dO.V^T, the softmax "
+               "gradient dS = P*(dP - rowsum(P*dP)), dQ = dS.K, dK = dS^T.Q in one fusion; P "
+               "is recomputed from q, k and the forward's row max/sum, no scores tensor")
+        if group > 1:
+            why += (f"; grouped-query heads: {group} query heads share each K/V head (rows "
+                    f"{list(scores[nb:-1])} per K/V head), so dK and dV sum over the group "
+                    "inside the kernel")
+        return why
+    if group > 1:
+        return (f"{REASON}; grouped-query heads: {group} query heads share each K/V head "
+                f"(rows {list(scores[nb:-1])} per K/V head), K and V read once per group")
+    return REASON
+
+
 def find_attention(instructions: list[Instruction], report=None, backward: bool = False
                    ) -> list:
     """Attention matches (AttentionMatch, and with ``backward`` BackwardMatch too)."""
@@ -718,10 +755,11 @@ def form_attention_group(state, m: AttentionMatch, report=None):
         g.config = backward_config(m)
     if report is not None:
         est = state.node_estimate(g).time_us
+        why = reason_for(m)
         for i in m.members:
             for o in i.operands:
                 if o in g:
-                    report.record(FusionDecision(o.name, i.name, True, "attention", REASON,
+                    report.record(FusionDecision(o.name, i.name, True, "attention", why,
                                                  apart, est, state.comp.name))
     return g
 

@@ -15,6 +15,13 @@ it is a per-row function of (x, x - m, e, l, m, P, dP) built from elementwise op
 and row broadcasts: it is evaluated in float64 on random rows and must equal
 P * (dP - rowsum(P * dP)). Anything else is a NoMatch with the reason.
 
+The dots may read dS, P and dO through views that only permute their dims, and the
+scores may be a transpose of q·k: a grouped-query einsum (q as [b, s, kv head, group, d])
+has scores [b, kv head, group, q, k] made from q·k's [b, kv head, k, q, group], and its
+gradient reads dS transposed back. Each dot's dims are paired with the q, k or score dims
+they stand for, so the group is one more row dim of each K/V head: dV = Pᵀ·dO and
+dK = dSᵀ·Q contract it with the queries (the sum over the group), as the kernels do.
+
 ``split_backward`` then gives the backward its own copy of the recompute chain (q·k, the
 score function, x - m, exp, divide by l), reading only q, k, the masks and the forward's
 row max and row sum: the forward fusion outputs O plus those two [batch, rows] vectors (its
@@ -31,8 +38,8 @@ import numpy as np
 
 from hlo.ir import Instruction
 
-from .attention import (NoMatch, QKOperands, _find_qk, _is_identity, _scalar_constant,
-                        _score_steps, _softmax, _through, check_qk, score_dims)
+from .attention import (NoMatch, QKOperands, _find_qk, _scalar_constant, _score_steps,
+                        _softmax, _through, check_qk, score_dims)
 from .views import VIEW_OPS, view_step
 
 FLASH_ATTENTION_BACKWARD = "__flash_attention_backward"
@@ -84,8 +91,8 @@ def _src(inst: Instruction) -> Instruction:
 
 
 def _readers(inst: Instruction) -> list[tuple[Instruction, Instruction]]:
-    """(reader, operand as read) for every non-view reader of ``inst`` through identity
-    views and float converts."""
+    """(reader, operand as read) for every non-view reader of ``inst`` through views
+    that only permute its dims (transposes included) and float converts."""
     out, stack, seen = [], [inst], set()
     while stack:
         cur = stack.pop()
@@ -94,8 +101,9 @@ def _readers(inst: Instruction) -> list[tuple[Instruction, Instruction]]:
                 continue
             seen.add(id(u))
             step = view_step(u, converts=True) if u.opcode in VIEW_OPS | {"convert"} else None
-            if step is not None and u.shape.dims == cur.shape.dims and \
-                    step == tuple(range(u.shape.rank)):
+            if step is not None and _as_permutation(
+                    tuple(None if d is None or cur.shape.dims[d] == 1 else d for d in step),
+                    cur.shape.dims) is not None:
                 stack.append(u)
             else:
                 out.append((u, cur))
@@ -111,13 +119,69 @@ def _dims(dot: Instruction, side: int) -> tuple[list, list, list]:
     return b, c, [d for d in range(rank) if d not in b and d not in c]
 
 
+def _as_permutation(where: tuple, src_dims: tuple) -> Optional[tuple]:
+    """``where`` (operand dim -> source dim, None for a size-1 dim) as a full permutation of
+    the source's dims, the size-1 dims paired in order (which goes where moves no
+    element); None when the view broadcasts, drops or merges a dim."""
+    if len(where) != len(src_dims):
+        return None
+    spare = iter(d for d in range(len(src_dims)) if d not in where and src_dims[d] == 1)
+    perm = tuple(next(spare, None) if w is None else w for w in where)
+    return perm if None not in perm and sorted(perm) == list(range(len(src_dims))) else None
+
+
+def value_perm(dot: Instruction, side: int, value: Instruction) -> Optional[tuple]:
+    """operand dim -> ``value`` dim when the dot's operand ``side`` is ``value`` through
+    views/converts that only permute its dims (a grouped-query einsum's backward reads dS
+    transposed back to q·k's order), else None."""
+    src, where, _ = _through(dot.operands[side])
+    return _as_permutation(where, value.shape.dims) if src is value else None
+
+
 def _side(dot: Instruction, value: Instruction) -> Optional[int]:
-    """Which operand of ``dot`` is ``value`` through identity views/converts."""
+    """Which operand of ``dot`` is ``value`` through views that only permute its dims."""
     for side in (0, 1):
-        src, where, _ = _through(dot.operands[side])
-        if src is value and _is_identity(where, value.shape.dims):
+        if value_perm(dot, side, value) is not None:
             return side
     return None
+
+
+def _paired(dot: Instruction, side: int, value: Instruction) -> tuple[dict, dict]:
+    """({value batch dim: other operand's batch dim}, the same for contracting dims), the
+    value read through its permutation."""
+    w = value_perm(dot, side, value)
+    assert w is not None
+    s, o = ("lhs", "rhs") if side == 0 else ("rhs", "lhs")
+    a = dot.attrs
+    return ({w[d]: e for d, e in zip(a.get(f"{s}_batch_dims", ()), a.get(f"{o}_batch_dims", ()))},
+            {w[d]: e for d, e in zip(a.get(f"{s}_contracting_dims", ()),
+                                     a.get(f"{o}_contracting_dims", ()))})
+
+
+def other_dims(dot: Instruction, side: int, value: Instruction) -> tuple[list, list, list]:
+    """(batch, contracting, free) dims of the operand facing ``value`` (on ``side``), the
+    batch and contracting ones ordered by the value dims they pair with."""
+    bp, cp = _paired(dot, side, value)
+    b, c = [bp[d] for d in sorted(bp)], [cp[d] for d in sorted(cp)]
+    return b, c, _dims(dot, 1 - side)[2]
+
+
+def gradient_order(dot: Instruction, side: int, value: Instruction) -> list[int]:
+    """The dims of a gradient dot's result (``value`` = dS or P on ``side``) listed as
+    [batch in the value's order..., the value's free dims in its order..., the other
+    operand's free dims]: with dS/P in the scores' order, the kernels' [z, h, rows, d]."""
+    w = value_perm(dot, side, value)
+    assert w is not None
+    vb, _, vf = _dims(dot, side)
+    nb = len(vb)
+    n_lhs_free = len(_dims(dot, 0)[2])
+    v_free_at = list(range(nb, nb + len(vf))) if side == 0 else \
+        list(range(nb + n_lhs_free, dot.shape.rank))
+    o_free_at = list(range(nb + len(vf), dot.shape.rank)) if side == 0 else \
+        list(range(nb, nb + n_lhs_free))
+    batch = [j for _, j in sorted((w[d], j) for j, d in enumerate(vb))]
+    free = [j for _, j in sorted((w[d], j) for j, d in zip(v_free_at, vf))]
+    return batch + free + o_free_at
 
 
 # --- the softmax VJP, checked on random rows ---------------------------------------------------
@@ -254,6 +318,47 @@ def _cone(root: Instruction, stop: set[int]) -> list[Instruction]:
     return out
 
 
+def _other_dots(value: Instruction, *known: Instruction) -> list[Instruction]:
+    """Dots reading ``value`` (through permuting views) besides the ``known`` ones."""
+    ids = {id(k) for k in known}
+    return [u for u, _ in _readers(value) if u.opcode == "dot" and id(u) not in ids]
+
+
+def _missing(part: str, wrt: str, why: str, others: list[Instruction]) -> str:
+    """Which part of the backward is missing and why, for the explanation."""
+    if others:
+        return (f"{part} is not matched: {why}; %{others[0].name} reads it but not in that "
+                "form (its dims do not pair with the scores' as the kernel needs)")
+    return (f"{part} is not in this gradient ({why}: the gradient is not taken with "
+            f"respect to {wrt}); the fused backward computes dQ, dK and dV together from one "
+            "recompute of P, so a gradient without all three is left unfused")
+
+
+def _operand_maps(qk: Instruction, x: Instruction, k_is_lhs: bool
+                  ) -> tuple[tuple[Instruction, dict], tuple[Instruction, dict]]:
+    """((q source, {score dim: q source dim}), (k source, {score dim: k source dim})) for
+    the batch and row dims (q) and the batch and key dims (k); the source is q or k before
+    views that only permute its dims."""
+    where = score_dims(x, qk)                   # score dim -> q·k dim
+    nb = len(qk.attrs.get("lhs_batch_dims", ()))
+    dims = [_dims(qk, 0), _dims(qk, 1)]
+    # q·k dim -> (side, operand dim) for its non-batch dims
+    free = [(0, d) for d in dims[0][2]] + [(1, d) for d in dims[1][2]]
+    out = []
+    for side in ((1, 0) if k_is_lhs else (0, 1)):
+        src = _src(qk.operands[side])
+        perm = value_perm(qk, side, src)
+        if perm is None:
+            src, perm = qk.operands[side], tuple(range(qk.operands[side].shape.rank))
+        of = {s: perm[dims[side][0][where[s]]] for s in range(nb)}
+        for s in range(nb, x.shape.rank):
+            o_side, d = free[where[s] - nb]
+            if o_side == side:
+                of[s] = perm[d]
+        out.append((src, of))
+    return out[0], out[1]
+
+
 def match_backward(div: Instruction, stats_given: bool = False, fwd=None) -> BackwardMatch:
     """The attention backward reading the probabilities ``div``; raises NoMatch."""
     ex, x, _ = _softmax(div, stats_given)
@@ -263,35 +368,50 @@ def match_backward(div: Instruction, stats_given: bool = False, fwd=None) -> Bac
     k_is_lhs = check_qk(qk, x)
     steps, _ = _score_steps(x, qk)
     rank = x.shape.rank
-    if score_dims(x, qk) != tuple(range(rank)):
-        raise NoMatch("the backward needs the scores in q·k's order (no transposes between "
-                      "q·k and the softmax)")
     nb = len(qk.attrs.get("lhs_batch_dims", ()))
     rows = list(range(nb, rank - 1))
-    q, k = qk.operands[1 if k_is_lhs else 0], qk.operands[0 if k_is_lhs else 1]
-    q_rows = _dims(qk, 1 if k_is_lhs else 0)[2]
-    # dV = dot(P, dO): the dot reading P that contracts its rows.
-    dvs = [(u, s) for u, _r in _readers(div) if u.opcode == "dot"
-           for s in [_side(u, div)]
-           if s is not None and _dims(u, s)[1] == rows and _dims(u, s)[0] == list(range(nb))]
+    (q_src, q_of), (k_src, k_of) = _operand_maps(qk, x, k_is_lhs)
+    # dV = dot(P, dO): the dot reading P (maybe transposed) that contracts all its rows.
+    dvs = []
+    for u, _r in _readers(div):
+        s = _side(u, div) if u.opcode == "dot" else None
+        if s is not None:
+            bp, cp = _paired(u, s, div)
+            if sorted(bp) == list(range(nb)) and sorted(cp) == rows:
+                dvs.append((u, s))
+    if not dvs:
+        # (the forward's P·V reads P too, contracting its keys)
+        others = [u for u in _other_dots(div) if _side(u, div) is None or
+                  rank - 1 not in _paired(u, _side(u, div), div)[1]]
+        raise NoMatch(_missing("dV = P^T.dO", "v", f"no dot contracts the probabilities "
+                               f"%{div.name} over their rows", others))
     if len(dvs) != 1:
-        raise NoMatch(f"no single dot contracts the probabilities %{div.name} over their rows "
-                      f"(dV = P^T.dO); found {len(dvs)}")
+        raise NoMatch(f"{len(dvs)} dots contract the probabilities %{div.name} over their rows "
+                      "(dV = P^T.dO); the fused backward has one")
     dv, p_side = dvs[0]
     do_read = dv.operands[1 - p_side]
     do = _src(do_read)
-    do_b, do_c, _ = _dims(dv, 1 - p_side)
+    if value_perm(dv, 1 - p_side, do) is None:
+        do = do_read
+    d_perm = value_perm(dv, 1 - p_side, do)
+    do_b, do_c, _ = (list(map(d_perm.__getitem__, dims))
+                     for dims in other_dims(dv, p_side, div))
     # dP = dot(dO, V): batch and rows of dO as in dV, result in the scores' order.
     dps = []
     for u, _r in _readers(do):
         if u.opcode != "dot" or u is dv or _side(u, do) != 0 or u.shape.dims != x.shape.dims:
             continue
-        b_, c_, f_ = _dims(u, 0)
+        w = value_perm(u, 0, do)
+        b_, c_, f_ = ([w[d] for d in dims] for dims in _dims(u, 0))
         if b_ == do_b and f_ == do_c and len(c_) == 1 and len(_dims(u, 1)[2]) == 1:
             dps.append(u)
+    if not dps:
+        raise NoMatch(_missing("dP = dO.V^T", "q and k", f"no dot reads the cotangent "
+                               f"%{do.name} as dO.V^T ([batch, rows, keys])",
+                               _other_dots(do, dv)))
     if len(dps) != 1:
-        raise NoMatch(f"no single dot dO.V^T ([batch, rows, keys]) reads the cotangent "
-                      f"%{do.name}; found {len(dps)}")
+        raise NoMatch(f"{len(dps)} dots read the cotangent %{do.name} as dO.V^T; the fused "
+                      "backward has one")
     dp = dps[0]
     if fwd is not None:     # V as the forward read it: dP contracts its head dim
         pv_v = 1 if fwd.p_is_lhs else 0
@@ -300,25 +420,35 @@ def match_backward(div: Instruction, stats_given: bool = False, fwd=None) -> Bac
             raise NoMatch(f"%{dp.name} = dO.V^T does not read the forward's V by its head dim")
     b = BackwardMatch(div, ex, sub, x, m_src, l_src, qk, k_is_lhs, steps, dv, dp,
                       dv, dv, div, div)
-    # dQ = dot(dS, K), dK = dot(dS, Q), both reading the same dS.
-    k_seq = _dims(qk, 0 if k_is_lhs else 1)[2]
+    # dQ = dot(dS, K), dK = dot(dS, Q), both reading the same dS, which may be transposed
+    # (a grouped-query einsum's gradient reads dS in q·k's order): every dim of dS pairs
+    # with the q or k dim that made that score dim.
+    batch = set(range(nb))
     found: dict[str, tuple[Instruction, Instruction]] = {}
-    for name, operand, g_contract in (("dq", k, [rank - 1]), ("dk", q, rows)):
-        for u, _r in _readers(_src(operand)):
+    for name, src, of, contract in (("dq", k_src, k_of, {rank - 1}), ("dk", q_src, q_of,
+                                                                       set(rows))):
+        for u, _r in _readers(src):
             if u.opcode != "dot" or u is qk:
                 continue
-            o_side = _side(u, _src(operand))
+            o_side = _side(u, src)
             if o_side is None:
                 continue
             g = _src(u.operands[1 - o_side])
-            gb, gc, _ = _dims(u, 1 - o_side)
-            ob, oc, _ = _dims(u, o_side)
-            o_contract = k_seq if name == "dq" else q_rows
-            qk_side = (0 if k_is_lhs else 1) if name == "dq" else (1 if k_is_lhs else 0)
-            if g.shape.dims == x.shape.dims and gb == list(range(nb)) and gc == g_contract \
-                    and oc == o_contract and ob == _dims(qk, qk_side)[0] and \
-                    _side(u, g) is not None:
+            if g.shape.dims != x.shape.dims or _side(u, g) != 1 - o_side:
+                continue
+            o_perm = value_perm(u, o_side, src)
+            bp, cp = _paired(u, 1 - o_side, g)
+            if set(bp) == batch and set(cp) == contract and all(
+                    of[d] == o_perm[e] for pairs in (bp, cp) for d, e in pairs.items()):
                 found[name] = (u, g)
+    for name, other, what, src in (("dq", "dk", "q", k_src), ("dk", "dq", "k", q_src)):
+        if name not in found and other in found:
+            raise NoMatch(_missing(
+                "dQ = dS.K" if name == "dq" else "dK = dS^T.Q", what,
+                f"{'dK = dS^T.Q' if name == 'dq' else 'dQ = dS.K'} is there, but no dot "
+                f"contracts that dS with %{src.name} as "
+                f"{'dQ = dS.K' if name == 'dq' else 'dK = dS^T.Q'} would",
+                _other_dots(src, qk, found[other][0])))
     if set(found) != {"dq", "dk"} or found["dq"][1] is not found["dk"][1]:
         raise NoMatch(f"dQ = dS.K and dK = dS^T.Q reading one dS not found (found "
                       f"{sorted(found) or 'neither'})")
@@ -336,7 +466,7 @@ def match_backward(div: Instruction, stats_given: bool = False, fwd=None) -> Bac
     stop = {id(i) for i in (x, sub, ex, div, m_src, l_src, dp)}
     r_nodes = _cone(b.g_root, stop)
     views = [v for d in (dv, b.dq, b.dk) for o in d.operands for v in _through(o)[2]
-             if id(v) not in stop]
+             if id(v) not in stop] + _through(dp.operands[0])[2]    # dO as dP reads it
     b.nodes = _unique_insts([dp, dv, b.dq, b.dk] + r_nodes + views)
     return b
 

@@ -160,7 +160,11 @@ def report_for(module: Module) -> Optional[FusionReport]:
     return _REPORTS.get(module)
 
 
-EXPLAIN_PIPELINE = "inline,fixpoint(simplify,cse,dce)"
+# The compile pipelines' simplification (passes/pipelines.py SIMPLIFY), so the fusion
+# explained is the one compiled: without tuple-simplify a jnp.tril mask inlined from a call
+# stays behind a tuple and no attention is matched.
+EXPLAIN_PIPELINE = ("inline,fixpoint(simplify,tuple-simplify,control-flow-simplify,"
+                    "constant-folding,cse,dce)")
 
 
 def explain(module: Module, target: str = "h100", policy: object = "priority",
