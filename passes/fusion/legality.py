@@ -168,7 +168,9 @@ def check_group(state: FusionState, instances: list[Instruction], members: list[
     if kind == "normalization":
         if dots:
             return no("a normalization fusion holds no dot")
-        bad = [i for i in instances if i.opcode in ("gather", "scatter", "reduce-window",
+        # A gather is elemental in the row kernel (codegen/triton/gather.py): its operand
+        # is read at the gathered index, e.g. a cross-entropy's label logit beside the row.
+        bad = [i for i in instances if i.opcode in ("scatter", "reduce-window",
                                                       "dynamic-update-slice", "pad", "concatenate")]
         if bad:
             return no(f"%{bad[0].name} ({bad[0].opcode}) does not fit a row-wise Triton kernel")
@@ -235,7 +237,7 @@ def can_merge(state: FusionState, producer: Group, consumer: Group,
             return no("a normalization fusion's result is final: nothing fuses it in")
         bad = [i for i in other.instances()
                if i.op.category != ELEMENTWISE and i.opcode not in (
-                   "broadcast", "iota", "convert", "bitcast", "reshape", "constant")]
+                   "broadcast", "iota", "convert", "bitcast", "reshape", "constant", "gather")]
         if bad:
             return no(f"%{bad[0].name} ({bad[0].opcode}) cannot join a normalization fusion")
     members = producer.members + consumer.members
