@@ -219,3 +219,15 @@ def test_batching_dims_with_index_vector_dim_in_the_middle():
     idx = np.array([[[1, 7]], [[-5, 3]], [[2**40, 0]]], np.int64)   # 2**40 clamps to 7
     x = rng(18).standard_normal((3, 8, 4)).astype(np.float32)
     check_fusion(fusion, args=[x, idx])
+
+
+# --- gathers inside reduction kernels ----------------------------------------------------------
+def test_gathered_rows_reduced_along_rows_and_columns():
+    w = rng(19).standard_normal((40, 24)).astype(np.float32)
+    ids = rng(20).integers(-40, 40, (30,)).astype(np.int32)
+
+    def f(w, ids):
+        g = jnp.exp(w * 0.5)[ids]
+        return g.sum(axis=1), g.max(axis=0), jax.nn.softmax(g, axis=-1)
+    exe = run(f, w, ids, tol=1e-5)
+    assert gather_kernels(exe), exe.describe()
