@@ -231,3 +231,55 @@ def test_gathered_rows_reduced_along_rows_and_columns():
         return g.sum(axis=1), g.max(axis=0), jax.nn.softmax(g, axis=-1)
     exe = run(f, w, ids, tol=1e-5)
     assert gather_kernels(exe), exe.describe()
+
+
+# --- unsigned and 64-bit indices ---------------------------------------------------------------
+def test_u64_and_u8_indices_clamp_without_wrapping():
+    # 2**63 + 3 is above int64: it must clamp to the last row (the reference interpreter
+    # used to wrap it to a negative int64 and clamp to row 0).
+    dn = lax.GatherDimensionNumbers(offset_dims=(1,), collapsed_slice_dims=(0,),
+                                    start_index_map=(0,))
+    x = np.arange(12.0, dtype=np.float32).reshape(6, 2)
+
+    def f(x, i64, i8):
+        g = lambda i: lax.gather(x * 2, i, dn, slice_sizes=(1, 2),  # noqa: E731
+                                 mode=lax.GatherScatterMode.CLIP)
+        return g(i64), g(i8)
+    with jax.enable_x64(True):
+        i64 = np.array([[1], [5], [2**63 + 3], [2**64 - 1]], np.uint64)
+        i8 = np.array([[0], [255], [4]], np.uint8)
+        exe = run(f, x, i64, i8, tol=0)
+        got = runtime.jit(f)(x, i64, i8)[0]                  # the CPU backend too
+    np.testing.assert_array_equal(np.asarray(got), [[4, 6], [20, 22], [20, 22], [20, 22]])
+    assert gather_kernels(exe)
+
+
+# --- what the generator refuses, and a kernel Triton cannot compile: torch ops take over ------
+def test_complex_gather_is_refused_with_a_reason_and_runs_as_torch_ops():
+    x = (np.arange(12.0) + 1j).astype(np.complex64).reshape(6, 2)
+    idx = np.array([1, 5, -1, 9], np.int32)
+    f = lambda x, idx: x[idx]  # noqa: E731
+    compiled = runtime.jit(f, backend="cuda").lower(x, idx).compile()
+    np.testing.assert_array_equal(np.asarray(compiled(x, idx)), np.asarray(jax.jit(f)(x, idx)))
+    exe = executable_of(compiled)
+    assert [t.kind for t in exe.thunks()] == ["torch-op"], exe.describe()
+    (why,) = exe.stats["gather_torch_fallbacks"]
+    assert "c64 is not supported by the Triton code generator" in why
+
+
+def test_gather_kernel_that_fails_at_launch_falls_back_to_torch(monkeypatch):
+    from runtime.cuda.torch_ops import TorchOpThunk
+    x = rng(21).standard_normal((10, 6)).astype(np.float32)
+    idx = rng(22).integers(-10, 10, (7,)).astype(np.int32)
+    f = lambda x, idx: jnp.sin(x)[idx]  # noqa: E731
+    compiled = runtime.jit(f, backend="cuda").lower(x, idx).compile()
+    exe = executable_of(compiled)
+    (t,) = gather_kernels(exe)
+    assert isinstance(t.fallback, TorchOpThunk)
+
+    def fail(*a, **k):
+        raise RuntimeError("simulated Triton compile failure")
+    monkeypatch.setattr(t.kernel, "launch", fail)
+    np.testing.assert_allclose(np.asarray(compiled(x, idx)), np.asarray(jax.jit(f)(x, idx)),
+                               rtol=1e-6)
+    assert exe.stats["kernel_compile_fallbacks"] == 1 and t.state == "host"

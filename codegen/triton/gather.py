@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 from hlo.dtypes import DType
 from hlo.ir import Instruction
 
+from .elemental import tl_type
+
 if TYPE_CHECKING:
     from .elemental import Emitter, Index, Value
 
@@ -34,14 +36,17 @@ def clamped_start(em: "Emitter", inst: Instruction, raw: str, dtype: DType, hi: 
     unsigned index clamps to ``hi`` instead of wrapping to a negative int32 first."""
     if not dtype.is_integer:
         raise em._unsupported(inst, f"start index of type {dtype.name}")
-    if dtype.kind == "uint" and dtype.bits >= 64:
-        raise em._unsupported(inst, "u64 start indices (no wider signed type to clamp in)")
-    if dtype.bits < 32 or (dtype.kind == "sint" and dtype.bits == 32):
+    if dtype.kind == "uint":
+        # Never negative: only the upper clamp, done in the index's own unsigned type.
+        top = min(max(hi, 0), (1 << dtype.bits) - 1)
+        return em.assign(f"start_{inst.name}", f"tl.minimum({raw}, tl.full([1], {top}, "
+                                               f"{tl_type(dtype)})).to(tl.int32)")
+    if dtype.bits < 32:
         wide = f"{raw}.to(tl.int32)"
-    else:                                    # s64, u32: clamp in int64
-        wide = f"{raw}.to(tl.int64)"
+    else:                                    # s32, s64: clamp in their own type
+        wide = raw
     expr = f"tl.minimum(tl.maximum({wide}, 0), {max(hi, 0)})"
-    if not wide.endswith("(tl.int32)"):
+    if dtype.bits > 32:
         expr = f"({expr}).to(tl.int32)"
     return em.assign(f"start_{inst.name}", expr)
 

@@ -340,7 +340,14 @@ class CudaExecutable:
                 f"%{inst.name}: {reason}")
             return t
         fusion = inst if inst.opcode == "fusion" else one_instruction_fusion(inst)
-        return self._kernel(inst, fusion, wrapped=inst.opcode != "fusion", refused=refused)
+        t = self._kernel(inst, fusion, wrapped=inst.opcode != "fusion", refused=refused)
+        if isinstance(t, KernelThunk):
+            # Should Triton fail to compile the kernel at its first launch, the torch ops
+            # that ran these gathers before take over (not the host evaluator).
+            torch_thunk = device_op_thunk(inst, self.leaves)
+            if torch_thunk is not None:
+                t.fallback = torch_thunk     # type: ignore[assignment]
+        return t
 
     def _kernel(self, inst: Instruction, fusion: Instruction, wrapped: bool,
                 refused: Optional[Any] = None) -> Thunk:
