@@ -283,3 +283,17 @@ def test_gather_kernel_that_fails_at_launch_falls_back_to_torch(monkeypatch):
     np.testing.assert_allclose(np.asarray(compiled(x, idx)), np.asarray(jax.jit(f)(x, idx)),
                                rtol=1e-6)
     assert exe.stats["kernel_compile_fallbacks"] == 1 and t.state == "host"
+
+
+def test_embedding_lookup_then_layer_norm_is_one_row_kernel():
+    table = rng(23).standard_normal((64, 48)).astype(np.float32)
+    ids = rng(24).integers(0, 64, (2, 9)).astype(np.int32)
+
+    def f(table, ids):
+        e = table[ids]
+        mu = e.mean(-1, keepdims=True)
+        var = ((e - mu) ** 2).mean(-1, keepdims=True)
+        return (e - mu) * lax.rsqrt(var + 1e-5)
+    exe = run(f, table, ids, tol=1e-5)
+    ks = gather_kernels(exe)
+    assert ks and ks[0].kernel.template != "loop", exe.describe()

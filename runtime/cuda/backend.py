@@ -61,7 +61,7 @@ from .thunks import (BytesCopyThunk, ConditionalThunk, CopyThunk, HostThunk, Ker
 _LIBRARY_OPS = {"dot", "convolution"}
 _NO_THUNK = {"parameter", "constant", "tuple", "get-tuple-element", "optimization-barrier"}
 # Never worth asking the Triton generator for (no template takes them).
-_HOST_ONLY = {"sort", "gather", "scatter", "rng", "rng-bit-generator", "rng-get-and-update-state",
+_HOST_ONLY = {"sort", "scatter", "rng", "rng-bit-generator", "rng-get-and-update-state",
               "custom-call", "fft", "convolution", "reduce-window", "select-and-scatter",
               "triangular-solve", "cholesky", "infeed", "outfeed", "send", "recv", "send-done",
               "recv-done", "after-all", "all-reduce", "all-gather", "reduce-scatter",
