@@ -297,3 +297,17 @@ def test_embedding_lookup_then_layer_norm_is_one_row_kernel():
     exe = run(f, table, ids, tol=1e-5)
     ks = gather_kernels(exe)
     assert ks and ks[0].kernel.template != "loop", exe.describe()
+
+
+# --- slices and dynamic slices join row kernels too ---------------------------------------------
+def test_softmax_of_a_dynamic_slice_and_log_softmax_of_a_slice_are_one_kernel_each():
+    x = rng(25).standard_normal((32, 40)).astype(np.float32)
+
+    def f(x, i):      # i = 29: the start clamps to 24 so the 8 rows fit
+        return jax.nn.softmax(lax.dynamic_slice(x * 2, (i, 3), (8, 30)), axis=-1)
+
+    def g(x):
+        return jax.nn.log_softmax(x[:, 1:], axis=-1)
+    for fn, args in ((f, (x, np.int32(29))), (g, (x,))):
+        exe = run(fn, *args, tol=1e-6)
+        assert [t.kernel.template for t in exe.thunks()] == ["normalization"], exe.describe()

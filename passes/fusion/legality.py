@@ -10,6 +10,9 @@ The rules (XLA's, simplified where noted):
 - a reduction, a scatter and a tiled transpose ("heroes") may only be outputs of their
   fusion (kInput roots): nothing in the same loop fusion consumes them, except inside a
   normalization fusion (softmax/layer norm);
+- a normalization fusion takes in elementwise producers and index maps computed at the
+  row's index (broadcast, reshape, slice, dynamic-slice, gather: a cross-entropy's label
+  logit is read beside its row);
 - outputs of a multi-output fusion share one iteration space (same dimensions; for an
   input fusion, the reduction's input dimensions);
 - a GEMM fusion holds one dot with operand prologues and an elementwise epilogue, and has
@@ -237,7 +240,8 @@ def can_merge(state: FusionState, producer: Group, consumer: Group,
             return no("a normalization fusion's result is final: nothing fuses it in")
         bad = [i for i in other.instances()
                if i.op.category != ELEMENTWISE and i.opcode not in (
-                   "broadcast", "iota", "convert", "bitcast", "reshape", "constant", "gather")]
+                   "broadcast", "iota", "convert", "bitcast", "reshape", "constant", "gather",
+                   "slice", "dynamic-slice")]
         if bad:
             return no(f"%{bad[0].name} ({bad[0].opcode}) cannot join a normalization fusion")
     members = producer.members + consumer.members
