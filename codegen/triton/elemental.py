@@ -7,8 +7,8 @@ emits one line per HLO instruction (named after it, its HLO in a trailing commen
 memoizes it per (instruction, index), inside the current loop scope.
 
 Index arithmetic keeps every index in range (callers clamp the tile's own indices; pad,
-concatenate, dynamic slices and gathers clamp theirs), so parameter loads need no mask: only stores
-and reductions look at masks.
+concatenate, dynamic slices and gathers clamp theirs), so parameter loads need no mask:
+only stores and reductions look at masks.
 
 Numerics: values live in their HLO element type; an elementwise op on bf16/f16 computes in
 f32 and rounds back after each op (``round_narrow_each_op=True``, what our reference
@@ -499,9 +499,9 @@ class Emitter:
 
     def _starts(self, inst: Instruction, first: int, sizes: Sequence[int]) -> list[str]:
         operand_dims = inst.operands[0].shape.dims
+        from .gather import clamped_start
         starts = []
         for d, s in enumerate(inst.operands[first:first + len(operand_dims)]):
-            from .gather import clamped_start
             raw = self.value(s, ())
             if isinstance(raw, tuple):
                 raise self._unsupported(inst, "tuple-valued start index")
