@@ -244,3 +244,28 @@ def test_variadic_reduce_operands_are_whole_tiles():
     for line in src.splitlines():
         if line.strip().startswith("x_reduce"):
             assert "tl.broadcast_to(" in line or "tl.zeros([BLOCK_M, BLOCK_N]" in line, line
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA")
+def test_gpu_cross_entropy_label_gather_in_the_row_kernel_on_the_native_path():
+    # The label gather is elemental in the row kernel (codegen/triton/gather.py): one
+    # kernel, no torch op, so the native launcher can patch every node.
+    r = rng(14)
+    x = r.standard_normal((1024, 32000)).astype(BF16)
+    labels = r.integers(0, 32000, (1024,)).astype(np.int32)
+    labels[::5] = -100
+    for fn, n_kernels in ((cross_entropy, 1), (masked_mean_nll, None)):
+        compiled = runtime.jit(fn, backend="cuda").lower(x, labels).compile()
+        want = np.asarray(jax.jit(fn)(x, labels), np.float64)
+        for _ in range(3):                       # eager, captured, replayed
+            got = np.asarray(compiled(x, labels), np.float64)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        exe = executable_of(compiled)
+        kinds = [t.kind for t in exe.thunks()]
+        assert "torch-op" not in kinds and not exe.host_fallbacks(), exe.describe()
+        if n_kernels is not None:
+            assert kinds == ["kernel"] * n_kernels, exe.describe()
+        # (A machine without the native library says so here; a torch kernel said
+        # "NotPatchable".)
+        assert "NotPatchable" not in exe.native_reason, exe.native_reason

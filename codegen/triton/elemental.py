@@ -7,8 +7,8 @@ emits one line per HLO instruction (named after it, its HLO in a trailing commen
 memoizes it per (instruction, index), inside the current loop scope.
 
 Index arithmetic keeps every index in range (callers clamp the tile's own indices; pad,
-concatenate and dynamic slices clamp theirs), so parameter loads need no mask: only stores
-and reductions look at masks.
+concatenate, dynamic slices and gathers clamp theirs), so parameter loads need no mask:
+only stores and reductions look at masks.
 
 Numerics: values live in their HLO element type; an elementwise op on bf16/f16 computes in
 f32 and rounds back after each op (``round_narrow_each_op=True``, what our reference
@@ -329,6 +329,9 @@ class Emitter:
             return self._concatenate(inst, idx, c)
         if op == "dynamic-slice":
             return self._dynamic_slice(inst, idx)
+        if op == "gather":
+            from .gather import emit_gather
+            return emit_gather(self, inst, idx)
         if op == "dynamic-update-slice":
             return self._dynamic_update_slice(inst, idx, c)
         if op == "get-tuple-element":
@@ -496,12 +499,13 @@ class Emitter:
 
     def _starts(self, inst: Instruction, first: int, sizes: Sequence[int]) -> list[str]:
         operand_dims = inst.operands[0].shape.dims
+        from .gather import clamped_start
         starts = []
         for d, s in enumerate(inst.operands[first:first + len(operand_dims)]):
             raw = self.value(s, ())
-            hi = operand_dims[d] - sizes[d]
-            starts.append(self.assign(f"start_{inst.name}",
-                                      f"tl.minimum(tl.maximum({raw}.to(tl.int32), 0), {hi})"))
+            if isinstance(raw, tuple):
+                raise self._unsupported(inst, "tuple-valued start index")
+            starts.append(clamped_start(self, inst, raw, s.shape.dtype, operand_dims[d] - sizes[d]))
         return starts
 
     def _dynamic_slice(self, inst: Instruction, idx: Index) -> Value:

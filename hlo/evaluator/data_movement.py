@@ -224,7 +224,12 @@ def _index_vector_components(indices: np.ndarray, ivd: int, batch_index: list[np
     comps = []
     for k in range(indices.shape[ivd]):
         sel = batch_index[:ivd] + [np.asarray(k)] + batch_index[ivd:]
-        comps.append(indices[tuple(sel)].astype(np.int64))
+        comp = indices[tuple(sel)]
+        if comp.dtype == np.uint64:
+            # A u64 index above int64's range must stay large (clamped or skipped as out
+            # of range), not wrap to a negative int64.
+            comp = np.minimum(comp, np.iinfo(np.int64).max)
+        comps.append(comp.astype(np.int64))
     return comps
 
 

@@ -10,6 +10,9 @@ The rules (XLA's, simplified where noted):
 - a reduction, a scatter and a tiled transpose ("heroes") may only be outputs of their
   fusion (kInput roots): nothing in the same loop fusion consumes them, except inside a
   normalization fusion (softmax/layer norm);
+- a normalization fusion takes in elementwise producers and index maps computed at the
+  row's index (broadcast, reshape, slice, dynamic-slice, gather: a cross-entropy's label
+  logit is read beside its row);
 - outputs of a multi-output fusion share one iteration space (same dimensions; for an
   input fusion, the reduction's input dimensions);
 - a GEMM fusion holds one dot with operand prologues and an elementwise epilogue, and has
@@ -168,7 +171,9 @@ def check_group(state: FusionState, instances: list[Instruction], members: list[
     if kind == "normalization":
         if dots:
             return no("a normalization fusion holds no dot")
-        bad = [i for i in instances if i.opcode in ("gather", "scatter", "reduce-window",
+        # A gather is elemental in the row kernel (codegen/triton/gather.py): its operand
+        # is read at the gathered index, e.g. a cross-entropy's label logit beside the row.
+        bad = [i for i in instances if i.opcode in ("scatter", "reduce-window",
                                                       "dynamic-update-slice", "pad", "concatenate")]
         if bad:
             return no(f"%{bad[0].name} ({bad[0].opcode}) does not fit a row-wise Triton kernel")
@@ -235,7 +240,8 @@ def can_merge(state: FusionState, producer: Group, consumer: Group,
             return no("a normalization fusion's result is final: nothing fuses it in")
         bad = [i for i in other.instances()
                if i.op.category != ELEMENTWISE and i.opcode not in (
-                   "broadcast", "iota", "convert", "bitcast", "reshape", "constant")]
+                   "broadcast", "iota", "convert", "bitcast", "reshape", "constant", "gather",
+                   "slice", "dynamic-slice")]
         if bad:
             return no(f"%{bad[0].name} ({bad[0].opcode}) cannot join a normalization fusion")
     members = producer.members + consumer.members

@@ -61,7 +61,7 @@ from .thunks import (BytesCopyThunk, ConditionalThunk, CopyThunk, HostThunk, Ker
 _LIBRARY_OPS = {"dot", "convolution"}
 _NO_THUNK = {"parameter", "constant", "tuple", "get-tuple-element", "optimization-barrier"}
 # Never worth asking the Triton generator for (no template takes them).
-_HOST_ONLY = {"sort", "gather", "scatter", "rng", "rng-bit-generator", "rng-get-and-update-state",
+_HOST_ONLY = {"sort", "scatter", "rng", "rng-bit-generator", "rng-get-and-update-state",
               "custom-call", "fft", "convolution", "reduce-window", "select-and-scatter",
               "triangular-solve", "cholesky", "infeed", "outfeed", "send", "recv", "send-done",
               "recv-done", "after-all", "all-reduce", "all-gather", "reduce-scatter",
@@ -261,8 +261,14 @@ class CudaExecutable:
             for i in callee.instructions:
                 out.extend(self._thunks(i))
             return out
-        # gather / scatter / sort / reduce-window (alone or fused): no Triton template
-        # takes them; torch ops on arena views where torch_ops.py can, else a HostThunk.
+        # A gather (alone or fused, with no scatter/sort/reduce-window beside it) is a
+        # Triton kernel: the emitter computes its operand at the gathered index
+        # (codegen/triton/gather.py). What the generator refuses keeps the torch path.
+        if _gathers_only(inst):
+            t = self._gather_kernel(inst)
+            return list(t.thunks) if isinstance(t, SplitThunk) else [t]
+        # scatter / sort / reduce-window (alone or fused): no Triton template takes them;
+        # torch ops on arena views where torch_ops.py can, else a HostThunk.
         t = device_op_thunk(inst, self.leaves) if op in DEVICE_OPS else None
         if t is not None:
             return [t]
@@ -323,13 +329,36 @@ class CudaExecutable:
             return self._host(inst, "flash attention: a tuple operand")
         return LibraryThunk(inst, call, ins, outs)  # type: ignore[arg-type]
 
-    def _kernel(self, inst: Instruction, fusion: Instruction, wrapped: bool) -> Thunk:
+    def _gather_kernel(self, inst: Instruction) -> Thunk:
+        """A gather, or a fusion around gathers, as a Triton kernel; what the generator
+        refuses goes to torch ops (torch_ops.py), then to the host."""
+        def refused(reason: str) -> Thunk:
+            t = device_op_thunk(inst, self.leaves)
+            if t is None:
+                return self._host(inst, reason)
+            self.stats.setdefault("gather_torch_fallbacks", []).append(
+                f"%{inst.name}: {reason}")
+            return t
+        fusion = inst if inst.opcode == "fusion" else one_instruction_fusion(inst)
+        t = self._kernel(inst, fusion, wrapped=inst.opcode != "fusion", refused=refused)
+        if isinstance(t, KernelThunk):
+            # Should Triton fail to compile the kernel at its first launch, the torch ops
+            # that ran these gathers before take over (not the host evaluator).
+            torch_thunk = device_op_thunk(inst, self.leaves)
+            if torch_thunk is not None:
+                t.fallback = torch_thunk     # type: ignore[assignment]
+        return t
+
+    def _kernel(self, inst: Instruction, fusion: Instruction, wrapped: bool,
+                refused: Optional[Any] = None) -> Thunk:
         """A Triton kernel thunk for ``fusion`` (the instruction itself, or its one-op
-        wrapper), or a host fallback when the generator cannot make one."""
+        wrapper), or a host fallback when the generator cannot make one (``refused(reason)``
+        instead, when given)."""
         from codegen.triton import TritonCodegenError, compile_fusion
+        host = refused if refused is not None else (lambda why: self._host(inst, why))
         ins = [self._array_slot(o) for o in inst.operands]
         if any(s is None for s in ins):
-            return self._host(inst, "a tuple or untyped operand")
+            return host("a tuple or untyped operand")
         root = fusion.attrs["calls"].root
         if inst.shape.is_tuple:
             if root.opcode not in ("tuple", "reduce") or any(not e.is_array for e in inst.shape.elements):
@@ -338,14 +367,14 @@ class CudaExecutable:
         else:
             outs = [self.leaves(inst).get(())]
         if any(s is None or ar.torch_dtype(s.shape.dtype) is None for s in outs):
-            return self._host(inst, "a result type torch has no dtype for")
+            return host("a result type torch has no dtype for")
         split = self._split_reduction(inst, fusion, ins, outs)   # type: ignore[arg-type]
         if split is not None:
             return split
         try:
             kernel = compile_fusion(fusion, target=self.target, autotune=self.autotune)
         except TritonCodegenError as e:
-            return self._host(inst, f"Triton codegen: {str(e).splitlines()[0][:120]}")
+            return host(f"Triton codegen: {str(e).splitlines()[0][:120]}")
         if not wrapped and (kernel.template == "generic" and any(
                 i.opcode == "dot" for i in fusion.attrs["calls"].instructions)
                 or kernel.template == "gemm" and (_expensive_prologue(fusion)
@@ -782,6 +811,17 @@ class CudaExecutable:
             steps = ", ".join(f"{k} {v / h['calls'] * 1e6:.1f}" for k, v in h.items() if k != "calls")
             lines.append(f"python path host us per call ({h['calls']} calls): {steps}")
         return lines
+
+
+def _gathers_only(inst: Instruction) -> bool:
+    """A gather, or a plain fusion holding gathers but none of the other ops only torch
+    runs (scatter, sort, reduce-window): the Triton generator is tried first."""
+    if inst.opcode == "gather":
+        return True
+    if inst.opcode != "fusion" or fusion_kind(inst) in ("attention", "attention_backward"):
+        return False
+    ops = {i.opcode for i in inst.attrs["calls"].instructions}
+    return "gather" in ops and not ops & {"scatter", "sort", "reduce-window"}
 
 
 def _f32_dot(fusion: Instruction) -> bool:
