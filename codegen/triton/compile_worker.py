@@ -83,26 +83,38 @@ def compile_job(path: str, name: str, data: str) -> None:
     build_launcher(kernel)
 
 
-def use_parent_key() -> bool:
-    """Use the Triton installation key the parent passed in ``HLOTK_TRITON_KEY`` (it read
-    it from its disk cache or hashed it for this same installation: the worker runs the
-    parent's interpreter), instead of hashing Triton's sources and library again (~0.3 s).
-    The same module attributes as ``codegen/triton/triton_key.py`` patches."""
-    value = os.environ.get("HLOTK_TRITON_KEY")
-    if not value:
-        return False
+# Where Triton versions define or import triton_key(): each module's name is rebound.
+TRITON_KEY_MODULES = ("triton.runtime.cache", "triton.compiler.compiler",
+                      "triton.runtime.autotuner", "triton.runtime.jit")
+
+
+def patch_triton_key(value: str) -> Any:
+    """Make every module in TRITON_KEY_MODULES answer ``value`` for triton_key(); returns the
+    stand-in function (``codegen/triton/triton_key.py`` uses this too)."""
     import importlib
 
     def triton_key() -> str:
         return value
-    for name in ("triton.runtime.cache", "triton.compiler.compiler",
-                 "triton.runtime.autotuner", "triton.runtime.jit"):
-        try:
-            mod = importlib.import_module(name)
-        except ImportError:
-            continue
+    for name in TRITON_KEY_MODULES:
+        mod = sys.modules.get(name)
+        if mod is None:
+            try:
+                mod = importlib.import_module(name)
+            except ImportError:
+                continue
         if hasattr(mod, "triton_key"):
             mod.triton_key = triton_key
+    return triton_key
+
+
+def use_parent_key() -> bool:
+    """Use the Triton installation key the parent passed in ``HLOTK_TRITON_KEY`` (it read
+    it from its disk cache or hashed it for this same installation: the worker runs the
+    parent's interpreter), instead of hashing Triton's sources and library again (~0.3 s)."""
+    value = os.environ.get("HLOTK_TRITON_KEY")
+    if not value:
+        return False
+    patch_triton_key(value)
     return True
 
 

@@ -30,10 +30,11 @@ from typing import Any, Callable, Optional
 
 from codegen.cache import CacheWarning, machine_cache_root
 
+from .compile_worker import TRITON_KEY_MODULES as _MODULES
+
 ENV = "HLOTK_TRITON_KEY"          # the key, for compile workers (set by the parent)
-# Modules whose global ``triton_key`` computes a cache key (where this Triton has one).
-_MODULES = ("triton.runtime.cache", "triton.compiler.compiler", "triton.runtime.autotuner",
-            "triton.runtime.jit")
+# Modules whose global ``triton_key`` computes a cache key (where this Triton has one):
+# _MODULES, shared with the compile workers.
 _lock = threading.Lock()
 _ORIGINAL: Optional[Callable[[], str]] = None
 _VALUE: Optional[str] = None
@@ -143,23 +144,11 @@ def original() -> Callable[[], str]:
 
 
 def _patch(value: str) -> None:
-    import importlib
-    import sys
+    from .compile_worker import patch_triton_key
     original()
-
-    def triton_key() -> str:
-        return value
-    triton_key._hlotk_original = _ORIGINAL          # type: ignore[attr-defined]
-    triton_key.cache_clear = lambda: None           # type: ignore[attr-defined]
-    for name in _MODULES:
-        mod = sys.modules.get(name)
-        if mod is None:
-            try:
-                mod = importlib.import_module(name)
-            except ImportError:
-                continue
-        if hasattr(mod, "triton_key"):
-            mod.triton_key = triton_key
+    stand_in = patch_triton_key(value)
+    stand_in._hlotk_original = _ORIGINAL          # type: ignore[attr-defined]
+    stand_in.cache_clear = lambda: None           # type: ignore[attr-defined]
 
 
 def install(compute: bool = True) -> Optional[str]:
