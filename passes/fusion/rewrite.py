@@ -75,6 +75,7 @@ class FusionState:
         self._firsts: dict[int, int] = {}
         self._candidates: dict[tuple, tuple[Estimate, Estimate]] = {}
         self._big: dict[int, list[Instruction]] = {}
+        self._consumers: dict[int, list[Node]] = {}
         self.epoch = 0        # bumped when readers change in ways merges do not (duplicates)
         # Price groups whose dot the backend runs as library GEMM + loop kernels that way
         # (split_gemm.py; the Fusion pass's ``split_gemms`` option).
@@ -150,12 +151,33 @@ class FusionState:
         return list(seen.values())
 
     def consumers(self, g: Group) -> list[Node]:
-        """Distinct nodes reading any of g's members from g."""
+        """Distinct nodes reading any of g's members from g (do not modify the list).
+
+        Cached by group id: the fusion loop asks for every group's consumers after every
+        fusion, and a fusion changes the readers of only the groups that feed it
+        (``_forget_readers_of``)."""
+        cached = self._consumers.get(g.id)
+        if cached is not None:
+            return cached
         seen: dict[int, Node] = {}
         for m in g.members:
             for n in self.external_readers(m, {g.id}):
                 seen.setdefault(id(n), n)
-        return list(seen.values())
+        out = self._consumers[g.id] = list(seen.values())
+        return out
+
+    def _forget_readers_of(self, groups: Iterable[Group]) -> None:
+        """Drop the cached consumers of every group that feeds an instance of ``groups``
+        (before those groups change). A node's readers are the homes of its members' users
+        and the groups holding copies of them (``user_nodes``): fusing or copying instances
+        changes the readers of those instances' operands only, and the groups themselves."""
+        for g in groups:
+            self._consumers.pop(g.id, None)
+            for i in g.instances():
+                for o in i.operands:
+                    h = self.home.get(id(o))
+                    if h is not None:
+                        self._consumers.pop(h.id, None)
 
     def producers(self, g: Group) -> list[Node]:
         seen: dict[int, Node] = {}
@@ -253,6 +275,7 @@ class FusionState:
         ids = {id(m) for m in members}
         copies = [c for c in _unique(a.copies + b.copies) if id(c) not in ids]
         kind = "normalization" if "normalization" in (a.kind, b.kind) else ""
+        self._forget_readers_of((a, b))
         self._drop(a)
         self._drop(b)
         return self._add(Group(members, copies, kind))
@@ -267,6 +290,7 @@ class FusionState:
         self._candidates = {k: v for k, v in self._candidates.items()
                             if touched.isdisjoint(k[1:])}
         new = [i for i in producer.instances() if i not in consumer]
+        self._forget_readers_of((producer, consumer))
         self._drop(consumer)
         merged = self._add(Group(consumer.members, consumer.copies + new, consumer.kind))
         if not self.consumers(producer) and not any(m is self.comp.root for m in producer.members):
