@@ -76,6 +76,7 @@ class FusionState:
         self._candidates: dict[tuple, tuple[Estimate, Estimate]] = {}
         self._big: dict[int, list[Instruction]] = {}
         self._consumers: dict[int, list[Node]] = {}
+        self._node_estimates: dict[int, Estimate] = {}
         self.epoch = 0        # bumped when readers change in ways merges do not (duplicates)
         # Price groups whose dot the backend runs as library GEMM + loop kernels that way
         # (split_gemm.py; the Fusion pass's ``split_gemms`` option).
@@ -167,17 +168,19 @@ class FusionState:
         return out
 
     def _forget_readers_of(self, groups: Iterable[Group]) -> None:
-        """Drop the cached consumers of every group that feeds an instance of ``groups``
+        """Drop the cached consumers (and node estimates) of every group that feeds an instance of ``groups``
         (before those groups change). A node's readers are the homes of its members' users
         and the groups holding copies of them (``user_nodes``): fusing or copying instances
         changes the readers of those instances' operands only, and the groups themselves."""
         for g in groups:
             self._consumers.pop(g.id, None)
+            self._node_estimates.pop(g.id, None)
             for i in g.instances():
                 for o in i.operands:
                     h = self.home.get(id(o))
                     if h is not None:
                         self._consumers.pop(h.id, None)
+                        self._node_estimates.pop(h.id, None)
 
     def producers(self, g: Group) -> list[Node]:
         seen: dict[int, Node] = {}
@@ -263,10 +266,19 @@ class FusionState:
         return est
 
     def node_estimate(self, n: Node) -> Estimate:
-        if isinstance(n, Group):
-            return self.estimate(n.instances(), {n.id})
-        return estimate_kernel([n], [n], self.spec) if not is_free(n) else \
-            estimate_kernel([], [], self.spec)
+        """The predicted cost of one node as it is now. Cached: an instruction's never
+        changes; a group's changes only with its outputs, i.e. with its readers, so it is
+        dropped with its consumers (``_forget_readers_of``)."""
+        key = n.id if isinstance(n, Group) else -1 - id(n)   # group ids are positive
+        est = self._node_estimates.get(key)
+        if est is None:
+            if isinstance(n, Group):
+                est = self.estimate(n.instances(), {n.id})
+            else:
+                est = estimate_kernel([n], [n], self.spec) if not is_free(n) else \
+                    estimate_kernel([], [], self.spec)
+            self._node_estimates[key] = est
+        return est
 
     # --- actions --------------------------------------------------------------------------
     def merge(self, a: Group, b: Group) -> Group:
