@@ -77,6 +77,8 @@ class FusionState:
         self._big: dict[int, list[Instruction]] = {}
         self._consumers: dict[int, list[Node]] = {}
         self._node_estimates: dict[int, Estimate] = {}
+        self._group_readers: dict[int, list[Group]] = {}      # inst id -> group_readers
+        self._pc_candidates: dict[int, dict[tuple, list]] = {}  # group id -> flags -> list
         self.epoch = 0        # bumped when readers change in ways merges do not (duplicates)
         # Price groups whose dot the backend runs as library GEMM + loop kernels that way
         # (split_gemm.py; the Fusion pass's ``split_gemms`` option).
@@ -168,19 +170,33 @@ class FusionState:
         return out
 
     def _forget_readers_of(self, groups: Iterable[Group]) -> None:
-        """Drop the cached consumers (and node estimates) of every group that feeds an instance of ``groups``
+        """Drop the cached consumers (node estimates, candidates) of every group that feeds an instance of ``groups``
         (before those groups change). A node's readers are the homes of its members' users
         and the groups holding copies of them (``user_nodes``): fusing or copying instances
         changes the readers of those instances' operands only, and the groups themselves."""
         for g in groups:
             self._consumers.pop(g.id, None)
             self._node_estimates.pop(g.id, None)
+            self._pc_candidates.pop(g.id, None)
             for i in g.instances():
                 for o in i.operands:
+                    self._group_readers.pop(id(o), None)
                     h = self.home.get(id(o))
                     if h is not None:
                         self._consumers.pop(h.id, None)
                         self._node_estimates.pop(h.id, None)
+                        self._pc_candidates.pop(h.id, None)
+
+    def group_readers(self, inst: Instruction) -> list[Group]:
+        """The distinct groups holding an instance of a user of ``inst``, by their first
+        instruction (do not modify the list). Cached as ``consumers`` is: fusing a group
+        changes the readers of its instances' operands only."""
+        out = self._group_readers.get(id(inst))
+        if out is None:
+            readers = [n for n in self.user_nodes(inst) if isinstance(n, Group)]
+            out = self._group_readers[id(inst)] = sorted(
+                {g.id: g for g in readers}.values(), key=self._first)
+        return out
 
     def producers(self, g: Group) -> list[Node]:
         seen: dict[int, Node] = {}
