@@ -51,13 +51,15 @@ def programs(only: set[str]) -> list[tuple]:
 
 
 def compile_one(fn, args, x64: bool) -> tuple[str, str, float]:
-    """(optimized module text, buffer assignment text, seconds in the passes)."""
+    """(optimized module text + fusion decisions, buffer assignment text, seconds in the
+    passes)."""
     import contextlib
 
     import jax
 
     import runtime
     from passes.buffer_assignment import assign_buffers
+    from passes.fusion.explain import report_for
     from passes.fusion.pass_ import with_target
     from passes.pipelines import pipeline_spec
     from runtime.tools import compile_module
@@ -67,7 +69,10 @@ def compile_one(fn, args, x64: bool) -> tuple[str, str, float]:
     t0 = time.perf_counter()
     compile_module(module, spec, backend="cuda")
     seconds = time.perf_counter() - t0
-    return module.to_text(), assign_buffers(module).to_text(), seconds
+    report = report_for(module)
+    # The fusion decision log too (every pair looked at, its reason and predicted times).
+    log = "" if report is None else "\n".join(map(repr, report.decisions))
+    return module.to_text() + "\n" + log, assign_buffers(module).to_text(), seconds
 
 
 def digest(text: str) -> str:

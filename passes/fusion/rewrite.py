@@ -74,6 +74,7 @@ class FusionState:
         self._estimates: dict[tuple, Estimate] = {}
         self._firsts: dict[int, int] = {}
         self._candidates: dict[tuple, tuple[Estimate, Estimate]] = {}
+        self._candidates_of: dict[int, list[tuple]] = {}   # group id -> keys naming it
         self._big: dict[int, list[Instruction]] = {}
         self._consumers: dict[int, list[Node]] = {}
         self._node_estimates: dict[int, Estimate] = {}
@@ -279,6 +280,8 @@ class FusionState:
         est = self._candidates.get(key)
         if est is None:
             est = self._candidates[key] = compute()
+            for gid in key[1:]:
+                self._candidates_of.setdefault(gid, []).append(key)
         return est
 
     def node_estimate(self, n: Node) -> Estimate:
@@ -315,8 +318,9 @@ class FusionState:
         # The producer loses a reader (its members' outputs may change) and its inputs'
         # groups gain one (the copy): estimates naming them are stale.
         touched = {producer.id} | {n.id for n in self.producers(producer) if isinstance(n, Group)}
-        self._candidates = {k: v for k, v in self._candidates.items()
-                            if touched.isdisjoint(k[1:])}
+        for gid in touched:        # by the index, not a scan of every cached candidate
+            for k in self._candidates_of.pop(gid, ()):
+                self._candidates.pop(k, None)
         new = [i for i in producer.instances() if i not in consumer]
         self._forget_readers_of((producer, consumer))
         self._drop(consumer)
