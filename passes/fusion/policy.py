@@ -103,7 +103,11 @@ def sibling_candidates(state: FusionState, min_shared_bytes: int = 1 << 16) -> I
 def estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:
     """(unfused, fused): predicted cost of the kernels involved, apart and after fusing
     (computed once per candidate: ``FusionState.candidate_estimates``)."""
-    return state.candidate_estimates(c.key, lambda: _estimates(c, state))
+    key = c.key
+    known = state._candidates.get(key)    # the hot path (every candidate, every round)
+    if known is not None:
+        return known
+    return state.candidate_estimates(key, lambda: _estimates(c, state))
 
 
 def _estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:

@@ -141,9 +141,16 @@ class FusionState:
         """Members whose value is needed outside the groups ``inside``."""
         outs = []
         for m in members:
-            if m is self.comp.root or self.external_readers(m, inside):
+            if m is self.comp.root or self._read_outside(m, inside):
                 outs.append(m)
         return outs
+
+    def _read_outside(self, inst: Instruction, inside: set[int]) -> bool:
+        """``bool(external_readers(inst, inside))``, stopping at the first reader."""
+        for n in self.user_nodes(inst):
+            if not isinstance(n, Group) or not (n.id in inside or inst in n):
+                return True
+        return False
 
     def external_inputs(self, instances: list[Instruction]) -> list[Instruction]:
         ids = {id(i) for i in instances}
