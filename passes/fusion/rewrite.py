@@ -178,10 +178,11 @@ class FusionState:
         return out
 
     def _forget_readers_of(self, groups: Iterable[Group]) -> None:
-        """Drop the cached consumers (node estimates, candidates) of every group that feeds an instance of ``groups``
-        (before those groups change). A node's readers are the homes of its members' users
-        and the groups holding copies of them (``user_nodes``): fusing or copying instances
-        changes the readers of those instances' operands only, and the groups themselves."""
+        """Drop the cached consumers, node estimates and candidates of ``groups`` and of
+        every group that feeds one of their instances, and the readers of those instances'
+        operands (call before the groups change). A node's readers are the homes of its
+        members' users and the groups holding copies of them (``user_nodes``): fusing or
+        copying instances changes the readers of those instances' operands only."""
         for g in groups:
             self._consumers.pop(g.id, None)
             self._node_estimates.pop(g.id, None)
