@@ -9,7 +9,9 @@ Deviceless, as ``benchmarks.compile_time --deviceless`` compiles: the program lo
 passes, then the default CUDA pipeline for target h200 (no module cache). Programs: the GPU
 suite (benchmarks/gpu_suite.py), issue 14's attention programs (benchmarks/attention.py,
 at smaller shapes: only the graph matters here, and the decisions depend on the shapes, so
-before and after use the same ones) and every zoo program (tests/zoo.py).
+before and after use the same ones) and every zoo program (tests/zoo.py). Hashed per
+program: the optimized module's text with the fusion decision log ("hlo"), and the buffer
+assignment ("buffers"); source paths in metadata are taken relative to the checkout.
 """
 from __future__ import annotations
 
@@ -100,6 +102,7 @@ def main() -> None:
             text, ba, sec = compile_one(fn, args, x64)
         except Exception as e:  # noqa: BLE001  (a program the pipeline refuses: record that)
             got[name] = {"error": type(e).__name__ + ": " + str(e)[:200]}
+            bad += bool(want) and want.get(name) != got[name]
             print(f"{name}: error {got[name]['error']}", flush=True)
             continue
         if opts.dump:
@@ -110,7 +113,8 @@ def main() -> None:
         got[name] = {"hlo": digest(text), "buffers": digest(ba)}
         line = f"{name}: hlo {got[name]['hlo']} buffers {got[name]['buffers']}"
         if opts.time:
-            line += f" passes median {sorted(times)[len(times) // 2]:.3f} s {[round(t, 3) for t in times]}"
+            median = sorted(times)[len(times) // 2]
+            line += f" passes median {median:.3f} s {[round(t, 3) for t in times]}"
         if want:
             ok = want.get(name) == got[name]
             bad += not ok
@@ -121,7 +125,8 @@ def main() -> None:
             json.dump(got, f, indent=1, sort_keys=True)
     if want:
         missing = [n for n in want if n not in got and (not only or n in only)]
-        print(f"{len(got) - bad}/{len(got)} identical" + (f"; missing {missing}" if missing else ""))
+        print(f"{len(got) - bad}/{len(got)} identical"
+              + (f"; missing {missing}" if missing else ""))
         sys.exit(1 if bad or missing else 0)
 
 
