@@ -162,10 +162,14 @@ FREE_OPS = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bi
 
 
 def array_bytes(shape: AnyShape) -> int:
+    if not shape.is_tuple:      # the common case, without leaf_paths' generator (hot in fusion)
+        return shape.byte_size if shape.is_array else 0
     return sum(s.byte_size for _, s in leaf_paths(shape) if s.is_array)
 
 
 def elements(shape: AnyShape) -> int:
+    if not shape.is_tuple:
+        return shape.size if shape.is_array else 0
     return sum(s.size for _, s in leaf_paths(shape) if s.is_array)
 
 

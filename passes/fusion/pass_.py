@@ -84,8 +84,9 @@ def run_policy(state: FusionState, policy: FusionPolicy, report: FusionReport,
     applied = 0
     while True:
         cands = list(policy.candidates(state))
-        scored = sorted(((policy.priority(c, state), k, c) for k, c in enumerate(cands)),
-                        key=lambda t: (-t[0], t[1]))
+        # Highest priority first, ties in the policy's order (k is unique: c is never
+        # compared).
+        scored = sorted((-policy.priority(c, state), k, c) for k, c in enumerate(cands))
         taken = None
         for _, _, c in scored:
             key = c.key + (state.epoch,)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterable, Iterator, Protocol, Union, runtime_checkable
 
 from hlo.errors import HlotkError
@@ -37,7 +38,7 @@ class Candidate:
     def consumer(self) -> Group:
         return self.consumers[0]
 
-    @property
+    @cached_property     # groups never change their id; asked for on every scoring
     def key(self) -> tuple:
         return (self.action, self.producer.id) + tuple(g.id for g in self.consumers)
 
@@ -57,17 +58,34 @@ class FusionPolicy(Protocol):
 def producer_consumer_candidates(state: FusionState, duplicates: bool = True,
                                  multi_output: bool = True) -> Iterator[Candidate]:
     """merge(P, C) for every producer group P and consumer group C; duplicate(P, all C)
-    when every reader of P is a group and there are several."""
+    when every reader of P is a group and there are several.
+
+    A group's candidates depend on its consumers only, so they are kept with them in the
+    state (dropped when those change): the fusion loop asks after every fusion, and the
+    same objects come back, each computing its key once."""
+    flags = (duplicates, multi_output)
+    cache = state._pc_candidates
     for p in list(state.groups.values()):
-        readers = state.consumers(p)
-        groups = [n for n in readers if isinstance(n, Group)]
-        only_groups = len(groups) == len(readers) and not any(
-            m is state.comp.root for m in p.members)
-        if duplicates and only_groups and len(groups) > 1:
-            yield Candidate("duplicate", p, tuple(groups))
-        for c in groups:
-            if multi_output or (only_groups and len(groups) == 1):
-                yield Candidate("merge", p, (c,))
+        per_group = cache.setdefault(p.id, {})
+        cands = per_group.get(flags)
+        if cands is None:
+            cands = per_group[flags] = _group_candidates(state, p, duplicates, multi_output)
+        yield from cands
+
+
+def _group_candidates(state: FusionState, p: Group, duplicates: bool,
+                      multi_output: bool) -> list[Candidate]:
+    out = []
+    readers = state.consumers(p)
+    groups = [n for n in readers if isinstance(n, Group)]
+    only_groups = len(groups) == len(readers) and not any(
+        m is state.comp.root for m in p.members)
+    if duplicates and only_groups and len(groups) > 1:
+        out.append(Candidate("duplicate", p, tuple(groups)))
+    for c in groups:
+        if multi_output or (only_groups and len(groups) == 1):
+            out.append(Candidate("merge", p, (c,)))
+    return out
 
 
 def sibling_candidates(state: FusionState, min_shared_bytes: int = 1 << 16) -> Iterator[Candidate]:
@@ -75,8 +93,7 @@ def sibling_candidates(state: FusionState, min_shared_bytes: int = 1 << 16) -> I
     ``min_shared_bytes``."""
     seen: set[tuple[int, int]] = set()
     for inst in state.values_of_at_least(min_shared_bytes):
-        readers = [n for n in state.user_nodes(inst) if isinstance(n, Group)]
-        readers = sorted({g.id: g for g in readers}.values(), key=state._first)
+        readers = state.group_readers(inst)
         for a, b in zip(readers, readers[1:]):
             if (a.id, b.id) not in seen:
                 seen.add((a.id, b.id))
@@ -86,7 +103,11 @@ def sibling_candidates(state: FusionState, min_shared_bytes: int = 1 << 16) -> I
 def estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:
     """(unfused, fused): predicted cost of the kernels involved, apart and after fusing
     (computed once per candidate: ``FusionState.candidate_estimates``)."""
-    return state.candidate_estimates(c.key, lambda: _estimates(c, state))
+    key = c.key
+    known = state._candidates.get(key)    # the hot path (every candidate, every round)
+    if known is not None:
+        return known
+    return state.candidate_estimates(key, lambda: _estimates(c, state))
 
 
 def _estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:

@@ -74,7 +74,12 @@ class FusionState:
         self._estimates: dict[tuple, Estimate] = {}
         self._firsts: dict[int, int] = {}
         self._candidates: dict[tuple, tuple[Estimate, Estimate]] = {}
+        self._candidates_of: dict[int, list[tuple]] = {}   # group id -> keys naming it
         self._big: dict[int, list[Instruction]] = {}
+        self._consumers: dict[int, list[Node]] = {}
+        self._node_estimates: dict[int, Estimate] = {}
+        self._group_readers: dict[int, list[Group]] = {}      # inst id -> group_readers
+        self._pc_candidates: dict[int, dict[tuple, list]] = {}  # group id -> flags -> list
         self.epoch = 0        # bumped when readers change in ways merges do not (duplicates)
         # Price groups whose dot the backend runs as library GEMM + loop kernels that way
         # (split_gemm.py; the Fusion pass's ``split_gemms`` option).
@@ -136,9 +141,16 @@ class FusionState:
         """Members whose value is needed outside the groups ``inside``."""
         outs = []
         for m in members:
-            if m is self.comp.root or self.external_readers(m, inside):
+            if m is self.comp.root or self._read_outside(m, inside):
                 outs.append(m)
         return outs
+
+    def _read_outside(self, inst: Instruction, inside: set[int]) -> bool:
+        """``bool(external_readers(inst, inside))``, stopping at the first reader."""
+        for n in self.user_nodes(inst):
+            if not isinstance(n, Group) or not (n.id in inside or inst in n):
+                return True
+        return False
 
     def external_inputs(self, instances: list[Instruction]) -> list[Instruction]:
         ids = {id(i) for i in instances}
@@ -150,12 +162,50 @@ class FusionState:
         return list(seen.values())
 
     def consumers(self, g: Group) -> list[Node]:
-        """Distinct nodes reading any of g's members from g."""
+        """Distinct nodes reading any of g's members from g (do not modify the list).
+
+        Cached by group id: the fusion loop asks for every group's consumers after every
+        fusion, and a fusion changes the readers of only the groups that feed it
+        (``_forget_readers_of``)."""
+        cached = self._consumers.get(g.id)
+        if cached is not None:
+            return cached
         seen: dict[int, Node] = {}
         for m in g.members:
             for n in self.external_readers(m, {g.id}):
                 seen.setdefault(id(n), n)
-        return list(seen.values())
+        out = self._consumers[g.id] = list(seen.values())
+        return out
+
+    def _forget_readers_of(self, groups: Iterable[Group]) -> None:
+        """Drop the cached consumers, node estimates and candidates of ``groups`` and of
+        every group that feeds one of their instances, and the readers of those instances'
+        operands (call before the groups change). A node's readers are the homes of its
+        members' users and the groups holding copies of them (``user_nodes``): fusing or
+        copying instances changes the readers of those instances' operands only."""
+        for g in groups:
+            self._consumers.pop(g.id, None)
+            self._node_estimates.pop(g.id, None)
+            self._pc_candidates.pop(g.id, None)
+            for i in g.instances():
+                for o in i.operands:
+                    self._group_readers.pop(id(o), None)
+                    h = self.home.get(id(o))
+                    if h is not None:
+                        self._consumers.pop(h.id, None)
+                        self._node_estimates.pop(h.id, None)
+                        self._pc_candidates.pop(h.id, None)
+
+    def group_readers(self, inst: Instruction) -> list[Group]:
+        """The distinct groups holding an instance of a user of ``inst``, by their first
+        instruction (do not modify the list). Cached as ``consumers`` is: fusing a group
+        changes the readers of its instances' operands only."""
+        out = self._group_readers.get(id(inst))
+        if out is None:
+            readers = [n for n in self.user_nodes(inst) if isinstance(n, Group)]
+            out = self._group_readers[id(inst)] = sorted(
+                {g.id: g for g in readers}.values(), key=self._first)
+        return out
 
     def producers(self, g: Group) -> list[Node]:
         seen: dict[int, Node] = {}
@@ -238,13 +288,24 @@ class FusionState:
         est = self._candidates.get(key)
         if est is None:
             est = self._candidates[key] = compute()
+            for gid in key[1:]:
+                self._candidates_of.setdefault(gid, []).append(key)
         return est
 
     def node_estimate(self, n: Node) -> Estimate:
-        if isinstance(n, Group):
-            return self.estimate(n.instances(), {n.id})
-        return estimate_kernel([n], [n], self.spec) if not is_free(n) else \
-            estimate_kernel([], [], self.spec)
+        """The predicted cost of one node as it is now. Cached: an instruction's never
+        changes; a group's changes only with its outputs, i.e. with its readers, so it is
+        dropped with its consumers (``_forget_readers_of``)."""
+        key = n.id if isinstance(n, Group) else -1 - id(n)   # group ids are positive
+        est = self._node_estimates.get(key)
+        if est is None:
+            if isinstance(n, Group):
+                est = self.estimate(n.instances(), {n.id})
+            else:
+                est = estimate_kernel([n], [n], self.spec) if not is_free(n) else \
+                    estimate_kernel([], [], self.spec)
+            self._node_estimates[key] = est
+        return est
 
     # --- actions --------------------------------------------------------------------------
     def merge(self, a: Group, b: Group) -> Group:
@@ -253,6 +314,7 @@ class FusionState:
         ids = {id(m) for m in members}
         copies = [c for c in _unique(a.copies + b.copies) if id(c) not in ids]
         kind = "normalization" if "normalization" in (a.kind, b.kind) else ""
+        self._forget_readers_of((a, b))
         self._drop(a)
         self._drop(b)
         return self._add(Group(members, copies, kind))
@@ -264,9 +326,11 @@ class FusionState:
         # The producer loses a reader (its members' outputs may change) and its inputs'
         # groups gain one (the copy): estimates naming them are stale.
         touched = {producer.id} | {n.id for n in self.producers(producer) if isinstance(n, Group)}
-        self._candidates = {k: v for k, v in self._candidates.items()
-                            if touched.isdisjoint(k[1:])}
+        for gid in touched:        # by the index, not a scan of every cached candidate
+            for k in self._candidates_of.pop(gid, ()):
+                self._candidates.pop(k, None)
         new = [i for i in producer.instances() if i not in consumer]
+        self._forget_readers_of((producer, consumer))
         self._drop(consumer)
         merged = self._add(Group(consumer.members, consumer.copies + new, consumer.kind))
         if not self.consumers(producer) and not any(m is self.comp.root for m in producer.members):
