@@ -148,25 +148,12 @@ def _pool_check(_tmp: str) -> None:
     from pathlib import Path
 
     import torch
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
 
     from codegen.triton import parallel
+    from tests.triton_stand_in import use_h200_stand_in
 
-    class StandIn:
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-        def get_active_torch_device(self):
-            return torch.device("cpu")
     cache = Path(os.environ["TRITON_CACHE_DIR"])
-    driver.set_active(StandIn())
+    use_h200_stand_in()
     x = np.ones((512, 128), np.float32)
     kernel = compile_fusion(_fusion(lambda x, y: jnp.tanh(x) * y + 1, x, x), target="h200")
     t = torch.ones(512, 128)

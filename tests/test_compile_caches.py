@@ -266,27 +266,14 @@ def _flash_pool_check(_tmp: str) -> None:
     """The body of the next test, in a process of its own (a stand-in driver plays the
     H200; no TRITON_INTERPRET)."""
     import torch
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
     from triton.runtime.jit import JITFunction
 
     import runtime
     from codegen.triton import attention, parallel
     from tests.test_fusion_attention import _attention, _attention_fusions, _inputs
+    from tests.triton_stand_in import use_h200_stand_in
 
-    class StandIn:
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-        def get_active_torch_device(self):
-            return torch.device("cpu")
-    driver.set_active(StandIn())
+    use_h200_stand_in()
     cache = Path(os.environ["TRITON_CACHE_DIR"])
     args = _inputs((1, 64, 2, 16))
     c = runtime.jit(_attention(causal=True), target="h200").lower(*args).compile()
