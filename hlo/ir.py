@@ -53,6 +53,15 @@ class Instruction:
         for op in operands:
             self._append_operand(op)
 
+    def __setstate__(self, state: Any) -> None:
+        # A uid is unique within one process only (passes and executables key tables by
+        # it): an instruction unpickled from another process's module cache takes a fresh
+        # one, else it could equal one this process has already handed out.
+        slots = state[1] if isinstance(state, tuple) else state
+        for key, value in (slots or {}).items():
+            setattr(self, key, value)
+        self.uid = next(_ids)
+
     # --- structure ----------------------------------------------------------------------
     @property
     def op(self) -> OpDef:

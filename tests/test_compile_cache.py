@@ -75,3 +75,21 @@ def test_cache_off_writes_nothing(cache_dir, monkeypatch):
     assert not _compile(x, w).module_cache_hit
     assert not _compile(x, w).module_cache_hit
     assert not (cache_dir / "modules").exists()
+
+
+def test_unpickled_instructions_take_fresh_uids():
+    # Passes and executables key tables by uid, unique within a process. A module written
+    # by another process keeps that process's uids in its pickle; read here they could
+    # equal uids handed out since (the CPU executable then looked up the wrong leaves:
+    # KeyError (0,) in a `make test` run). Loading must give every instruction a new uid.
+    import pickle
+    x, w = _inputs()
+    module = hlo.from_jax(_program, x, w)
+    data = pickle.dumps(module)
+    before = {i.uid for c in module.computations for i in c.instructions}
+    loaded = pickle.loads(data)
+    after = [i.uid for c in loaded.computations for i in c.instructions]
+    assert len(set(after)) == len(after) and before.isdisjoint(after)
+    fresh = hlo.from_jax(_program, x, w)          # made after the load: no clash either
+    assert {i.uid for c in fresh.computations for i in c.instructions}.isdisjoint(after)
+    assert loaded.to_text() == module.to_text()
