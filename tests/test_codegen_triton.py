@@ -266,8 +266,9 @@ def test_multi_output_reduction_sum_and_sum_of_squares():
     assert k.template == "normalization"
 
 
-def test_looped_normalization_row_too_long():
-    f = make("""  %p0 = f32[2,20000] parameter(0)
+def _softmax_rows_20000():
+    """A softmax over rows of 20000 (wider than one tile) as a Triton fusion."""
+    return make("""  %p0 = f32[2,20000] parameter(0)
   %ninf = f32[] constant(-inf)
   %m = f32[2] reduce(%p0, %ninf), dimensions={1}, to_apply=%max
   %mxb = f32[2,20000] broadcast(%m), dimensions={0}
@@ -277,7 +278,12 @@ def test_looped_normalization_row_too_long():
   %s = f32[2] reduce(%e, %z), dimensions={1}, to_apply=%add
   %sb = f32[2,20000] broadcast(%s), dimensions={0}
   ROOT %d = f32[2,20000] divide(%e, %sb)""", ["p0: f32[2,20000]"], "f32[2,20000]",
-             kind="kCustom", extra=ADD, backend_config='{"fusion_backend_config":{"kind":"__triton"}}')
+                kind="kCustom", extra=ADD,
+                backend_config='{"fusion_backend_config":{"kind":"__triton"}}')
+
+
+def test_looped_normalization_row_too_long():
+    f = _softmax_rows_20000()
     k = check_fusion(f)
     assert k.template == "rows_onepass"
     # max and sum in one pass (online rescaling), then the output pass
@@ -286,17 +292,7 @@ def test_looped_normalization_row_too_long():
 
 def test_looped_normalization_legacy_template(monkeypatch):
     monkeypatch.setenv("HLOTK_REDUCTION_TEMPLATES", "legacy")
-    f = make("""  %p0 = f32[2,20000] parameter(0)
-  %ninf = f32[] constant(-inf)
-  %m = f32[2] reduce(%p0, %ninf), dimensions={1}, to_apply=%max
-  %mxb = f32[2,20000] broadcast(%m), dimensions={0}
-  %sub = f32[2,20000] subtract(%p0, %mxb)
-  %e = f32[2,20000] exponential(%sub)
-  %z = f32[] constant(0)
-  %s = f32[2] reduce(%e, %z), dimensions={1}, to_apply=%add
-  %sb = f32[2,20000] broadcast(%s), dimensions={0}
-  ROOT %d = f32[2,20000] divide(%e, %sb)""", ["p0: f32[2,20000]"], "f32[2,20000]",
-             kind="kCustom", extra=ADD, backend_config='{"fusion_backend_config":{"kind":"__triton"}}')
+    f = _softmax_rows_20000()
     k = check_fusion(f)
     assert k.template == "looped_rows"
     assert k.source.count("for c0 in range(0, 20000, BLOCK_N)") == 3   # max, sum, output
