@@ -150,6 +150,9 @@ CASES = [
     ("max-min-self", "f32[4]{0}",
      "  %m = f32[4]{0} maximum(%p0, %p0)\n  ROOT %r = f32[4]{0} abs(%m)", "f32[4]",
      ["%r = f32[4]{0} abs(%p0)"]),
+    ("static-dimension-size", "f32[3,7]{1,0}",
+     "  ROOT %r = s32[] get-dimension-size(%p0), dimensions={1}", "s32[]",
+     ["%constant = s32[] constant(7)"]),
 ]
 
 
