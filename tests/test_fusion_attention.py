@@ -572,3 +572,35 @@ def test_attention_gradient_cuda_kernels(dtype, d, s, case):
         a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
         err = np.linalg.norm(a - want) / np.linalg.norm(want)
         assert err < tol, (case, dtype, err)
+
+
+# --- jax.nn.dot_product_attention (implementation="xla"): its size-1 query-group axis is
+# removed by the simplifier's size-1-dim rules (passes/degenerate_dims.py) ---
+def _jax_nn_attention(causal: bool, scale=None, with_bias=False):
+    def f(q, k, v, *bias):
+        return jax.nn.dot_product_attention(q, k, v, bias=bias[0] if bias else None,
+                                            scale=scale, is_causal=causal,
+                                            implementation="xla")
+    return f
+
+
+@pytest.mark.parametrize("causal,scale,with_bias", [(True, None, False), (False, 0.3, False),
+                                                    (True, None, True)])
+def test_jax_nn_dot_product_attention_fuses(causal, scale, with_bias):
+    args = _inputs((2, 40, 3, 16))
+    if with_bias:
+        args.append(np.random.default_rng(5).standard_normal((1, 3, 40, 40)).astype(np.float32))
+    _check(_jax_nn_attention(causal, scale, with_bias), args, tol=2e-5, target="h200")
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+@pytest.mark.parametrize("causal", [True, False])
+def test_jax_nn_dot_product_attention_gradient_fuses(causal):
+    """jax.grad of jax.nn.dot_product_attention: forward and backward fused on the CUDA
+    pipeline (run here by the CPU backend), gradients equal jax.jit's, no score buffer."""
+    b, s, h, d = 1, 64, 2, 16
+    args = _inputs((b, s, h, d))
+    g, jf, c = _gpu_pipeline_grad(_jax_nn_attention(causal), args)
+    assert max(bf.size for bf in c.buffer_assignment().buffers) < b * h * s * s * 4
+    for a, want in zip(jf(*args), jax.jit(g)(*args)):
+        np.testing.assert_allclose(a, want, rtol=5e-5, atol=5e-5)
