@@ -18,6 +18,7 @@ from hlo.ir import Computation, Instruction
 from hlo.shape import Shape
 
 from .elemental import Emitter, Index, is_narrow_float, tl_type
+from .minor_tiles import minor_tiles_enabled
 
 
 class NotTileable(Exception):
@@ -215,6 +216,8 @@ def loop_template(em: Emitter, comp: Computation, big: bool, generic: bool = Fal
     em.line("pid = tl.program_id(0)")
     em.line(f"offs = pid{'.to(tl.int64)' if big else ''} * BLOCK + tl.arange(0, BLOCK)",
             "flat indices of this program's output elements")
+    if minor_tiles_enabled():
+        em.tile_rows = "offs"    # every index here is a scalar or [BLOCK]: minor_tiles.py
     shared: dict[tuple, tuple] = {}
     for k, out in enumerate(outs):
         dims = out.shape.dims
