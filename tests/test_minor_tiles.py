@@ -91,7 +91,15 @@ def test_tile_emitted_only_for_small_power_of_two_minor_dims():
 def test_switch_off_keeps_scalar_loads(monkeypatch):
     monkeypatch.setenv("HLOTK_MINOR_TILES", "0")
     src = compile_fusion(column("f32", 64, 4, 2)).source
-    assert "tl.split" not in src and "tl.load(p0 + " in src
+    assert "tl.split" not in src and "tl.load(p0 + " in src and "max_contiguous" not in src
+
+
+def test_stores_unmarked_without_a_tile():
+    # An elementwise kernel with no tile keeps Triton's vector stores.
+    f = fusion_of("""  %p = f32[64,4] parameter(0)
+  ROOT %r = f32[64,4] exponential(%p)""", ["p: f32[64,4]"], "f32[64,4]")
+    src = compile_fusion(f).source
+    assert "tl.split" not in src and "max_contiguous" not in src
 
 
 def test_the_same_position_read_twice_is_one_load():
@@ -155,12 +163,18 @@ def _giou_matches_scalar_loads(monkeypatch) -> None:
     (f,) = [i for i in module.entry.instructions if i.opcode == "fusion"]
     ins = [torch.from_numpy(b).to(DEVICE) for b in (b1, b2)]
     tiled = compile_fusion(f)
+    monkeypatch.setenv("HLOTK_MINOR_TILES", "vstore")
+    vstore = compile_fusion(f)
     monkeypatch.setenv("HLOTK_MINOR_TILES", "0")
     plain = compile_fusion(f)
     assert "tl.split" in tiled.source and "tl.split" not in plain.source
+    # the stores after a tile are marked one element per thread, unless asked not to
+    assert "tl.max_contiguous" in tiled.source
+    assert "tl.max_contiguous" not in vstore.source + plain.source
     a = run(tiled, ins, (16, 24), torch.float32)
     b = run(plain, ins, (16, 24), torch.float32)
     np.testing.assert_array_equal(bits(a), bits(b))
+    np.testing.assert_array_equal(bits(run(vstore, ins, (16, 24), torch.float32)), bits(b))
     want = np.asarray(giou_boxes(b1, b2))
     np.testing.assert_allclose(a.numpy(), want, rtol=2e-6, atol=1e-6)
 

@@ -223,6 +223,7 @@ class Emitter:
         # [BLOCK]-shaped (the loop template): parameter reads at a constant position of a
         # small minor dim then load the whole minor row as one tile (``minor_tiles.py``).
         self.tile_rows: Optional[str] = None
+        self.tiles_used = False
 
     # --- lines and scopes ------------------------------------------------------------------
     def fresh(self, base: str) -> str:

@@ -32,9 +32,27 @@ if TYPE_CHECKING:
 MAX_ROW_BYTES = 16
 
 
+def tile_mode() -> str:
+    """``HLOTK_MINOR_TILES``: "1" (default) tiles, and the stores of a kernel that loaded one
+    marked as one element per thread; "vstore" tiles with Triton's own (vector) stores;
+    "0" scalar loads as before (both kept to compare the kernels in one process)."""
+    raw = os.environ.get("HLOTK_MINOR_TILES", "1").strip().lower()
+    if raw in ("0", "", "off", "false"):
+        return "off"
+    return "vstore" if raw == "vstore" else "unit-stores"
+
+
 def minor_tiles_enabled() -> bool:
-    """On unless ``HLOTK_MINOR_TILES=0`` (kept to compare both kernels in one process)."""
-    return os.environ.get("HLOTK_MINOR_TILES", "1") not in ("0", "")
+    return tile_mode() != "off"
+
+
+def unit_store_hint(em: "Emitter") -> bool:
+    """Whether the loop template marks its store offsets as one element per thread: after a
+    tile, each thread holds one row's values per register tile (the tile's layout), and a
+    vectorized store would first move them through shared memory (a layout change Triton
+    inserts); one 4-byte store per element, coalesced across the warp, needs no move. The
+    hint (contiguity 1) is always true, so it cannot change what is stored."""
+    return em.tiles_used and tile_mode() == "unit-stores"
 
 
 def _literal(e: str) -> bool:
@@ -80,6 +98,7 @@ def tile_column(em: "Emitter", inst: Instruction, idx: "Index", comment: str) ->
     if cols is None:
         cols = _emit_tile(em, inst, idx, m, size, comment)
         em.scopes[-1][key] = cols
+        em.tiles_used = True
     col = cols[int(idx[m])]
     from .elemental import is_narrow_float
     if is_narrow_float(inst.shape.dtype) and not em.round_narrow:

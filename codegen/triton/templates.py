@@ -18,7 +18,7 @@ from hlo.ir import Computation, Instruction
 from hlo.shape import Shape
 
 from .elemental import Emitter, Index, is_narrow_float, tl_type
-from .minor_tiles import minor_tiles_enabled
+from .minor_tiles import minor_tiles_enabled, unit_store_hint
 
 
 class NotTileable(Exception):
@@ -69,8 +69,12 @@ def numel(shape: Shape) -> int:
     return math.prod(shape.dims)
 
 
-def _store(em: Emitter, k: int, out: Instruction, value: str, idx: Index, mask: str) -> None:
+def _store(em: Emitter, k: int, out: Instruction, value: str, idx: Index, mask: str,
+           unit: bool = False) -> None:
+    """``unit``: mark the offsets as one contiguous element per thread (minor_tiles.py)."""
     terms = [f"{i} * so{k}_{d}" for d, i in enumerate(idx)]
+    if unit and terms and not all(str(i).strip().isdigit() for i in idx):
+        terms = [f"tl.max_contiguous({' + '.join(terms)}, 1)"]
     addr = f"out{k}" + (" + " + " + ".join(terms) if terms else "")
     if all(str(i).strip().isdigit() for i in idx):
         # A rank-0 output (or one indexed by constants only) has a scalar address: offset it
@@ -230,7 +234,7 @@ def loop_template(em: Emitter, comp: Computation, big: bool, generic: bool = Fal
             shared[dims] = (mask, idx)
         mask, idx = shared[dims]
         v = em.value(out, idx)
-        _store(em, k, out, v, idx, mask)
+        _store(em, k, out, v, idx, mask, unit=unit_store_hint(em))
     block = min(1024, max(16, next_pow2(n_max)))
     if generic and any(i.opcode in ("reduce", "dot") for i in comp.instructions):
         block = min(block, 256)
