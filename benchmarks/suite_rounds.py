@@ -91,6 +91,10 @@ def build(prog, variants: list, autotune: bool) -> dict:
               flush=True)
         exe = executable_of(hc)
         sides[side] = (lambda hc=hc: hc(*dev), exe)
+        ks = exe._triton_kernels()
+        if len(ks) <= 3:      # which launch config autotune (or the default) chose
+            print(f"{name} [{side}]: " + "; ".join(f"{k.name} {k.config}" for k in ks),
+                  flush=True)
         front = getattr(hc, "_native_jit", None)     # the jax.jit around the FFI call
         if front is not None and os.environ.get("OUT"):
             path = os.path.join(os.environ["OUT"], f"{name}_{side.replace(' ', '_')}_front.hlo")

@@ -94,6 +94,18 @@ def test_switch_off_keeps_scalar_loads(monkeypatch):
     assert "tl.split" not in src and "tl.load(p0 + " in src and "max_contiguous" not in src
 
 
+def test_tiled_kernels_default_to_more_programs():
+    # 262144 rows: BLOCK 256 / 2 warps (1024 programs) after a tile, as measured fastest;
+    # a plain elementwise kernel of the same size keeps BLOCK 1024.
+    tiled = compile_fusion(column("f32", 262144, 4, 1))
+    assert (tiled.config["BLOCK"], tiled.config["num_warps"], tiled.grid) == (256, 2, (1024,))
+    f = fusion_of("""  %p = f32[262144] parameter(0)
+  ROOT %r = f32[262144] exponential(%p)""", ["p: f32[262144]"], "f32[262144]")
+    plain = compile_fusion(f)
+    assert plain.config["BLOCK"] == 1024
+    assert {"BLOCK": 256, "num_warps": 2, "num_stages": 1} in plain.plan.candidates
+
+
 def test_stores_unmarked_without_a_tile():
     # An elementwise kernel with no tile keeps Triton's vector stores.
     f = fusion_of("""  %p = f32[64,4] parameter(0)
