@@ -198,6 +198,40 @@ def test_column_bits_interpreter(dtype, m, k):
     _column_bits(dtype, m, k)
 
 
+def _minor_dim_first_in_logical_order() -> None:
+    # f32[4,64]{0,1}: dim 0 (size 4) is minor in memory; out[i] = (p[2,i] - p[3,i]) * p[0,i]
+    # (no a*b+c, which the GPU may contract into one FMA: the comparison is bit for bit).
+    f = fusion_of("""  %p = f32[4,64]{0,1} parameter(0)
+  %a = f32[1,64]{0,1} slice(%p), slice={[2:3], [0:64]}
+  %b = f32[1,64]{0,1} slice(%p), slice={[3:4], [0:64]}
+  %c = f32[1,64]{0,1} slice(%p), slice={[0:1], [0:64]}
+  %ab = f32[1,64]{0,1} subtract(%a, %b)
+  %d = f32[1,64]{0,1} multiply(%ab, %c)
+  ROOT %r = f32[64] reshape(%d)""", ["p: f32[4,64]{0,1}"], "f32[64]")
+    k = compile_fusion(f)
+    assert "tl.split" in k.source
+    x = special_f32(64, 4)                                   # physical [64, 4] rows
+    view = torch.from_numpy(x).to(DEVICE).t()                # logical [4, 64], strides (1, 4)
+    got = run(k, [view], (64,), torch.float32).numpy()
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = (x[:, 2] - x[:, 3]) * x[:, 0]
+    np.testing.assert_array_equal(got.view(np.uint32)[~np.isnan(want)],
+                                  want.view(np.uint32)[~np.isnan(want)])
+    assert np.isnan(got[np.isnan(want)]).all()
+
+
+@interp
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")     # inf - inf in Triton's interpreter
+def test_minor_dim_first_in_logical_order_interpreter():
+    _minor_dim_first_in_logical_order()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_minor_dim_first_in_logical_order_gpu():
+    _minor_dim_first_in_logical_order()
+
+
 @interp
 def test_strided_views_interpreter():
     _strided_views()
