@@ -236,6 +236,10 @@ HELPERS_GPU += _BIT_HELPERS
 HELPERS_INTERPRET += _BIT_HELPERS
 
 
+def _is_int_literal(e: str) -> bool:
+    return e.lstrip("-").isdigit()
+
+
 class Emitter:
     """Accumulates source lines for one kernel body and memoizes values per loop scope."""
 
@@ -253,6 +257,11 @@ class Emitter:
         self.reduce_handler: Optional[Callable[[Instruction, Index], Value]] = None
         self.dot_handler: Optional[Callable[[Instruction, Index], Value]] = None
         self.extra_constants: list[np.ndarray] = []   # array constants passed as inputs
+        # The name of a [BLOCK] index tensor when every index of this kernel is a scalar or
+        # [BLOCK]-shaped (the loop template): parameter reads at a constant position of a
+        # small minor dim then load the whole minor row as one tile (``minor_tiles.py``).
+        self.tile_rows: Optional[str] = None
+        self.tiles_used = False
 
     # --- lines and scopes ------------------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -353,6 +362,11 @@ class Emitter:
         if op == "slice":
             src = []
             for i, sd in zip(idx, inst.attrs["slice"].dims):
+                if _is_int_literal(i):
+                    # A constant position stays a literal: the memo then sees two slices
+                    # reading the same element as one load, and minor_tiles sees a constant.
+                    src.append(str(int(i) * sd.stride + sd.start))
+                    continue
                 e = i if sd.stride == 1 else f"{i} * {sd.stride}"
                 src.append(e if sd.start == 0 else f"({e} + {sd.start})")
             return self.value(inst.operands[0], tuple(self._name_index(inst, src)))
@@ -403,6 +417,11 @@ class Emitter:
 
     # --- leaves --------------------------------------------------------------------------------
     def _load_param(self, inst: Instruction, idx: Index, comment: str) -> str:
+        if self.tile_rows is not None:
+            from .minor_tiles import tile_column
+            col = tile_column(self, inst, idx, comment)
+            if col is not None:
+                return col
         n = inst.parameter_number
         ptr = self.params[n]
         strides = self.param_strides[n]
