@@ -4,7 +4,8 @@
 form below, forward and ``jax.grad`` (w.r.t. q, k, v), through the CUDA pipeline for an
 H200 on this machine (no GPU needed), and reports the fusions it got, the largest buffer and
 whether any buffer holds the B·H·S·S scores; for a form that does not fuse, the matcher's
-reason. Forms are the ones people write: ``jax.nn.dot_product_attention``, Flax's
+reason. Forms are the ones people write: ``jax.nn.dot_product_attention`` (also with grouped
+kv heads, as Llama-style models call it), Flax's
 (pre-scaled q, softmax in the input dtype, ``finfo.min`` fill), einsum with an f32 softmax,
 a softmax written by hand, heads-first layouts, ``q @ k.T``, sliding windows, grouped-query
 attention in its two group orders.
@@ -60,6 +61,9 @@ def _forms() -> dict:
         "jax.nn.dot_product_attention causal": (
             lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
                                                          implementation="xla"), bshd, bshd),
+        "jax.nn.dot_product_attention, GQA (2 kv heads)": (
+            lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                                         implementation="xla"), bshd, kv_gqa),
         "jax.nn.dot_product_attention plain": (
             lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla"),
             bshd, bshd),

@@ -595,6 +595,15 @@ def test_jax_nn_dot_product_attention_fuses(causal, scale, with_bias):
     _check(_jax_nn_attention(causal, scale, with_bias), args, tol=2e-5, target="h200")
 
 
+def test_jax_nn_dot_product_attention_grouped_kv_heads_fuses():
+    """With 4 query heads per kv head jax.nn writes the scores [b,kv,t,g,s] and transposes
+    them to [g,b,kv,t,s]; the simplifier moves that transpose below the softmax into the
+    second dot (passes/transpose_sinking.py) and the forward fuses."""
+    q = _inputs((2, 40, 8, 16), n=1)[0]
+    k, v = _inputs((2, 40, 2, 16), n=2, seed=1)
+    _check(_jax_nn_attention(True), (q, k, v), tol=2e-5, target="h200")
+
+
 @pytest.mark.usefixtures("small_backward_blocks")
 @pytest.mark.parametrize("causal", [True, False])
 def test_jax_nn_dot_product_attention_gradient_fuses(causal):

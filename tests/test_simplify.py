@@ -183,6 +183,26 @@ CASES = [
      "  %r = f32[1,4]{1,0} reshape(%p0)\n"
      "  ROOT %b = f32[1,4,6]{2,1,0} broadcast(%r), dimensions={0,1}", "f32[1,4,6]",
      ["%broadcast = f32[1,4,6]{2,1,0} broadcast(%p0), dimensions={1}"]),
+    # --- transposes moved toward consumers (passes/transpose_sinking.py) ---
+    ("elementwise-of-transposes", "f32[4,5,6]{2,1,0};f32[4]{0}",
+     "  %t = f32[5,4,6]{2,1,0} transpose(%p0), dimensions={1,0,2}\n"
+     "  %b = f32[5,4,6]{2,1,0} broadcast(%p1), dimensions={1}\n"
+     "  ROOT %m = f32[5,4,6]{2,1,0} multiply(%t, %b)", "f32[5,4,6]",
+     ["%broadcast = f32[4,5,6]{2,1,0} broadcast(%p1), dimensions={0}",
+      "%multiply = f32[4,5,6]{2,1,0} multiply(%p0, %broadcast)",
+      "%transpose = f32[5,4,6]{2,1,0} transpose(%multiply), dimensions={1,0,2}"]),
+    ("reduce-of-transpose", "f32[4,5,6]{2,1,0}",
+     "  %t = f32[5,4,6]{2,1,0} transpose(%p0), dimensions={1,0,2}\n  %z = f32[] constant(0)\n"
+     "  ROOT %s = f32[5,4]{1,0} reduce(%t, %z), dimensions={2}, to_apply=%add", "f32[5,4]",
+     ["%z = f32[] constant(0)", "%reduce = f32[4,5]{1,0} reduce(%p0, %z), dimensions={2}, "
+      "to_apply=%add", "%transpose = f32[5,4]{1,0} transpose(%reduce), dimensions={1,0}"]),
+    ("dot-of-transpose-reordering-free-dims", "f32[2,3,4,5]{3,2,1,0};f32[5,7]{1,0}",
+     "  %t = f32[3,2,4,5]{3,2,1,0} transpose(%p0), dimensions={1,0,2,3}\n"
+     "  ROOT %d = f32[3,2,4,7]{3,2,1,0} dot(%t, %p1), lhs_contracting_dims={3}, "
+     "rhs_contracting_dims={0}", "f32[3,2,4,7]",
+     ["%dot = f32[2,3,4,7]{3,2,1,0} dot(%p0, %p1), lhs_contracting_dims={3}, "
+      "rhs_contracting_dims={0}",
+      "%transpose = f32[3,2,4,7]{3,2,1,0} transpose(%dot), dimensions={1,0,2,3}"]),
     ("static-dimension-size", "f32[3,7]{1,0}",
      "  ROOT %r = s32[] get-dimension-size(%p0), dimensions={1}", "s32[]",
      ["%constant = s32[] constant(7)"]),
@@ -207,6 +227,30 @@ def test_rule_rewrites_text_and_preserves_value(rule, params, body, root_shape, 
 def test_every_rule_has_a_case():
     # convert-of-widening-convert has its own test below (it needs a narrowing counter-case).
     assert {r.name for r in SIMPLIFY_RULES} - {c[0] for c in CASES} == {"convert-of-widening-convert"}
+
+
+def test_transposes_that_move_the_last_dim_stay_put():
+    # a softmax over a key axis the program transposed to the end: moving the transpose
+    # below the reduction would make it reduce a middle dim
+    text = module("f32[4,6,5]{2,1,0}",
+                  "  %t = f32[4,5,6]{2,1,0} transpose(%p0), dimensions={0,2,1}\n"
+                  "  %z = f32[] constant(0)\n"
+                  "  ROOT %s = f32[4,5]{1,0} reduce(%t, %z), dimensions={2}, to_apply=%add",
+                  "f32[4,5]")
+    m = hlo.parse_hlo(text)
+    _, stats = simplify_with_stats(m)
+    assert stats["reduce-of-transpose"] == 0 and m.entry.root.operands[0].opcode == "transpose"
+
+
+def test_degenerate_dot_rule_keeps_matrix_vector_products():
+    # [4,3]·[3,1]: dropping the size-1 free dim would leave a matrix-vector product, which
+    # kernels and library calls are not asked to take
+    text = module("f32[4,3]{1,0};f32[3,1]{1,0}",
+                  "  ROOT %d = f32[4,1]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, "
+                  "rhs_contracting_dims={0}", "f32[4,1]")
+    m = hlo.parse_hlo(text)
+    _, stats = simplify_with_stats(m)
+    assert stats["dot-size-one-dims"] == 0 and m.entry.root.opcode == "dot"
 
 
 def test_float_x_minus_x_is_not_folded():
