@@ -105,9 +105,9 @@ def _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V, Bias, 
     else:
         v = tl.load(vp, mask=offs_dv[None, :] < DV, other=0.0)
     if IEEE:
-        acc += tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
     else:
-        acc += tl.dot(p.to(v.dtype), v)
+        acc = tl.dot(p.to(v.dtype), v, acc)
     return m_new, l_i, acc
 
 
