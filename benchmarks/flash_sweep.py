@@ -9,9 +9,10 @@ through ``runtime.jit(backend="cuda")``, then times with ``triton.testing.do_ben
 
 - ``main``: the kernel as merged before this change (``codegen/triton/attention_main.py``
   when present: a copy of main's file, not in the repository), per config;
-- ``new``: this tree's kernel per (BM, BN, warps, stages) config, with the heaviest causal
-  query blocks launched first and not (``HEAVY_FIRST``);
-- ``tma``: a sketch of the same loop reading q, k, v through tensor descriptors (Hopper's
+- ``new``: this tree's kernel per (BM, BN, warps, stages) config, and its variants
+  (``VARIANTS``: constexpr overrides: the heaviest causal query blocks not launched first,
+  the lazy rescale, Triton's warp specialization of the unmasked loop);
+- ``tma`` (``--tma``): a sketch of the same loop reading q, k, v through tensor descriptors (Hopper's
   bulk tensor copies; causal or not, no bias/mask, head dim = its block), to see whether
   that path is worth bringing into the real kernel.
 
@@ -30,11 +31,13 @@ import numpy as np
 
 CASES = {"causal128": (2, 16, 4096, 128, True), "causal64": (8, 16, 1024, 64, True),
          "full128": (2, 16, 4096, 128, False)}
-CONFIGS = {128: [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),
-                 (128, 128, 8, 2), (128, 128, 8, 4), (128, 64, 8, 4), (128, 64, 8, 2),
-                 (128, 128, 4, 3)],
-           64: [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4), (128, 64, 4, 4),
-                (128, 128, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3)]}
+CONFIGS = {128: [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 4),
+                 (128, 128, 8, 2), (128, 64, 4, 3), (128, 64, 8, 2), (128, 128, 4, 3)],
+           64: [(64, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 4), (128, 64, 4, 3),
+                (128, 64, 4, 4), (128, 128, 4, 3), (128, 128, 8, 3)]}
+# this tree's kernel: constexpr overrides per variant (FwdLaunch.flags holds the defaults)
+VARIANTS = {"new": {}, "noheavy": {"HEAVY_FIRST": False}, "lazy": {"LAZY": True},
+            "ws": {"WS": True}, "lazy-ws": {"LAZY": True, "WS": True}}
 
 
 def attention(causal: bool):
@@ -114,7 +117,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="causal128,causal64,full128")
     ap.add_argument("--out", default="")
-    ap.add_argument("--quick", action="store_true", help="the first three configs only")
+    ap.add_argument("--configs", type=int, default=4, help="the first N configs per case")
+    ap.add_argument("--main-configs", type=int, default=3,
+                    help="main's kernel on the first N configs (0: not at all)")
+    ap.add_argument("--variants", default="new,noheavy,lazy", help=",".join(VARIANTS))
+    ap.add_argument("--tma", action="store_true", help="also the tensor-descriptor sketch")
     opts = ap.parse_args()
     import jax
     import jax.numpy as jnp
@@ -177,9 +184,9 @@ def main() -> None:
         sdpa_args = tuple(t.transpose(1, 2) for t in (tq, tk, tv))
         record("sdpa", None, lambda: out.copy_(ref), lambda: torch.nn.functional
                .scaled_dot_product_attention(*sdpa_args, is_causal=causal))
-        configs = CONFIGS[d][:3] if opts.quick else CONFIGS[d]
-        for rep in range(2):                  # main's kernel twice: the run-to-run spread
-            for cfg in (configs if rep == 0 else configs[:2]):
+        configs = CONFIGS[d][:opts.configs]
+        for rep in range(2 if opts.main_configs else 0):   # twice: the run-to-run spread
+            for cfg in CONFIGS[d][:opts.main_configs if rep == 0 else 1]:
                 if old is None:
                     break
                 old._TUNED.clear()
@@ -188,10 +195,14 @@ def main() -> None:
                        lambda: old.flash_attention(fa, [tq, tk, tv], out))
         run = new.FwdLaunch(fa, [tq, tk, tv], out)
         for cfg in configs:
-            for heavy in ([True, False] if causal else [True]):
-                record(f"new{'' if heavy else '-noheavy'}", cfg,
-                       lambda: (run.launch(cfg, HEAVY_FIRST=heavy), run.finish()),
-                       lambda: run.launch(cfg, HEAVY_FIRST=heavy))
+            for name in opts.variants.split(","):
+                flags = VARIANTS[name]
+                if name == "noheavy" and not causal:
+                    continue
+                record(name, cfg, lambda: (run.launch(cfg, **flags), run.finish()),
+                       lambda: run.launch(cfg, **flags))
+        if not opts.tma:
+            continue
         tma = _tma_kernel()
         scale = 1.4426950408889634 / float(np.sqrt(d))
         for cfg in configs[:6]:

@@ -322,6 +322,38 @@ def test_triton_flash_attention_kernel(case):
                      (q, k, v), 1e-4)
 
 
+def _growing_scores(seed: int = 9, s: int = 150, d: int = 16) -> list:
+    """q, k, v whose scores climb by ~1 per key: each later key block raises the row max
+    by far more than 2^8 in the kernel's log2 units, 2^200 over the row (past f32 unless the
+    running sums are rescaled)."""
+    rng = np.random.default_rng(seed)
+    q = np.ones((1, s, 2, d), np.float32) + 0.1 * rng.standard_normal((1, s, 2, d))
+    ramp = (np.arange(s) / np.sqrt(d)).astype(np.float32)[None, :, None, None]
+    k = ramp * np.ones((1, s, 2, d), np.float32) + 0.1 * rng.standard_normal((1, s, 2, d))
+    return [q.astype(np.float32), k.astype(np.float32),
+            rng.standard_normal((1, s, 2, d)).astype(np.float32)]
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("case", ["causal_long", "growing", "falling"])
+def test_triton_flash_attention_lazy_rescale(case, lazy, monkeypatch):
+    """The forward with and without the lazy rescale (the accumulator rescaled only when a
+    row max jumps): scores that stay level, climb block after block, or fall."""
+    import os
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")     # before triton's first import
+    tri = pytest.importorskip("codegen.triton.attention")
+    monkeypatch.setattr(tri, "LAZY_RESCALE", lazy)
+    if case == "causal_long":
+        args = _inputs((1, 150, 1, 16), seed=10)
+    else:
+        args = _growing_scores()
+        if case == "falling":
+            args[1] = args[1][:, ::-1].copy()
+    _triton_case(_attention(causal=True), args, 1e-4)
+
+
 # Triton's interpreter (3.9) miscomputes bf16 tl.dot (a 16x16 product is off by 1e10), so
 # the half-precision kernels are checked on a GPU only.
 @pytest.mark.gpu
