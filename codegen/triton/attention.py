@@ -23,8 +23,6 @@ _DIRS = {"GE": 0, "GT": 1, "LE": 2, "LT": 3, "EQ": 4, "NE": 5}
 
 LOG2E = 1.4426950408889634   # exp(x) = exp2(x * log2(e)): the kernel's scores are in log2 units
 _F32_MAX = 3.4028234663852886e38
-# Rescale the accumulator only when a row max jumps by more than 2^8 (see _attend).
-LAZY_RESCALE = False
 
 
 @triton.jit
@@ -34,15 +32,13 @@ def _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V, Bias, 
             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
             CAUSAL: tl.constexpr, DIR: tl.constexpr, EDGE: tl.constexpr,
             IEEE: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-            POS_SCALE: tl.constexpr, LAZY: tl.constexpr, LAZY_TAU: tl.constexpr,
-            BN: tl.constexpr):
+            POS_SCALE: tl.constexpr, BN: tl.constexpr):
     """One key block of the online softmax, scores in log2 units (the host folds log2(e)
     into SCALE1 without a bias, into SCALE2 with one, and into the fill values).
     EDGE=False: a block wholly inside the causal region and the key range (no masks
     computed; most blocks of a long causal row). EVEN_N: N is a multiple of BN (no key
     bound in edge blocks); EVEN_D: D and DV are their blocks (no head-dim bound);
-    POS_SCALE: SCALE1 >= 0 (the max of the scaled scores is the scaled max); LAZY: rescale
-    only on a max jump over LAZY_TAU (unmasked blocks)."""
+    POS_SCALE: SCALE1 >= 0 (the max of the scaled scores is the scaled max)."""
     offs_n = start + tl.arange(0, BN)
     kp = K + kbase + offs_n[None, :] * skn + offs_d[:, None] * skd
     vp = V + vbase + offs_n[:, None] * svn + offs_dv[None, :] * svd
@@ -60,61 +56,47 @@ def _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V, Bias, 
     else:
         s = tl.dot(q, k.to(q.dtype))
     plain = POS_SCALE and not EDGE and not HAS_BIAS and not HAS_MASK
-    if LAZY and plain:
-        # keep the old shift unless some row's max grew by more than LAZY_TAU (p <= 2^TAU,
-        # harmless in f32 and bf16): most blocks of a long row then skip the acc rescale.
-        # The stored row max is the shift used, so the backward's exp(s - m) / l still holds.
+    if plain:
+        # the common block: one multiply-add per score (scale, minus the row max) and no
+        # -inf guard (every score is finite)
         m_new = tl.maximum(m_i, tl.max(s, 1) * SCALE1)
-        if tl.max(m_new - m_i, 0) > LAZY_TAU:
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        p = tl.math.exp2(s * SCALE1 - m_i[:, None])
-        l_i = l_i + tl.sum(p, 1)
-        m_new = m_i
+        p = tl.math.exp2(s * SCALE1 - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
     else:
-        if plain:
-            # the common block: one multiply-add per score (scale, minus the row max) and no
-            # -inf guard (every score is finite)
-            m_new = tl.maximum(m_i, tl.max(s, 1) * SCALE1)
-            p = tl.math.exp2(s * SCALE1 - m_new[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
-        else:
-            s = s * SCALE1
-            if HAS_BIAS:
-                b = tl.load(Bias + bbase + offs_m[:, None] * sbm + offs_n[None, :] * sbn,
-                            mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0)
-                s = (s + BIAS_SIGN * b.to(tl.float32)) * SCALE2
-            if CAUSAL and EDGE:
-                kq = offs_n[None, :] + DELTA
-                qq = qpos[:, None]
-                if DIR == 0:
-                    keep = qq >= kq
-                elif DIR == 1:
-                    keep = qq > kq
-                elif DIR == 2:
-                    keep = qq <= kq
-                elif DIR == 3:
-                    keep = qq < kq
-                elif DIR == 4:
-                    keep = qq == kq
-                else:
-                    keep = qq != kq
-                s = tl.where(keep, s, FILL_C)
-            if HAS_MASK:
-                mk = tl.load(Mask + mbase + offs_m[:, None] * smm + offs_n[None, :] * smn,
-                             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0)
-                s = tl.where((mk != 0) == MASK_KEEP, s, FILL_M)
-            if n_bound:
-                s = tl.where(offs_n[None, :] < N, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            # a row with nothing kept yet (all -inf so far) shifts by 0: exp2(-inf) = 0, no NaN
-            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(s - shift[:, None])
-            alpha = tl.math.exp2(m_i - shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+        s = s * SCALE1
+        if HAS_BIAS:
+            b = tl.load(Bias + bbase + offs_m[:, None] * sbm + offs_n[None, :] * sbn,
+                        mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0)
+            s = (s + BIAS_SIGN * b.to(tl.float32)) * SCALE2
+        if CAUSAL and EDGE:
+            kq = offs_n[None, :] + DELTA
+            qq = qpos[:, None]
+            if DIR == 0:
+                keep = qq >= kq
+            elif DIR == 1:
+                keep = qq > kq
+            elif DIR == 2:
+                keep = qq <= kq
+            elif DIR == 3:
+                keep = qq < kq
+            elif DIR == 4:
+                keep = qq == kq
+            else:
+                keep = qq != kq
+            s = tl.where(keep, s, FILL_C)
+        if HAS_MASK:
+            mk = tl.load(Mask + mbase + offs_m[:, None] * smm + offs_n[None, :] * smn,
+                         mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0)
+            s = tl.where((mk != 0) == MASK_KEEP, s, FILL_M)
+        if n_bound:
+            s = tl.where(offs_n[None, :] < N, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # a row with nothing kept yet (all -inf so far) shifts by 0: exp2(-inf) = 0, no NaN
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - shift[:, None])
+        alpha = tl.math.exp2(m_i - shift)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
     if n_bound and EVEN_D:
         v = tl.load(vp, mask=offs_n[:, None] < N, other=0.0)
     elif n_bound:
@@ -162,7 +144,7 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
                CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr,
                IEEE: tl.constexpr, STATS: tl.constexpr, EVEN_N: tl.constexpr,
                EVEN_D: tl.constexpr, POS_SCALE: tl.constexpr, HEAVY_FIRST: tl.constexpr,
-               LAZY: tl.constexpr, WS: tl.constexpr, BM: tl.constexpr,
+               BM: tl.constexpr,
                BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     if HEAVY_FIRST:
         # grid (z*h, query blocks), last query block first: with a causal skip the longest
@@ -191,18 +173,18 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
     full, hi = key_range(pid_m, M, N, DELTA, CAUSAL, DIR, SKIP, BM, BN)
-    for start in tl.range(0, full, BN, warp_specialize=WS):
+    for start in range(0, full, BN):
         m_i, l_i, acc = _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V,
                                 Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd,
                                 sbm, sbn, smm, smn, M, N, D, DV, SCALE1, SCALE2, BIAS_SIGN,
                                 DELTA, FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
-                                DIR, False, IEEE, EVEN_N, EVEN_D, POS_SCALE, LAZY, 8.0, BN)
+                                DIR, False, IEEE, EVEN_N, EVEN_D, POS_SCALE, BN)
     for start in range(full, hi, BN):
         m_i, l_i, acc = _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V,
                                 Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd,
                                 sbm, sbn, smm, smn, M, N, D, DV, SCALE1, SCALE2, BIAS_SIGN,
                                 DELTA, FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
-                                DIR, True, IEEE, EVEN_N, EVEN_D, POS_SCALE, LAZY, 8.0, BN)
+                                DIR, True, IEEE, EVEN_N, EVEN_D, POS_SCALE, BN)
     o = acc / l_i[:, None]
     op = O + z * soz + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod
     if EVEN_D:
@@ -565,7 +547,6 @@ class FwdLaunch:
                           MASK_KEEP=keep, IEEE=q.element_size() >= 4, STATS=p.tuple_out,
                           EVEN_D=_pow2(D) == D and _pow2(DV) == DV,
                           POS_SCALE=scale1 >= 0, HEAVY_FIRST=causal["SKIP"],
-                          LAZY=LAZY_RESCALE, WS=False,
                           BD=_pow2(D), BDV=_pow2(DV), **causal)
         self.shape = (Z, H, M, N, D, DV)
         self.key = (str(q.device), q.dtype, D, DV, Z * H, M, N, p.causal is not None,
