@@ -3,7 +3,7 @@ clock, for hlotk's native path and for jax.jit, same process.
 
     PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda,cpu python3 -m benchmarks.call_timeline
         [--only attn_fwd,adam_step,giou,softmax,matmul] [--reps 40] [--rounds 3]
-        [--out benchmarks/call_timeline.md] [--profile]
+        [--out benchmarks/call_timeline.md] [--profile] [--variant LABEL:ENV=VALUE]
 
 Each rep starts as ``gpu_suite.wall_ms`` does (L2 flushed, GPU idle), then: t0, the call,
 t1 (the call returned), the wait, t2 (result ready). For hlotk the FFI handler also records
@@ -165,7 +165,11 @@ def cupti(calls: dict, n: int = 8) -> dict:
     return out
 
 
-def measure(name: str, fn, args, reps: int, rounds: int, profile_on: bool) -> tuple[str, dict]:
+SLOTS_VARIANT = [("hlotk 1 slot", {"HLOTK_NATIVE_SLOTS": "1"})]
+
+
+def measure(name: str, fn, args, reps: int, rounds: int, profile_on: bool,
+            variants: list = SLOTS_VARIANT) -> tuple[str, dict]:
     import jax
     import torch
     import runtime
@@ -181,19 +185,13 @@ def measure(name: str, fn, args, reps: int, rounds: int, profile_on: bool) -> tu
     if name != "matmul":
         # hlotk twice: the default slots (instantiations kept per address set) and one slot
         # (every moved address re-patched), each its own executable and native graph.
-        for label, slots in (("hlotk", None), ("hlotk 1 slot", "1")):
-            old = os.environ.get("HLOTK_NATIVE_SLOTS")
-            if slots is not None:
-                os.environ["HLOTK_NATIVE_SLOTS"] = slots
-            try:
+        # (or ``--variant`` sides: environment settings held while each is compiled and
+        # first called, e.g. a code generator switch)
+        from benchmarks.suite_rounds import _Env
+        for label, env in [("hlotk", {})] + list(variants):
+            with _Env(env):
                 hc = runtime.jit(fn, backend="cuda").lower(*dev).compile()
                 got = jax.block_until_ready(hc(*dev))     # builds the native graph
-            finally:
-                if slots is not None:
-                    if old is None:
-                        del os.environ["HLOTK_NATIVE_SLOTS"]
-                    else:
-                        os.environ["HLOTK_NATIVE_SLOTS"] = old
             err = max(rel_err(g, w) for g, w in zip(leaves_of(got), leaves_of(want)))
             exe = executable_of(hc)
             print(f"{name} ({label}): err {err:.1e}; {exe.report()}", flush=True)
@@ -259,7 +257,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", default="benchmarks/call_timeline.md")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="LABEL:ENV=VALUE[,...]: hlotk sides instead of the 1-slot one")
     opts = ap.parse_args()
+    from benchmarks.suite_rounds import parse_variant
+    variants = [parse_variant(v) for v in opts.variant] or SLOTS_VARIANT
     import jax
     import torch
     from benchmarks.host_overhead import write_report
@@ -271,7 +273,7 @@ def main() -> None:
     for name, fn, args in programs(only):
         t0 = time.time()
         try:
-            text, med = measure(name, fn, args, opts.reps, opts.rounds, opts.profile)
+            text, med = measure(name, fn, args, opts.reps, opts.rounds, opts.profile, variants)
             parts.append(text)
             data[name] = med
         except Exception as e:  # noqa: BLE001  (one program failing must not hide the rest)

@@ -17,6 +17,7 @@ from hlo.ir import Instruction, Module
 from hlo.shape import Shape
 
 from .base import register_pass
+from .degenerate_dims import DEGENERATE_DIM_RULES
 from .rewrite import Rule, apply_rules, constant_like, emit, is_value, scalar_constant_value
 
 
@@ -293,6 +294,12 @@ def reduce_size_one_dims(i: Instruction):
 _IDENTITY = {"add": 0, "multiply": 1, "or": False, "and": True}
 
 
+def static_dimension_size(i: Instruction):
+    # Every dimension is static in hlotk's shapes, so get-dimension-size is a constant (XLA's
+    # dynamic padder does the same for static dims); kernels and the host need not run it.
+    return constant_like(i, i.operands[0].shape.dims[int(i.attrs["dimensions"][0])], i.shape)
+
+
 def _is_identity(opcode: str, init: Instruction, x: Instruction) -> bool:
     if opcode in ("maximum", "minimum"):
         return False
@@ -324,7 +331,8 @@ SIMPLIFY_RULES: list[Rule] = [
     Rule("copy-noop", ("copy",), copy_noop),
     Rule("dot-transposed-operand", ("dot",), dot_transposed_operand),
     Rule("reduce-size-one-dims", ("reduce",), reduce_size_one_dims),
-]
+    Rule("static-dimension-size", ("get-dimension-size",), static_dimension_size),
+] + DEGENERATE_DIM_RULES
 
 
 @register_pass

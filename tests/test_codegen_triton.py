@@ -223,6 +223,78 @@ def test_integer_semantics_divide_by_zero_and_shifts():
     check_fusion(f, args=[a, b])
 
 
+@pytest.mark.parametrize("dt", ["s8", "u8", "s16", "u16", "s32", "u32", "s64", "u64"])
+def test_popcnt_and_count_leading_zeros(dt):
+    np_dt = hlo.dtypes.by_name(dt).np_dtype
+    f = make(f"""  %p0 = {dt}[12] parameter(0)
+  %c = {dt}[12] popcnt(%p0)
+  %z = {dt}[12] count-leading-zeros(%p0)
+  ROOT %o = ({dt}[12], {dt}[12]) tuple(%c, %z)""", [f"p0: {dt}[12]"], f"({dt}[12], {dt}[12])")
+    info = np.iinfo(np.dtype(np_dt))
+    x = np.array([0, 1, 2, 3, 7, 8, 100, info.max, info.min, info.max // 3, info.max - 1, 64],
+                 dtype=np.int64 if info.min else np.uint64).astype(np_dt)
+    bits = info.bits
+    count, clz = _run_outputs(f, x)
+    # by hand: popcnt of 0, 1, 2, 3, 7, 8, 100 = 0, 1, 1, 2, 3, 1, 3; clz = bits - bit length
+    np.testing.assert_array_equal(count[:7], [0, 1, 1, 2, 3, 1, 3])
+    np.testing.assert_array_equal(clz[:7], [bits, bits - 1, bits - 2, bits - 2, bits - 3,
+                                            bits - 4, bits - 7])
+    assert clz[8] == (0 if info.min else bits)      # the sign bit set / unsigned 0
+    check_fusion(f, args=[x])                       # every element vs the reference interpreter
+
+
+def test_reduce_precision_round_even_overflow_underflow_nan():
+    import ml_dtypes
+    f = make("""  %p0 = f32[16] parameter(0)
+  %h = f32[16] reduce-precision(%p0), exponent_bits=5, mantissa_bits=10
+  %b = f32[16] reduce-precision(%p0), exponent_bits=8, mantissa_bits=7
+  %e = f32[16] reduce-precision(%p0), exponent_bits=4, mantissa_bits=3
+  ROOT %o = (f32[16], f32[16], f32[16]) tuple(%h, %b, %e)""", ["p0: f32[16]"],
+             "(f32[16], f32[16], f32[16])")
+    # 1 + 2^-11 ties in f16 (to 1.0, even); 1 + 3*2^-11 rounds up to 1 + 2^-9; 70000 and
+    # 65520 overflow f16 to inf; 1e-6 and -2.5e-5 are below f16's normal range: +0 and -0
+    # (flushed, where a real f16 keeps them as subnormals).
+    x = np.array([1 + 2 ** -11, 1 + 3 * 2 ** -11, 70000.0, 1e-6, -2.5e-5, np.nan, np.inf, -np.inf,
+                  0.0, -0.0, 3.14159, -65504.0, 65520.0, 1.00390625, 240.0, 0.0078125], np.float32)
+    half, bf16, e4m3 = _run_outputs(f, x)
+    np.testing.assert_array_equal(half[:5], np.array([1.0, 1 + 2 ** -9, np.inf, 0.0, -0.0],
+                                                     np.float32))
+    assert np.signbit(half[4]) and np.isnan(half[5]) and np.isnan(e4m3[5])
+    normal = [i for i in range(16) if i not in (3, 4)]
+    with np.errstate(over="ignore"):
+        as_f16 = x.astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(half[normal], as_f16[normal])
+    np.testing.assert_array_equal(bf16, x.astype(ml_dtypes.bfloat16).astype(np.float32))
+    # 4 exponent bits, 3 mantissa bits: 240 = 1.875 * 2^7 is its largest normal, 1 + 2^-8 rounds
+    # to 1, 70000 overflows
+    assert e4m3[14] == 240.0 and e4m3[13] == 1.0 and e4m3[2] == np.inf
+    for got, want in zip((half, bf16, e4m3), hlo.evaluate(f.attrs["calls"], [x])):
+        np.testing.assert_array_equal(got, want)      # NaN where the interpreter has NaN
+
+
+@pytest.mark.parametrize("dt", ["f64", "bf16"])
+def test_reduce_precision_f64_and_bf16_operands(dt):
+    f = make(f"""  %p0 = {dt}[64] parameter(0)
+  ROOT %r = {dt}[64] reduce-precision(%p0), exponent_bits=8, mantissa_bits=3""",
+             [f"p0: {dt}[64]"], f"{dt}[64]")
+    x = (np.random.default_rng(3).standard_normal(64) * 1e3).astype(hlo.dtypes.by_name(dt).np_dtype)
+    got = _run_outputs(f, x)[0].astype(np.float64)
+    # 3 mantissa bits: every result is m * 2^e with m an integer in [8, 15]
+    mant = np.abs(got) / 2.0 ** (np.floor(np.log2(np.abs(got))) - 3)
+    np.testing.assert_array_equal(mant, np.round(mant))
+    np.testing.assert_array_equal(got, np.asarray(hlo.evaluate(f.attrs["calls"], [x]), np.float64))
+
+
+def _run_outputs(fusion, *args):
+    kernel = compile_fusion(fusion)
+    root = fusion.attrs["calls"].root
+    shapes = [o.shape for o in (root.operands if root.opcode == "tuple" else [root])]
+    outs = [with_layout(np.zeros(s.dims, s.dtype.np_dtype), s) for s in shapes]
+    params = sorted(fusion.attrs["calls"].parameters, key=lambda p: p.parameter_number)
+    kernel.launch(outs, [with_layout(a, p.shape) for a, p in zip(args, params)])
+    return [from_torch(o, s.dtype) for o, s in zip(outs, shapes)]
+
+
 def test_column_reduction():
     f = make("""  %p0 = f32[37,24] parameter(0)
   %z = f32[] constant(0)
@@ -351,8 +423,8 @@ def test_unsupported_op_names_fusion_and_keeps_partial_source(tmp_path, monkeypa
     monkeypatch.setenv("HLOTK_CACHE_DIR", str(tmp_path))
     f = make("""  %p0 = f32[8] parameter(0)
   %e = f32[8] exponential(%p0)
-  ROOT %s = f32[8] reduce-precision(%e), exponent_bits=5, mantissa_bits=2""", ["p0: f32[8]"], "f32[8]")
-    with pytest.raises(TritonCodegenError, match=r"%f.*reduce-precision") as info:
+  ROOT %s = c64[8] complex(%e, %p0)""", ["p0: f32[8]"], "c64[8]")
+    with pytest.raises(TritonCodegenError, match=r"%f.*complex") as info:
         compile_fusion(f)
     assert (tmp_path / "triton" / "failed" / "f.py").exists()
     assert "partial source kept" in str(info.value)

@@ -598,7 +598,8 @@ def test_triton_attention_backward_kernels_match_jax_grad(case, atomic, monkeypa
     ("bf16", 128, 200, "causal"), ("f16", 64, 129, "causal"), ("bf16", 256, 70, "causal"),
     ("f32", 64, 100, "causal"), ("bf16", 64, 300, "plain"), ("f32", 32, 24, "bias_mask"),
     ("f32", 16, 20, "gqa"), ("f32", 16, 70, "gqa_grouped2"), ("f32", 16, 70, "gqa_grouped4"),
-    ("bf16", 64, 200, "gqa_grouped4"), ("bf16", 128, 129, "gqa_grouped2")])
+    ("bf16", 64, 200, "gqa_grouped4"), ("bf16", 128, 129, "gqa_grouped2"),
+    ("bf16", 64, 200, "jax_nn"), ("f32", 32, 70, "jax_nn"), ("f32", 32, 70, "hand_softmax")])
 def test_attention_gradient_cuda_kernels(dtype, d, s, case):
     """runtime.jit(jax.grad(loss), backend="cuda"): both attention fusions run as Triton
     kernels (no host fallback) and the gradients equal jax.jit's."""
@@ -612,7 +613,8 @@ def test_attention_gradient_cuda_kernels(dtype, d, s, case):
         f, args = _backward_case(case)
     else:
         rng = np.random.default_rng(12)
-        f = _attention(causal=case == "causal")
+        f = {"jax_nn": _jax_nn_attention(True), "hand_softmax": _hand_softmax_attention}.get(
+            case) or _attention(causal=case == "causal")
         args = tuple(rng.standard_normal((2, s, 3, d)).astype(dt) for _ in range(3))
     g = _loss_grad(f, args)
     jf = runtime.jit(g, backend="cuda")
@@ -629,3 +631,53 @@ def test_attention_gradient_cuda_kernels(dtype, d, s, case):
         a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
         err = np.linalg.norm(a - want) / np.linalg.norm(want)
         assert err < tol, (case, dtype, err)
+
+
+# --- jax.nn.dot_product_attention (implementation="xla"): its size-1 query-group axis is
+# removed by the simplifier's size-1-dim rules (passes/degenerate_dims.py) ---
+def _jax_nn_attention(causal: bool, scale=None, with_bias=False):
+    def f(q, k, v, *bias):
+        return jax.nn.dot_product_attention(q, k, v, bias=bias[0] if bias else None,
+                                            scale=scale, is_causal=causal,
+                                            implementation="xla")
+    return f
+
+
+@pytest.mark.parametrize("causal,scale,with_bias", [(True, None, False), (False, 0.3, False),
+                                                    (True, None, True)])
+def test_jax_nn_dot_product_attention_fuses(causal, scale, with_bias):
+    args = _inputs((2, 40, 3, 16))
+    if with_bias:
+        args.append(np.random.default_rng(5).standard_normal((1, 3, 40, 40)).astype(np.float32))
+    _check(_jax_nn_attention(causal, scale, with_bias), args, tol=2e-5, target="h200")
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+@pytest.mark.parametrize("causal", [True, False])
+def test_jax_nn_dot_product_attention_gradient_fuses(causal):
+    """jax.grad of jax.nn.dot_product_attention: forward and backward fused on the CUDA
+    pipeline (run here by the CPU backend), gradients equal jax.jit's, no score buffer."""
+    b, s, h, d = 1, 64, 2, 16
+    args = _inputs((b, s, h, d))
+    g, jf, c = _gpu_pipeline_grad(_jax_nn_attention(causal), args)
+    assert max(bf.size for bf in c.buffer_assignment().buffers) < b * h * s * s * 4
+    for a, want in zip(jf(*args), jax.jit(g)(*args)):
+        np.testing.assert_allclose(a, want, rtol=5e-5, atol=5e-5)
+
+
+def _hand_softmax_attention(q, k, v):
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * 0.25
+    s = jnp.where(jnp.tril(jnp.ones((s.shape[-1],) * 2, bool)), s, -1e30)
+    e = jnp.exp(s - s.max(-1, keepdims=True))
+    return jnp.einsum("bhqk,bkhd->bqhd", e / e.sum(-1, keepdims=True), v)
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+def test_hand_written_softmax_gradient_through_its_max_fuses():
+    """exp(s - s.max()) / sum without stop_gradient: jax.grad also differentiates the max
+    (a compare with the row max, an argmax indicator times rowsum(dX) = 0); the backward
+    still fuses and equals jax.jit."""
+    args = _inputs((1, 48, 2, 16))
+    g, jf, c = _gpu_pipeline_grad(_hand_softmax_attention, args)
+    for a, want in zip(jf(*args), jax.jit(g)(*args)):
+        np.testing.assert_allclose(a, want, rtol=5e-5, atol=5e-5)

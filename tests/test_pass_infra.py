@@ -77,3 +77,54 @@ ENTRY %main () -> (f32[], f32[], f32[]) {
     assert passes.make_pass("cse").run(m)
     t = m.entry.root
     assert t.operands[0] is t.operands[1] and t.operands[2] is not t.operands[0]
+
+
+def test_cse_merges_reduces_whose_bodies_are_equal_copies_not_different_ones():
+    # jnp code that computes x.max() twice imports as two reduces with their own regions
+    text = """HloModule m
+
+%max1 (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %m = f32[] maximum(%a, %b)
+}
+
+%max2 (c: f32[], d: f32[]) -> f32[] {
+  %c = f32[] parameter(0)
+  %d = f32[] parameter(1)
+  ROOT %n = f32[] maximum(%c, %d)
+}
+
+%min1 (e: f32[], f: f32[]) -> f32[] {
+  %e = f32[] parameter(0)
+  %f = f32[] parameter(1)
+  ROOT %o = f32[] minimum(%e, %f)
+}
+
+%max_swapped (g: f32[], h: f32[]) -> f32[] {
+  %g = f32[] parameter(0)
+  %h = f32[] parameter(1)
+  ROOT %q = f32[] maximum(%h, %g)
+}
+
+ENTRY %main (p: f32[4,8]) -> (f32[4], f32[4], f32[4], f32[4]) {
+  %p = f32[4,8]{1,0} parameter(0)
+  %init = f32[] constant(-inf)
+  %r1 = f32[4]{0} reduce(%p, %init), dimensions={1}, to_apply=%max1
+  %r2 = f32[4]{0} reduce(%p, %init), dimensions={1}, to_apply=%max2
+  %r3 = f32[4]{0} reduce(%p, %init), dimensions={1}, to_apply=%min1
+  %r4 = f32[4]{0} reduce(%p, %init), dimensions={1}, to_apply=%max_swapped
+  ROOT %t = (f32[4], f32[4], f32[4], f32[4]) tuple(%r1, %r2, %r3, %r4)
+}
+"""
+    import numpy as np
+    m = hlo.parse_hlo(text)
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    want = hlo.evaluate(m, [x])
+    assert passes.make_pass("cse").run(m)
+    t = m.entry.root
+    assert t.operands[0] is t.operands[1]                 # equal bodies, other names
+    assert t.operands[2] is not t.operands[0]             # minimum is another reduce
+    assert t.operands[3] is not t.operands[0]             # operands swapped: not the same text
+    for got, w in zip(hlo.evaluate(m, [x]), want):
+        np.testing.assert_array_equal(got, w)

@@ -150,6 +150,42 @@ CASES = [
     ("max-min-self", "f32[4]{0}",
      "  %m = f32[4]{0} maximum(%p0, %p0)\n  ROOT %r = f32[4]{0} abs(%m)", "f32[4]",
      ["%r = f32[4]{0} abs(%p0)"]),
+    # --- size-1 dims (passes/degenerate_dims.py) ---
+    ("transpose-of-size-one-dims", "f32[4,1,5]{2,1,0}",
+     "  ROOT %t = f32[1,4,5]{2,1,0} transpose(%p0), dimensions={1,0,2}", "f32[1,4,5]",
+     ["%reshape = f32[1,4,5]{2,1,0} reshape(%p0)"]),
+    ("transpose-of-degenerate-reshape", "f32[4,5]{1,0}",
+     "  %r = f32[4,1,5]{2,1,0} reshape(%p0)\n"
+     "  ROOT %t = f32[5,1,4]{2,1,0} transpose(%r), dimensions={2,1,0}", "f32[5,1,4]",
+     ["%transpose = f32[5,4]{1,0} transpose(%p0), dimensions={1,0}",
+      "%reshape = f32[5,1,4]{2,1,0} reshape(%transpose)"]),
+    ("dot-size-one-dims", "f32[2,1,3,4]{3,2,1,0};f32[2,1,4,5]{3,2,1,0}",
+     "  ROOT %d = f32[2,3,5]{2,1,0} dot(%p0, %p1), lhs_batch_dims={0}, rhs_batch_dims={0}, "
+     "lhs_contracting_dims={1,3}, rhs_contracting_dims={1,2}", "f32[2,3,5]",
+     ["%reshape = f32[2,3,4]{2,1,0} reshape(%p0)", "%reshape.1 = f32[2,4,5]{2,1,0} reshape(%p1)",
+      "%dot = f32[2,3,5]{2,1,0} dot(%reshape, %reshape.1), lhs_batch_dims={0}, "
+      "lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={1}"]),
+    ("elementwise-of-degenerate-reshapes", "f32[4,5]{1,0};f32[5]{0}",
+     "  %r = f32[1,4,5]{2,1,0} reshape(%p0)\n"
+     "  %b = f32[1,4,5]{2,1,0} broadcast(%p1), dimensions={2}\n"
+     "  %m = f32[1,4,5]{2,1,0} multiply(%r, %b)\n"
+     "  ROOT %n = f32[1,4,5]{2,1,0} negate(%m)", "f32[1,4,5]",
+     ["%broadcast = f32[4,5]{1,0} broadcast(%p1), dimensions={1}",
+      "%multiply = f32[4,5]{1,0} multiply(%p0, %broadcast)",
+      "%negate = f32[4,5]{1,0} negate(%multiply)",
+      "%reshape.1 = f32[1,4,5]{2,1,0} reshape(%negate)"]),
+    ("reduce-of-degenerate-reshape", "f32[4,5]{1,0}",
+     "  %r = f32[1,4,5]{2,1,0} reshape(%p0)\n  %z = f32[] constant(0)\n"
+     "  ROOT %s = f32[1,4]{1,0} reduce(%r, %z), dimensions={2}, to_apply=%add", "f32[1,4]",
+     ["%z = f32[] constant(0)", "%reduce = f32[4]{0} reduce(%p0, %z), dimensions={1}, "
+      "to_apply=%add", "%reshape = f32[1,4]{1,0} reshape(%reduce)"]),
+    ("broadcast-of-degenerate-reshape", "f32[4]{0}",
+     "  %r = f32[1,4]{1,0} reshape(%p0)\n"
+     "  ROOT %b = f32[1,4,6]{2,1,0} broadcast(%r), dimensions={0,1}", "f32[1,4,6]",
+     ["%broadcast = f32[1,4,6]{2,1,0} broadcast(%p0), dimensions={1}"]),
+    ("static-dimension-size", "f32[3,7]{1,0}",
+     "  ROOT %r = s32[] get-dimension-size(%p0), dimensions={1}", "s32[]",
+     ["%constant = s32[] constant(7)"]),
 ]
 
 

@@ -143,6 +143,7 @@ def _hl_pow(x, y):
 @triton.jit
 def _hl_atan2(y, x):
     return libdevice.atan2(y, x)
+
 '''
 
 HELPERS_INTERPRET = '''
@@ -195,7 +196,48 @@ def _hl_pow(x, y):
 def _hl_atan2(y, x):
     # Only used by tests in the interpreter; a rough atan2 through a series is not worth it.
     return tl.where(x > 0, y / x, y / x)
+
 '''
+
+# Bit counting in core ops (popcnt, count-leading-zeros): the same on the GPU and in the
+# interpreter.
+_BIT_HELPERS = '''
+@triton.jit
+def _hl_popc32(x):
+    # x: uint32. Bits counted in pairs, nibbles, bytes, then the bytes summed by a multiply.
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) >> 24).to(tl.int32)
+
+
+@triton.jit
+def _hl_clz32(x):
+    # x: uint32. Its bit length by binary search; clz = 32 - length.
+    n = tl.zeros(x.shape, tl.int32)
+    big = x >= 65536
+    x = tl.where(big, x >> 16, x)
+    n = tl.where(big, n + 16, n)
+    big = x >= 256
+    x = tl.where(big, x >> 8, x)
+    n = tl.where(big, n + 8, n)
+    big = x >= 16
+    x = tl.where(big, x >> 4, x)
+    n = tl.where(big, n + 4, n)
+    big = x >= 4
+    x = tl.where(big, x >> 2, x)
+    n = tl.where(big, n + 2, n)
+    big = x >= 2
+    x = tl.where(big, x >> 1, x)
+    n = tl.where(big, n + 1, n)
+    return 32 - (n + x.to(tl.int32))
+'''
+HELPERS_GPU += _BIT_HELPERS
+HELPERS_INTERPRET += _BIT_HELPERS
+
+
+def _is_int_literal(e: str) -> bool:
+    return e.lstrip("-").isdigit()
 
 
 class Emitter:
@@ -215,6 +257,11 @@ class Emitter:
         self.reduce_handler: Optional[Callable[[Instruction, Index], Value]] = None
         self.dot_handler: Optional[Callable[[Instruction, Index], Value]] = None
         self.extra_constants: list[np.ndarray] = []   # array constants passed as inputs
+        # The name of a [BLOCK] index tensor when every index of this kernel is a scalar or
+        # [BLOCK]-shaped (the loop template): parameter reads at a constant position of a
+        # small minor dim then load the whole minor row as one tile (``minor_tiles.py``).
+        self.tile_rows: Optional[str] = None
+        self.tiles_used = False
 
     # --- lines and scopes ------------------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -315,6 +362,11 @@ class Emitter:
         if op == "slice":
             src = []
             for i, sd in zip(idx, inst.attrs["slice"].dims):
+                if _is_int_literal(i):
+                    # A constant position stays a literal: the memo then sees two slices
+                    # reading the same element as one load, and minor_tiles sees a constant.
+                    src.append(str(int(i) * sd.stride + sd.start))
+                    continue
                 e = i if sd.stride == 1 else f"{i} * {sd.stride}"
                 src.append(e if sd.start == 0 else f"({e} + {sd.start})")
             return self.value(inst.operands[0], tuple(self._name_index(inst, src)))
@@ -365,6 +417,11 @@ class Emitter:
 
     # --- leaves --------------------------------------------------------------------------------
     def _load_param(self, inst: Instruction, idx: Index, comment: str) -> str:
+        if self.tile_rows is not None:
+            from .minor_tiles import tile_column
+            col = tile_column(self, inst, idx, comment)
+            if col is not None:
+                return col
         n = inst.parameter_number
         ptr = self.params[n]
         strides = self.param_strides[n]
@@ -564,6 +621,10 @@ class Emitter:
             return f"{args[0]} == 0" if src.is_pred else f"~{args[0]}"
         if op in ("shift-left", "shift-right-logical", "shift-right-arithmetic"):
             return self._shift(inst, args)
+        if op in ("popcnt", "count-leading-zeros") and out.is_integer:
+            return self._bit_count(inst, args[0])
+        if op == "reduce-precision" and out.is_float and not out.is_complex:
+            return self.narrow(self._reduce_precision(inst, self.widen(args[0], src)), out)
         if out.is_float and not out.is_complex:
             w = [self.widen(a, src) for a in args]
             if op in _FLOAT_UNARY and len(args) == 1:
@@ -604,6 +665,51 @@ class Emitter:
         # XLA: x / 0 = -1, INT_MIN / -1 = INT_MIN, truncation toward zero (Triton's // too).
         safe = f"tl.where(({b} == 0) | (({a} == {lo}) & ({b} == -1)), 1, {b})"
         return f"tl.where({b} == 0, -1, {a} // {safe})"
+
+    def _bit_count(self, inst: Instruction, x: str) -> str:
+        """popcnt / count-leading-zeros on the bits of ``x`` (zero-extended to 32 bits for
+        narrower types; 64-bit values as two 32-bit halves)."""
+        dtype = inst.shape.dtype
+        bits = dtype.bits
+        ut = "tl.uint%d" % bits
+        u = f"{x}.to({ut}, bitcast=True)" if dtype.kind == "sint" else x
+        if bits == 64:
+            lo = self.assign(f"lo_{inst.name}", f"({u}).to(tl.uint32)")
+            hi = self.assign(f"hi_{inst.name}", f"(({u}) >> 32).to(tl.uint32)")
+            expr = (f"_hl_popc32({lo}) + _hl_popc32({hi})" if inst.opcode == "popcnt" else
+                    f"tl.where({hi} != 0, _hl_clz32({hi}), 32 + _hl_clz32({lo}))")
+        else:
+            w = self.assign(f"u_{inst.name}", f"({u}).to(tl.uint32)")
+            expr = (f"_hl_popc32({w})" if inst.opcode == "popcnt" else
+                    f"_hl_clz32({w}) - {32 - bits}")
+        return f"({expr}).to({tl_type(dtype)})"
+
+    def _reduce_precision(self, inst: Instruction, x: str) -> str:
+        """XLA's reduce-precision on f32 (narrow floats widened first) or f64 bits: mantissa
+        rounded to nearest even, exponents above the format's range to +-inf, below its
+        normal range to +-0, NaN kept (hlo/evaluator/numerics.reduce_precision)."""
+        e_bits, m_bits = int(inst.attrs["exponent_bits"]), int(inst.attrs["mantissa_bits"])
+        wide = inst.operands[0].shape.dtype.bits > 32
+        ut, src_m, src_e, total = ("tl.uint64", 52, 11, 64) if wide else ("tl.uint32", 23, 8, 32)
+        ft = "tl.float64" if wide else "tl.float32"
+        xv = self.assign(f"x_{inst.name}", f"({x}).to({ft})")
+        b = self.assign(f"b_{inst.name}", f"{xv}.to({ut}, bitcast=True)")
+        full = (1 << total) - 1
+        if m_bits < src_m:
+            shift = src_m - m_bits
+            b = self.assign(f"b_{inst.name}",
+                            f"{b} + ((({b} >> {shift}) & 1) + {(1 << (shift - 1)) - 1})")
+            b = self.assign(f"b_{inst.name}", f"{b} & {full ^ ((1 << shift) - 1)}")
+        if e_bits < src_e:
+            exp_mask = ((1 << src_e) - 1) << src_m
+            src_bias, dst_bias = (1 << (src_e - 1)) - 1, (1 << (e_bits - 1)) - 1
+            sign = self.assign(f"sg_{inst.name}", f"{b} & {1 << (total - 1)}")
+            ex = self.assign(f"ex_{inst.name}", f"{b} & {exp_mask}")
+            b = self.assign(f"b_{inst.name}", f"tl.where({ex} > {(src_bias + dst_bias) << src_m}, "
+                                              f"{sign} | {exp_mask}, {b})")
+            b = self.assign(f"b_{inst.name}",
+                            f"tl.where({ex} <= {(src_bias - dst_bias) << src_m}, {sign}, {b})")
+        return f"tl.where({xv} != {xv}, {xv}, {b}.to({ft}, bitcast=True))"
 
     def _shift(self, inst: Instruction, args: list[str]) -> str:
         a, b = args

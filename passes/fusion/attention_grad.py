@@ -11,9 +11,12 @@ For o = softmax(score(q·k))·v and a cotangent dO, JAX's backward is, in some s
 ``match_backward(div)`` starts from the probabilities P (the softmax's divide) and finds
 those five dots. The softmax VJP ``f`` is accepted whatever ops JAX used for it (the
 custom-JVP form, or the transposed division chain ``e / l``, ``-e / l^2`` ...), as long as
-it is a per-row function of (x, x - m, e, l, m, P, dP) built from elementwise ops, row sums
-and row broadcasts: it is evaluated in float64 on random rows and must equal
-P * (dP - rowsum(P * dP)). Anything else is a NoMatch with the reason.
+it is a per-row function of (x, x - m, e, l, m, P, dP) built from elementwise ops, compares,
+selects, row sums and row broadcasts: it is evaluated in float64 on random rows and must
+equal P * (dP - rowsum(P * dP)). Anything else is a NoMatch with the reason. (A softmax
+written by hand without stop_gradient on its max adds the max's gradient, rowsum(dX) times
+the argmax indicator: zero in exact arithmetic, so it passes the check and the kernel
+leaves it out; jax.jit's value of it is rounding noise.)
 
 The dots may read dS, P and dO through views that only permute their dims, and the
 scores may be a transpose of q·k: a grouped-query einsum (q as [b, s, kv head, group, d])
@@ -192,6 +195,10 @@ _ELEMENTWISE = {
 }
 
 
+_COMPARE = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
+            "GT": np.greater, "GE": np.greater_equal}
+
+
 def _non1(dims, where=None) -> list:
     return [d for d in range(len(dims)) if dims[d] != 1]
 
@@ -246,6 +253,12 @@ def _row_fn(root: Instruction, leaves: dict[int, str], full: int, keys: int,
         elif op in _ELEMENTWISE:
             with np.errstate(all="ignore"):
                 v = _ELEMENTWISE[op](*[val(o) for o in i.operands])
+        elif op == "compare" and str(i.attrs.get("direction", "")) in _COMPARE:
+            # x == max(x): the gradient of a row max that no stop_gradient cut (a softmax
+            # written by hand); its term is rowsum(dX) = 0 times the argmax indicator
+            v = _COMPARE[str(i.attrs["direction"])](*[val(o) for o in i.operands])
+        elif op == "select":
+            v = np.where(*[val(o) for o in i.operands])
         else:
             raise NoMatch(f"%{i.name} ({op}) in the softmax gradient is not an elementwise "
                           "op, row sum or row broadcast")

@@ -374,7 +374,7 @@ class CudaExecutable:
         try:
             kernel = compile_fusion(fusion, target=self.target, autotune=self.autotune)
         except TritonCodegenError as e:
-            return host(f"Triton codegen: {str(e).splitlines()[0][:120]}")
+            return host(f"Triton codegen: {str(e).splitlines()[0]}")
         if not wrapped and (kernel.template == "generic" and any(
                 i.opcode == "dot" for i in fusion.attrs["calls"].instructions)
                 or kernel.template == "gemm" and (_expensive_prologue(fusion)
