@@ -1,9 +1,25 @@
 """Plain JAX attention through hlotk's flash-attention fusion vs jax.jit, same run, H200.
 
-``python -m benchmarks.attention`` prints a table (median ms, triton.testing.do_bench):
-the issue's causal attention B2 H16 S4096 D128 bf16 (einsum, where-mask, f32 softmax,
-einsum) as hlotk's Triton kernel alone, as ``runtime.jit(backend="cuda")`` end to end,
-as ``jax.jit`` and as torch SDPA; plus the 32k-vocabulary cross-entropy (hlotk vs XLA).
+``python -m benchmarks.attention`` prints tables. Kernel section (``--only kernel``): the
+issue's causal attention B2 H16 S4096 D128 bf16 (einsum, where-mask, f32 softmax, einsum),
+each row one way of timing it, all in one process:
+
+- ``kernel alone``: hlotk's Triton kernel launched from torch (``flash_attention`` on the
+  fusion), median of ``triton.testing.do_bench`` (CUDA events on torch's stream, L2 flushed
+  before each call);
+- ``pipelined``: ``runtime.jit(f, backend="cuda")`` / ``jax.jit(f)`` called N times back to
+  back with one ``block_until_ready`` at the end, per call, median of several rounds (how
+  a training loop runs: the host dispatch of the next call overlaps the device work of
+  this one, and the wait for the result is paid once);
+- ``blocked``: one call from an idle GPU with a flushed L2 to its result being ready
+  (host clock, ``gpu_suite.wall_ms``): dispatch + device time + JAX's readiness lag
+  (~0.1 ms on the H200, benchmarks/NOTES.md, issue 12's call timeline);
+- ``torch SDPA``: ``scaled_dot_product_attention(is_causal=True)`` on [B, H, S, D] views
+  of the same tensors, do_bench and pipelined.
+
+(do_bench around a JAX call that is not blocked times torch's stream, not JAX's: the events
+bracket nothing JAX launched, so it is not used for the end-to-end rows.) Also the
+32k-vocabulary cross-entropy (hlotk vs XLA) and, with ``--only suite``, gpu_suite's rows.
 """
 from __future__ import annotations
 
@@ -258,7 +274,7 @@ def kernel_and_xent(only: set) -> None:
     import jax.numpy as jnp
     import torch
     import runtime
-    from benchmarks.gpu_suite import bench
+    from benchmarks.gpu_suite import bench, wall_ms
     from codegen.triton.attention import flash_attention
     from passes.fusion import fusion_kind
     rows = []
@@ -283,14 +299,22 @@ def kernel_and_xent(only: set) -> None:
         from codegen.triton.attention import _TUNED
         print("tuned flash configs (BM, BN, warps, stages):", list(_TUNED.values()), flush=True)
         ms_kernel = bench(lambda: flash_attention(fa[0], [tq, tk, tv], out))
-        ms_hlotk = bench(lambda: jf(q, k, v))
         xla = jax.jit(causal_attention)
-        ms_xla = bench(lambda: xla(q, k, v).block_until_ready())
         tq2, tk2, tv2 = (t.transpose(1, 2) for t in (tq, tk, tv))
-        ms_sdpa = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-            tq2, tk2, tv2, is_causal=True))
-        for name, ms in [("hlotk flash kernel", ms_kernel), ("hlotk runtime.jit cuda", ms_hlotk),
-                         ("jax.jit (XLA)", ms_xla), ("torch SDPA", ms_sdpa)]:
+
+        def sdpa():
+            return torch.nn.functional.scaled_dot_product_attention(tq2, tk2, tv2,
+                                                                    is_causal=True)
+        timed = [("hlotk flash kernel alone (do_bench)", ms_kernel),
+                 ("hlotk runtime.jit cuda, pipelined", pipelined_ms(lambda: jf(q, k, v))),
+                 ("jax.jit (XLA), pipelined", pipelined_ms(lambda: xla(q, k, v))),
+                 ("hlotk runtime.jit cuda, blocked (wall)",
+                  wall_ms(lambda: jax.block_until_ready(jf(q, k, v)))),
+                 ("jax.jit (XLA), blocked (wall)",
+                  wall_ms(lambda: jax.block_until_ready(xla(q, k, v)))),
+                 ("torch SDPA (do_bench)", bench(sdpa)),
+                 ("torch SDPA, pipelined", pipelined_ms(sdpa, torch_sync=True))]
+        for name, ms in timed:
             rows.append((f"causal attn B2 H16 S4096 D128 bf16: {name}", ms,
                          flops / (ms * 1e-3) / 1e12))
     # Cross-entropy, 32k vocabulary: gathers computed at the label (passes/gather_sinking.py).
@@ -313,12 +337,38 @@ def kernel_and_xent(only: set) -> None:
         # do_bench's events can miss work the runtime launches on its own stream (a
         # single-thunk program measured above HBM bandwidth, NOTES stage 3): host wall
         # time from an idle GPU with a flushed L2 as well, for both.
-        from benchmarks.gpu_suite import wall_ms
         w_h = wall_ms(lambda: jax.block_until_ready(jce(x, lab)))
         w_x = wall_ms(lambda: jax.block_until_ready(xce(x, lab)))
         rows.append((f"{name} 8192x32000: hlotk wall", w_h, err))
         rows.append((f"{name} 8192x32000: jax.jit wall", w_x, w_h / w_x))
     print_rows(rows)
+
+
+def pipelined_ms(call, n: int = 50, rounds: int = 7, torch_sync: bool = False) -> float:
+    """Per-call ms of ``n`` calls issued back to back with one wait at the end (for the
+    last call's result, or torch.cuda.synchronize for a torch call), median over
+    ``rounds``: the steady state of a loop that does not wait for each result."""
+    import statistics
+    import time
+
+    import jax
+
+    def wait(r):
+        if torch_sync:
+            import torch
+            torch.cuda.synchronize()
+        else:
+            jax.block_until_ready(r)
+    for _ in range(3):                  # compile, autotune, warm caches
+        wait(call())
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            r = call()
+        wait(r)
+        times.append((time.perf_counter() - t0) * 1e3 / n)
+    return statistics.median(times)
 
 
 def print_rows(rows: list) -> None:

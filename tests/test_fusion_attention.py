@@ -271,9 +271,41 @@ def _triton_case(f, args, tol):
     np.testing.assert_allclose(got, np.asarray(want, np.float32), rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("case", ["causal_f32", "causal_long_f32", "bias_mask_f32", "gqa_f32"])
+def _masked_rows_case():
+    """Heads-first attention whose boolean mask drops every key of some query rows, filled
+    with float32's lowest finite value: those rows average v uniformly (jax.nn.softmax
+    over equal scores), which the kernel's log2-unit fill must keep finite to reproduce."""
+    q, k, v = _inputs((1, 2, 70, 16), seed=7)
+    mask = np.random.default_rng(8).random((1, 1, 70, 70)) > 0.5
+    mask[..., 5, :] = False
+    mask[..., 64:, :] = False
+    return (_attention(mask=True, heads_first=True, fill=float(jnp.finfo(jnp.float32).min)),
+            (q, k, v, mask))
+
+
+def _negative_scale(q, k, v):
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * -0.3
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
+
+
+@pytest.mark.parametrize("case", ["causal_f32", "causal_long_f32", "bias_mask_f32", "gqa_f32",
+                                  "plain_even_f32", "odd_head_dim_f32", "masked_rows_f32",
+                                  "negative_scale_f32"])
 def test_triton_flash_attention_kernel(case):
-    if case == "causal_f32":
+    if case == "plain_even_f32":
+        # keys a multiple of the key block: no edge block, no key bound (EVEN_N)
+        _triton_case(_attention(), _inputs((1, 64, 2, 16)), 1e-4)
+    elif case == "odd_head_dim_f32":
+        # head dim 24 < its 32-wide block: the head-dim bounds stay (EVEN_D off)
+        _triton_case(_attention(causal=True), _inputs((1, 100, 2, 24)), 1e-4)
+    elif case == "masked_rows_f32":
+        f, args = _masked_rows_case()
+        _triton_case(f, args, 1e-4)
+    elif case == "negative_scale_f32":
+        # a negative scale takes the general path: the max of scaled scores is not the
+        # scaled max, and scores spread over hundreds would overflow exp2 with the wrong one
+        _triton_case(_negative_scale, [8 * x for x in _inputs((1, 80, 2, 16))], 1e-4)
+    elif case == "causal_f32":
         _triton_case(_attention(causal=True), _inputs((1, 37, 2, 16)), 1e-4)
     elif case == "causal_long_f32":
         # query blocks past the first: key blocks below the diagonal run unmasked
@@ -288,6 +320,31 @@ def test_triton_flash_attention_kernel(case):
         base = _attention(causal=True)
         _triton_case(lambda q, k, v: base(q, jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)),
                      (q, k, v), 1e-4)
+
+
+def _growing_scores(seed: int = 9, s: int = 150, d: int = 16) -> list:
+    """q, k, v whose scores climb by ~1 per key: each later key block raises the row max
+    by far more than 2^8 in the kernel's log2 units, 2^200 over the row (past f32 unless the
+    running sums are rescaled)."""
+    rng = np.random.default_rng(seed)
+    q = np.ones((1, s, 2, d), np.float32) + 0.1 * rng.standard_normal((1, s, 2, d))
+    ramp = (np.arange(s) / np.sqrt(d)).astype(np.float32)[None, :, None, None]
+    k = ramp * np.ones((1, s, 2, d), np.float32) + 0.1 * rng.standard_normal((1, s, 2, d))
+    return [q.astype(np.float32), k.astype(np.float32),
+            rng.standard_normal((1, s, 2, d)).astype(np.float32)]
+
+
+@pytest.mark.parametrize("case", ["causal_long", "growing", "falling"])
+def test_triton_flash_attention_running_max(case):
+    """The online softmax's rescaling: scores that stay level, climb block after block past
+    f32's range (wrong without the rescale), or fall."""
+    if case == "causal_long":
+        args = _inputs((1, 150, 1, 16), seed=10)
+    else:
+        args = _growing_scores()
+        if case == "falling":
+            args[1] = args[1][:, ::-1].copy()
+    _triton_case(_attention(causal=True), args, 1e-4)
 
 
 # Triton's interpreter (3.9) miscomputes bf16 tl.dot (a 16x16 product is off by 1e10), so

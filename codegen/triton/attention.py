@@ -5,9 +5,10 @@ fusion whose operands are torch tensors (arena views). The fusion body is matche
 (``passes.fusion.attention``); q, k, v, bias and mask are read in place through their
 strides after a permute into ``[z, h, rows, d]`` (a copy only where a layout cannot be
 viewed that way, e.g. grouped query heads). The kernel streams key blocks: s = q·kᵀ in
-f32, the score steps (scale, bias, causal/boolean masks), an online softmax (running max
-and sum, a row with nothing kept yet shifts by 0), acc += p·v; with a causal mask that
-keeps k <= q + c (c <= 0) it stops at the block row's last visible key.
+f32, the score steps (scale, bias, causal/boolean masks), an online softmax in log2 units
+(exp2, log2(e) folded into the last scale; running max and sum, a row with nothing kept
+yet shifts by 0), acc += p·v; with a causal mask that keeps k <= q + c (c <= 0) it stops
+at the block row's last visible key, and the longest query blocks are launched first.
 """
 from __future__ import annotations
 
@@ -20,70 +21,94 @@ import triton.language as tl
 _DIRS = {"GE": 0, "GT": 1, "LE": 2, "LT": 3, "EQ": 4, "NE": 5}
 
 
+LOG2E = 1.4426950408889634   # exp(x) = exp2(x * log2(e)): the kernel's scores are in log2 units
+_F32_MAX = 3.4028234663852886e38
+
+
 @triton.jit
 def _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V, Bias, Mask,
             kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn, smm, smn,
             M, N, D, DV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
             CAUSAL: tl.constexpr, DIR: tl.constexpr, EDGE: tl.constexpr,
-            IEEE: tl.constexpr, BN: tl.constexpr):
-    """One key block of the online softmax. EDGE=False: a block wholly inside the causal
-    region and the key range (no masks computed; most blocks of a long causal row)."""
+            IEEE: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+            POS_SCALE: tl.constexpr, BN: tl.constexpr):
+    """One key block of the online softmax, scores in log2 units (the host folds log2(e)
+    into SCALE1 without a bias, into SCALE2 with one, and into the fill values).
+    EDGE=False: a block wholly inside the causal region and the key range (no masks
+    computed; most blocks of a long causal row). EVEN_N: N is a multiple of BN (no key
+    bound in edge blocks); EVEN_D: D and DV are their blocks (no head-dim bound);
+    POS_SCALE: SCALE1 >= 0 (the max of the scaled scores is the scaled max)."""
     offs_n = start + tl.arange(0, BN)
-    if EDGE:
-        k = tl.load(K + kbase + offs_n[None, :] * skn + offs_d[:, None] * skd,
-                    mask=(offs_n[None, :] < N) & (offs_d[:, None] < D), other=0.0)
+    kp = K + kbase + offs_n[None, :] * skn + offs_d[:, None] * skd
+    vp = V + vbase + offs_n[:, None] * svn + offs_dv[None, :] * svd
+    n_bound = EDGE and not EVEN_N
+    if n_bound and EVEN_D:
+        k = tl.load(kp, mask=offs_n[None, :] < N, other=0.0)
+    elif n_bound:
+        k = tl.load(kp, mask=(offs_n[None, :] < N) & (offs_d[:, None] < D), other=0.0)
+    elif EVEN_D:
+        k = tl.load(kp)
     else:
-        k = tl.load(K + kbase + offs_n[None, :] * skn + offs_d[:, None] * skd,
-                    mask=offs_d[:, None] < D, other=0.0)
+        k = tl.load(kp, mask=offs_d[:, None] < D, other=0.0)
     if IEEE:
         s = tl.dot(q, k.to(q.dtype), input_precision="ieee")
     else:
         s = tl.dot(q, k.to(q.dtype))
-    s = s * SCALE1
-    if HAS_BIAS:
-        b = tl.load(Bias + bbase + offs_m[:, None] * sbm + offs_n[None, :] * sbn,
-                    mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0)
-        s = s + BIAS_SIGN * b.to(tl.float32)
-    s = s * SCALE2
-    if CAUSAL and EDGE:
-        kq = offs_n[None, :] + DELTA
-        qq = qpos[:, None]
-        if DIR == 0:
-            keep = qq >= kq
-        elif DIR == 1:
-            keep = qq > kq
-        elif DIR == 2:
-            keep = qq <= kq
-        elif DIR == 3:
-            keep = qq < kq
-        elif DIR == 4:
-            keep = qq == kq
-        else:
-            keep = qq != kq
-        s = tl.where(keep, s, FILL_C)
-    if HAS_MASK:
-        mk = tl.load(Mask + mbase + offs_m[:, None] * smm + offs_n[None, :] * smn,
-                     mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0)
-        s = tl.where((mk != 0) == MASK_KEEP, s, FILL_M)
-    if EDGE:
-        s = tl.where(offs_n[None, :] < N, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp(s - shift[:, None])
-    alpha = tl.exp(m_i - shift)
+    plain = POS_SCALE and not EDGE and not HAS_BIAS and not HAS_MASK
+    if plain:
+        # the common block: one multiply-add per score (scale, minus the row max) and no
+        # -inf guard (every score is finite)
+        m_new = tl.maximum(m_i, tl.max(s, 1) * SCALE1)
+        p = tl.math.exp2(s * SCALE1 - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+    else:
+        s = s * SCALE1
+        if HAS_BIAS:
+            b = tl.load(Bias + bbase + offs_m[:, None] * sbm + offs_n[None, :] * sbn,
+                        mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0)
+            s = (s + BIAS_SIGN * b.to(tl.float32)) * SCALE2
+        if CAUSAL and EDGE:
+            kq = offs_n[None, :] + DELTA
+            qq = qpos[:, None]
+            if DIR == 0:
+                keep = qq >= kq
+            elif DIR == 1:
+                keep = qq > kq
+            elif DIR == 2:
+                keep = qq <= kq
+            elif DIR == 3:
+                keep = qq < kq
+            elif DIR == 4:
+                keep = qq == kq
+            else:
+                keep = qq != kq
+            s = tl.where(keep, s, FILL_C)
+        if HAS_MASK:
+            mk = tl.load(Mask + mbase + offs_m[:, None] * smm + offs_n[None, :] * smn,
+                         mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0)
+            s = tl.where((mk != 0) == MASK_KEEP, s, FILL_M)
+        if n_bound:
+            s = tl.where(offs_n[None, :] < N, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # a row with nothing kept yet (all -inf so far) shifts by 0: exp2(-inf) = 0, no NaN
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - shift[:, None])
+        alpha = tl.math.exp2(m_i - shift)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
-    if EDGE:
-        v = tl.load(V + vbase + offs_n[:, None] * svn + offs_dv[None, :] * svd,
-                    mask=(offs_n[:, None] < N) & (offs_dv[None, :] < DV), other=0.0)
+    if n_bound and EVEN_D:
+        v = tl.load(vp, mask=offs_n[:, None] < N, other=0.0)
+    elif n_bound:
+        v = tl.load(vp, mask=(offs_n[:, None] < N) & (offs_dv[None, :] < DV), other=0.0)
+    elif EVEN_D:
+        v = tl.load(vp)
     else:
-        v = tl.load(V + vbase + offs_n[:, None] * svn + offs_dv[None, :] * svd,
-                    mask=offs_dv[None, :] < DV, other=0.0)
+        v = tl.load(vp, mask=offs_dv[None, :] < DV, other=0.0)
     if IEEE:
-        acc += tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
     else:
-        acc += tl.dot(p.to(v.dtype), v)
+        acc = tl.dot(p.to(v.dtype), v, acc)
     return m_new, l_i, acc
 
 
@@ -117,17 +142,28 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
                RowMax, RowSum, srz, srh, srm, ssz, ssh, ssm,
                HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
                CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr,
-               IEEE: tl.constexpr, STATS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               BD: tl.constexpr, BDV: tl.constexpr):
-    pid_m = tl.program_id(0)
-    zh = tl.program_id(1)
+               IEEE: tl.constexpr, STATS: tl.constexpr, EVEN_N: tl.constexpr,
+               EVEN_D: tl.constexpr, POS_SCALE: tl.constexpr, HEAVY_FIRST: tl.constexpr,
+               BM: tl.constexpr,
+               BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    if HEAVY_FIRST:
+        # grid (z*h, query blocks), last query block first: with a causal skip the longest
+        # rows start in the first wave and the short ones fill the tail (load balance)
+        zh = tl.program_id(0)
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    else:
+        pid_m = tl.program_id(0)
+        zh = tl.program_id(1)
     z = zh // H
     h = zh % H
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
-    q = tl.load(Q + z * sqz + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                mask=(offs_m[:, None] < M) & (offs_d[None, :] < D), other=0.0)
+    qp = Q + z * sqz + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd
+    if EVEN_D:
+        q = tl.load(qp, mask=offs_m[:, None] < M, other=0.0)
+    else:
+        q = tl.load(qp, mask=(offs_m[:, None] < M) & (offs_d[None, :] < D), other=0.0)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BDV], tl.float32)
@@ -142,19 +178,23 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
                                 Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd,
                                 sbm, sbn, smm, smn, M, N, D, DV, SCALE1, SCALE2, BIAS_SIGN,
                                 DELTA, FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
-                                DIR, False, IEEE, BN)
+                                DIR, False, IEEE, EVEN_N, EVEN_D, POS_SCALE, BN)
     for start in range(full, hi, BN):
         m_i, l_i, acc = _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V,
                                 Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd,
                                 sbm, sbn, smm, smn, M, N, D, DV, SCALE1, SCALE2, BIAS_SIGN,
                                 DELTA, FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
-                                DIR, True, IEEE, BN)
+                                DIR, True, IEEE, EVEN_N, EVEN_D, POS_SCALE, BN)
     o = acc / l_i[:, None]
-    tl.store(O + z * soz + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
-             o.to(O.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_dv[None, :] < DV))
-    if STATS:   # the softmax's row max and row sum, for the backward's recompute of P
+    op = O + z * soz + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod
+    if EVEN_D:
+        tl.store(op, o.to(O.dtype.element_ty), mask=offs_m[:, None] < M)
+    else:
+        tl.store(op, o.to(O.dtype.element_ty),
+                 mask=(offs_m[:, None] < M) & (offs_dv[None, :] < DV))
+    if STATS:   # the softmax's row max (back in natural units) and row sum, for the backward
         tl.store(RowMax + z * srz + h * srh + offs_m * srm,
-                 m_i.to(RowMax.dtype.element_ty), mask=offs_m < M)
+                 (m_i * 0.6931471805599453).to(RowMax.dtype.element_ty), mask=offs_m < M)
         tl.store(RowSum + z * ssz + h * ssh + offs_m * ssm,
                  l_i.to(RowSum.dtype.element_ty), mask=offs_m < M)
 
@@ -320,10 +360,12 @@ def _candidates(dtype_bytes: int, d: int) -> list[tuple[int, int, int, int]]:
     untuned default first."""
     if dtype_bytes >= 4:
         return [(64, 32, 4, 2)] if d <= 128 else [(32, 32, 4, 1)]
+    # bf16/f16: the fastest four of benchmarks/flash_sweep.py on the H200 (NOTES, i14-flash:
+    # within ~5% of each other on the causal cases; 128x128 leads without a mask)
     if d <= 64:
-        return [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4)]
+        return [(64, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 4), (128, 64, 4, 3)]
     if d <= 128:
-        return [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3)]
+        return [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 4)]
     return [(64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2)]
 
 
@@ -448,54 +490,92 @@ def plan_for(inst) -> Plan:
     return cached_plan(Plan, inst)
 
 
+def _log2_units(x: float) -> float:
+    """A score value (a fill) in the kernel's log2 units; a finite fill stays finite (f32
+    max at most), so a row whose scores are all that fill still averages its values."""
+    y = x * LOG2E
+    return y if math.isinf(x) or math.isnan(x) else max(-_F32_MAX, min(_F32_MAX, y))
+
+
+class FwdLaunch:
+    """The forward launch for one call of a flash-attention fusion: the [z, h, rows, d]
+    views of q, k, v and the outputs, the score arguments in log2 units. ``launch(cfg)``
+    runs the kernel with a (BM, BN, warps, stages) config; ``finish()`` copies scratch
+    outputs back into the fusion's result buffers where they could not be written in place.
+    Keyword ``flags`` override the kernel's constexpr choices (the sweep script's variants)."""
+
+    def __init__(self, inst, operands: list, out: Optional[Any] = None):
+        import torch
+        p = self.plan = plan_for(inst)
+        nb = p.nb
+        q = _zh(operands[p.q].permute(p.q_perm), nb)
+        k = _zh(operands[p.k].permute(p.k_perm), nb)
+        v = _zh(operands[p.v].permute(p.v_perm), nb)
+        if k.shape[1] != q.shape[1] or k.shape[0] != q.shape[0]:
+            raise Unsupported("q and k batch/head counts differ")
+        Z, H, M, D = q.shape
+        N, DV = k.shape[2], v.shape[3]
+        shapes = inst.shape.elements if p.tuple_out else [inst.shape]
+        if out is None:
+            out = tuple(torch.empty(tuple(s.dims), device=v.device,
+                                    dtype=v.dtype if kind == "o" else torch.float32)
+                        for s, kind in zip(shapes, p.outputs))
+            out = out if p.tuple_out else out[0]
+        self.out = out
+        outs = list(out) if p.tuple_out else [out]
+        by_kind = dict(zip(p.outputs, outs))
+        o_view = by_kind["o"].permute(p.out_perm).permute(p.o_perm)
+        o, copy_o = zh_out(o_view, (Z, H, M, DV), nb)
+        stats = [zh_out(by_kind[s], (Z, H, M), nb) if s in by_kind else (q, None)
+                 for s in ("max", "sum")]
+        self.copies = [(o, copy_o)] + stats
+        bias, bstr, mask, mstr, keep, fill_m = p.score_args(operands)
+        delta, fill_c, causal = p.causal_args()
+        rmax, rsum = stats[0][0], stats[1][0]
+        rstr = (rmax.stride() if p.tuple_out else (0, 0, 0))
+        sstr = (rsum.stride() if p.tuple_out else (0, 0, 0))
+        # log2(e) rides on the last multiply before the softmax: one scale without a bias
+        if p.bias is None:
+            scale1, scale2 = p.scale1 * p.scale2 * LOG2E, 1.0
+        else:
+            scale1, scale2 = p.scale1, p.scale2 * LOG2E
+        self.args = (q, k, v, o, bias, mask, *q.stride(), *k.stride(), *v.stride(),
+                     *o.stride(), *bstr, *mstr, H, M, N, D, DV, p.q_len, scale1, scale2,
+                     p.sign, delta, _log2_units(fill_c), _log2_units(fill_m), rmax, rsum,
+                     *rstr, *sstr)
+        self.flags = dict(HAS_BIAS=p.bias is not None, HAS_MASK=p.mask is not None,
+                          MASK_KEEP=keep, IEEE=q.element_size() >= 4, STATS=p.tuple_out,
+                          EVEN_D=_pow2(D) == D and _pow2(DV) == DV,
+                          POS_SCALE=scale1 >= 0, HEAVY_FIRST=causal["SKIP"],
+                          BD=_pow2(D), BDV=_pow2(DV), **causal)
+        self.shape = (Z, H, M, N, D, DV)
+        self.key = (str(q.device), q.dtype, D, DV, Z * H, M, N, p.causal is not None,
+                    p.bias is not None, p.mask is not None, p.tuple_out)
+        self.candidates = _candidates(q.element_size(), D)
+        self.q = q
+
+    def launch(self, cfg: tuple[int, int, int, int], **flags: Any) -> None:
+        bm, bn, warps, stages = cfg
+        Z, H, M, N = self.shape[:4]
+        f = {**self.flags, **flags}
+        grid = (Z * H, triton.cdiv(M, bm)) if f["HEAVY_FIRST"] else \
+            (triton.cdiv(M, bm), Z * H)
+        _flash_fwd[grid](*self.args, EVEN_N=N % bn == 0, BM=bm, BN=bn, num_warps=warps,
+                         num_stages=stages, **f)
+
+    def finish(self) -> Any:
+        for (t, dst) in self.copies:
+            if dst is not None:
+                dst.copy_(t.reshape(dst.shape))
+        return self.out
+
+
 def flash_attention(inst, operands: list, out: Optional[Any] = None) -> Any:
     """Run the flash-attention fusion ``inst`` on torch tensors; writes ``out`` if given
     (a tuple of tensors for a fusion that also outputs its row max and row sum)."""
-    import torch
-    p = plan_for(inst)
-    nb = p.nb
-    q = _zh(operands[p.q].permute(p.q_perm), nb)
-    k = _zh(operands[p.k].permute(p.k_perm), nb)
-    v = _zh(operands[p.v].permute(p.v_perm), nb)
-    if k.shape[1] != q.shape[1] or k.shape[0] != q.shape[0]:
-        raise Unsupported("q and k batch/head counts differ")
-    Z, H, M, D = q.shape
-    N, DV = k.shape[2], v.shape[3]
-    shapes = inst.shape.elements if p.tuple_out else [inst.shape]
-    if out is None:
-        out = tuple(torch.empty(tuple(s.dims), device=v.device,
-                                dtype=v.dtype if kind == "o" else torch.float32)
-                    for s, kind in zip(shapes, p.outputs))
-        out = out if p.tuple_out else out[0]
-    outs = list(out) if p.tuple_out else [out]
-    by_kind = dict(zip(p.outputs, outs))
-    o_view = by_kind["o"].permute(p.out_perm).permute(p.o_perm)
-    o, copy_o = zh_out(o_view, (Z, H, M, DV), nb)
-    stats = [zh_out(by_kind[s], (Z, H, M), nb) if s in by_kind else (q, None)
-             for s in ("max", "sum")]
-    bias, bstr, mask, mstr, keep, fill_m = p.score_args(operands)
-    delta, fill_c, causal = p.causal_args()
-    rmax, rsum = stats[0][0], stats[1][0]
-    rstr = (rmax.stride() if p.tuple_out else (0, 0, 0))
-    sstr = (rsum.stride() if p.tuple_out else (0, 0, 0))
-
-    def launch(cfg: tuple[int, int, int, int]) -> None:
-        bm, bn, warps, stages = cfg
-        _flash_fwd[(triton.cdiv(M, bm), Z * H)](
-            q, k, v, o, bias, mask, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-            *bstr, *mstr, H, M, N, D, DV, p.q_len, p.scale1, p.scale2, p.sign,
-            delta, fill_c, fill_m, rmax, rsum, *rstr, *sstr,
-            HAS_BIAS=p.bias is not None, HAS_MASK=p.mask is not None, MASK_KEEP=keep,
-            IEEE=q.element_size() >= 4, STATS=p.tuple_out, BM=bm, BN=bn, BD=_pow2(D),
-            BDV=_pow2(DV), num_warps=warps, num_stages=stages, **causal)
-
-    key = (str(q.device), q.dtype, D, DV, Z * H, M, N, p.causal is not None,
-           p.bias is not None, p.mask is not None, p.tuple_out)
-    launch(_pick(key, _candidates(q.element_size(), D), launch, q))
-    for (t, dst) in [(o, copy_o)] + stats:
-        if dst is not None:
-            dst.copy_(t.reshape(dst.shape))
-    return out
+    run = FwdLaunch(inst, operands, out)
+    run.launch(_pick(run.key, run.candidates, run.launch, run.q))
+    return run.finish()
 
 
 def zh_out(view: Any, shape: tuple, nb: int) -> tuple[Any, Optional[Any]]:
