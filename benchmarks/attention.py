@@ -19,7 +19,9 @@ each row one way of timing it, all in one process:
 
 (do_bench around a JAX call that is not blocked times torch's stream, not JAX's: the events
 bracket nothing JAX launched, so it is not used for the end-to-end rows.) Also the
-32k-vocabulary cross-entropy (hlotk vs XLA) and, with ``--only suite``, gpu_suite's rows.
+32k-vocabulary cross-entropy (hlotk vs XLA), with ``--only suite`` gpu_suite's rows, and
+with ``--only dpa`` ``jax.nn.dot_product_attention`` (MHA and Llama-style GQA) through hlotk
+beside jax.jit's XLA and cuDNN implementations.
 """
 from __future__ import annotations
 
@@ -204,7 +206,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="kernel,xent,suite",
                     help="comma-separated sections: kernel (flash kernel alone, SDPA), xent "
-                         "(cross-entropy), suite (forward/grad/training step via run_one)")
+                         "(cross-entropy), suite (forward/grad/training step via run_one), "
+                         "dpa (jax.nn.dot_product_attention vs XLA and cuDNN)")
     ap.add_argument("--out", default="")
     ap.add_argument("--kernels", action="store_true",
                     help="with suite: per-kernel device time of the training step (CUPTI "
@@ -246,6 +249,8 @@ def main() -> None:
         sys.stdout.flush()
     if only & {"kernel", "xent"}:
         kernel_and_xent(only)
+    if "dpa" in only:
+        dpa_section()
 
 
 def kernel_section(opts) -> dict:
@@ -341,6 +346,49 @@ def kernel_and_xent(only: set) -> None:
         w_x = wall_ms(lambda: jax.block_until_ready(xce(x, lab)))
         rows.append((f"{name} 8192x32000: hlotk wall", w_h, err))
         rows.append((f"{name} 8192x32000: jax.jit wall", w_x, w_h / w_x))
+    print_rows(rows)
+
+
+def dpa_section() -> None:
+    """``jax.nn.dot_product_attention`` as users call it (``--only dpa``): hlotk compiling
+    its XLA implementation vs jax.jit of the same and of cuDNN's, pipelined per-call ms,
+    causal bf16 at the issue's MHA shape and a Llama-style GQA shape (32 q heads, 8 kv)."""
+    import jax
+    import jax.numpy as jnp
+
+    import runtime
+    from passes.fusion import fusion_kind
+    rows = []
+    key = jax.random.PRNGKey(1)
+    for label, (b, s, h, kv, d) in [("MHA B2 H16 S4096 D128", (2, 4096, 16, 16, 128)),
+                                     ("GQA B2 H32 KV8 S4096 D128", (2, 4096, 32, 8, 128))]:
+        kq, kk, kvk = jax.random.split(key, 3)
+        q = jax.random.normal(kq, (b, s, h, d), jnp.bfloat16)
+        k = jax.random.normal(kk, (b, s, kv, d), jnp.bfloat16)
+        v = jax.random.normal(kvk, (b, s, kv, d), jnp.bfloat16)
+        flops = 4 * b * h * s * s * d / 2
+
+        def attn(q, k, v, impl="xla"):
+            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+        jf = runtime.jit(attn, backend="cuda")
+        fused = [i for i in jf.lower(q, k, v).compile().module.entry.instructions
+                 if i.opcode == "fusion" and fusion_kind(i) == "attention"]
+        xla = jax.jit(attn)
+        want = xla(q, k, v).astype(jnp.float32)
+        err = float(jnp.max(jnp.abs(jf(q, k, v).astype(jnp.float32) - want)))
+        print(f"jax.nn {label}: attention fusions {len(fused)}, max abs err vs jax.jit {err:.3g}",
+              flush=True)
+        timed = [("hlotk (xla implementation), pipelined", lambda: jf(q, k, v)),
+                 ("jax.jit, implementation='xla', pipelined", lambda: xla(q, k, v))]
+        try:
+            cud = jax.jit(lambda q, k, v: attn(q, k, v, "cudnn"))
+            cud(q, k, v).block_until_ready()
+            timed.append(("jax.jit, implementation='cudnn', pipelined", lambda: cud(q, k, v)))
+        except Exception as e:  # noqa: BLE001  (cuDNN's attention is not in every jaxlib)
+            print(f"  cudnn implementation unavailable: {type(e).__name__}: {str(e)[:120]}")
+        for name, call in timed:
+            ms = pipelined_ms(call)
+            rows.append((f"jax.nn.dpa {label}: {name}", ms, flops / (ms * 1e-3) / 1e12))
     print_rows(rows)
 
 
