@@ -21,28 +21,46 @@ import time
 
 SHAPES = {"d128": (2, 16, 4096, 128), "d64": (4, 16, 2048, 64)}
 
-# (BM, BN, warps, stages) per kernel and head dim
+# (BM, BN, warps, stages) per kernel and head dim (the first run's winners and neighbours;
+# the first run also had a "fused" delta+dQ kernel and atomic dQ: both lost, see NOTES.md)
 SWEEP = {
-    128: {"delta": [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3),
-                    (64, 128, 4, 2)],
-          "dq": [(128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3),
-                 (128, 64, 8, 3), (64, 128, 8, 2)],
-          "fused": [(64, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 3)],
-          "dkdv": [(64, 128, 8, 2), (32, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 2),
-                   (64, 64, 4, 3), (32, 64, 4, 3), (128, 128, 8, 2)],
-          "atomic": [(64, 128, 8, 2), (64, 64, 4, 3)]},
-    64: {"delta": [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3),
-                   (128, 128, 4, 3)],
-         "dq": [(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3),
-                (64, 32, 4, 3), (128, 128, 8, 2)],
-         "fused": [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)],
-         "dkdv": [(64, 128, 8, 3), (32, 128, 8, 3), (64, 128, 4, 3), (32, 128, 4, 3),
-                  (64, 64, 4, 3), (128, 128, 8, 2), (32, 64, 4, 3)],
-         "atomic": [(64, 128, 8, 3), (64, 64, 4, 3)]},
+    128: {"delta": [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 64, 4, 3)],
+          "dq": [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 32, 8, 3),
+                 (64, 32, 4, 3)],
+          "dkdv": [(64, 128, 8, 3), (64, 128, 8, 4), (32, 128, 8, 3), (64, 64, 8, 3),
+                   (128, 64, 8, 3), (128, 128, 8, 3), (32, 64, 4, 3)]},
+    64: {"delta": [(128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4), (64, 64, 4, 3)],
+         "dq": [(64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 8, 4),
+                (64, 32, 4, 3)],
+         "dkdv": [(64, 128, 4, 3), (64, 128, 4, 4), (32, 128, 4, 3), (64, 64, 4, 4),
+                  (128, 128, 8, 3), (64, 128, 8, 4)]},
 }
 # the configs the old autotuner chose (benchmarks/NOTES.md, issue 14 stage 4)
-OLD = {128: [(False, (64, 32, 4, 3), (32, 64, 4, 3)), (True, (64, 64, 4, 2), (64, 64, 4, 2))],
-       64: [(True, (64, 64, 4, 3), (64, 64, 4, 3)), (False, (128, 64, 8, 2), (32, 128, 4, 3))]}
+OLD = {128: [(False, (64, 32, 4, 3), (32, 64, 4, 3))], 64: [(True, (64, 64, 4, 3), (64, 64, 4, 3))]}
+
+
+def delta_from_o(do, o, out) -> None:
+    """rowsum(dO ∘ O) over the head dim, f32, one Triton kernel (the with-O estimate)."""
+    import triton
+    rows = do.numel() // do.shape[-1]
+    _rowdot[(triton.cdiv(rows, 64),)](do, o, out, rows, D=do.shape[-1], BR=64)
+
+
+def _rowdot_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rowdot(A, B, Out, R, D: tl.constexpr, BR: tl.constexpr):
+        r = tl.program_id(0) * BR + tl.arange(0, BR)
+        d = tl.arange(0, D)
+        a = tl.load(A + r[:, None] * D + d[None, :], mask=r[:, None] < R, other=0.0)
+        b = tl.load(B + r[:, None] * D + d[None, :], mask=r[:, None] < R, other=0.0)
+        tl.store(Out + r, tl.sum(a.to(tl.float32) * b.to(tl.float32), 1), mask=r < R)
+    return rowdot
+
+
+_rowdot = None
 
 
 def rel(a, b) -> float:
@@ -79,7 +97,10 @@ def bench(fn) -> float:
 
 
 def run_shape(name: str, old_mod, rows: list, fold_off: bool) -> dict:
+    global _rowdot
     import torch
+    if _rowdot is None:
+        _rowdot = _rowdot_kernel()
     from codegen.triton import attention_backward as ab
     from codegen.triton.parallel import collecting, precompile
     B, H, S, D = SHAPES[name]
@@ -104,13 +125,10 @@ def run_shape(name: str, old_mod, rows: list, fold_off: bool) -> dict:
         return ab.Launches(q, k, v, do, rmax, rsum, dq, dk, dv, q, (0,) * 4, q, (0,) * 4,
                            common, flags)
     L = launches(True)
-    acc = torch.zeros(B, H, S, D, device=DEVICE, dtype=torch.float32)
     sw = SWEEP[D]
     jobs = [("delta", c, lambda c=c: L.run_delta(c)) for c in sw["delta"]] + \
         [("dq", c, lambda c=c: L.run_dq(c)) for c in sw["dq"]] + \
-        [("fused", c, lambda c=c: L.run_dq(c, fused=True)) for c in sw["fused"]] + \
-        [("dkdv", c, lambda c=c: L.run_dkdv(c)) for c in sw["dkdv"]] + \
-        [("atomic", c, lambda c=c: (acc.zero_(), L.run_dkdv(c, acc))) for c in sw["atomic"]]
+        [("dkdv", c, lambda c=c: L.run_dkdv(c)) for c in sw["dkdv"]]
     t0 = time.time()
     with collecting() as collected:
         for _, _, fn in jobs:
@@ -135,41 +153,38 @@ def run_shape(name: str, old_mod, rows: list, fold_off: bool) -> dict:
             L.delta.fill_(float("nan"))
             fn()
             err = {"delta": rel(L.delta, delta_ref)}
-        elif kind in ("dq", "fused"):
+        elif kind == "dq":
             dq.fill_(float("nan"))
             fn()
             err = {"dq": rel(dq, ref[0])}
-        elif kind == "dkdv":
+        else:
             dk.fill_(float("nan"))
             dv.fill_(float("nan"))
             fn()
             err = {"dk": rel(dk, ref[1]), "dv": rel(dv, ref[2])}
-        else:
-            dk.fill_(float("nan"))
-            fn()
-            err = {"dq": rel(acc, ref[0]), "dk": rel(dk, ref[1]), "dv": rel(dv, ref[2])}
         ok = all(e < 2e-2 for e in err.values())
-        rows.append({"shape": name, "kernel": kind, "cfg": cfg, "ms": t, "err": err, "ok": ok})
+        kern = fn()
+        regs = (getattr(kern, "n_regs", -1), getattr(kern, "n_spills", -1))
+        rows.append({"shape": name, "kernel": kind, "cfg": cfg, "ms": t, "err": err, "ok": ok,
+                     "regs_spills": regs})
         out["times"][f"{kind} {cfg}"] = t
         print(f"[{name}] {kind:6s} {str(cfg):18s} {t:7.3f} ms  "
-              + " ".join(f"{n} {e:.2e}" for n, e in err.items()) + ("" if ok else "  BAD"),
-              flush=True)
+              + " ".join(f"{n} {e:.2e}" for n, e in err.items()) + ("" if ok else "  BAD")
+              + f"  regs {regs[0]} spills {regs[1]}", flush=True)
         if ok and (kind not in best or t < best[kind][1]):
             best[kind] = (cfg, t)
         if kind == "delta":      # leave a correct delta for the next checks
             L.run_delta(sw["delta"][0])
     tb = {k: v[1] for k, v in best.items()}
-    modes = {"split": tb.get("delta", 1e9) + tb.get("dq", 1e9) + tb.get("dkdv", 1e9),
-             "fused": tb.get("fused", 1e9) + tb.get("dkdv", 1e9),
-             "atomic": tb.get("delta", 1e9) + tb.get("atomic", 1e9) + 0.0}
-    # the f32 accumulator's copy into dQ (atomic mode)
-    modes["atomic"] += bench(lambda: dq.copy_(acc))
-    # with O (what FA2 reads): delta = rowsum(dO ∘ O) instead of the delta kernel
-    t_delta_o = bench(lambda: (do.float() * o.float()).sum(-1))
-    modes["split_with_O(torch delta)"] = t_delta_o + tb.get("dq", 1e9) + tb.get("dkdv", 1e9)
+    modes = {"split": tb.get("delta", 1e9) + tb.get("dq", 1e9) + tb.get("dkdv", 1e9)}
+    # with O (what FA2 reads): delta = rowsum(dO ∘ O) by one small kernel instead
+    t_delta_o = bench(lambda: delta_from_o(do, o, L.delta))
+    out["delta_from_O_err"] = rel(L.delta, delta_ref)
+    L.run_delta(sw["delta"][0])
+    modes["split_with_O"] = t_delta_o + tb.get("dq", 1e9) + tb.get("dkdv", 1e9)
     out["best"] = {k: [list(v[0]), v[1]] for k, v in best.items()}
     out["modes"] = modes
-    out["delta_from_O_torch"] = t_delta_o
+    out["delta_from_O"] = t_delta_o
     if fold_off and {"delta", "dq", "dkdv"} <= set(best):   # the exp2 fold's share
         L2 = launches(False)
         nf = {"delta": bench(lambda: L2.run_delta(best["delta"][0])),
@@ -264,12 +279,12 @@ def main() -> None:
             with open(opts.out, "w") as fh:
                 json.dump({"device": torch.cuda.get_device_name(), "results": results,
                            "rows": rows}, fh, indent=1, default=str)
-    print("\nshape  SDPA bwd   split  fused atomic  old(best)")
+    print("\nshape  SDPA bwd   split  with O  old(best)")
     for r in results:
         old_best = min((v["ms"] for v in r.get("old", {}).values()), default=float("nan"))
         m = r["modes"]
-        print(f"{r['shape']:5s} {r['sdpa_bwd']:8.3f} {m['split']:7.3f} {m['fused']:6.3f} "
-              f"{m['atomic']:6.3f} {old_best:9.3f}  best {r['best']}")
+        print(f"{r['shape']:5s} {r['sdpa_bwd']:8.3f} {m['split']:7.3f} {m['split_with_O']:7.3f}"
+              f" {old_best:9.3f}  best {r['best']}")
 
 
 if __name__ == "__main__":

@@ -3,22 +3,26 @@
 ``flash_attention_backward(inst, operands, out=None)`` runs a ``__flash_attention_backward``
 fusion (passes/fusion/attention_grad.py) on torch tensors. Its operands are q, k, v, the
 cotangent dO, the forward's row max m and row sum l (the forward fusion outputs them) and
-the bias/mask tensors; it writes dQ, dK and dV. P is never stored: both kernels recompute
-it block by block as exp(score(q·kᵀ) − m) / l. Two launches:
+the bias/mask tensors; it writes dQ, dK and dV. P is never stored: every kernel recomputes
+it block by block as exp(score(q·kᵀ) − m) / l. Three launches, each with its own tiles
+(autotuned apart: they are separate launches, so the fastest total is each one's fastest):
 
-1. ``_bwd_dq``, one program per query block: delta = rowsum(P ∘ dP) over all key blocks
-   (dP = dO·Vᵀ), stored for kernel 2; then dS = scale · keep · P ∘ (dP − delta) and
-   dQ += dS·K over the key blocks again. (The usual preprocess delta = rowsum(dO ∘ O) needs
-   O, which the fusion does not read: the gradient jax.grad writes uses P·dP. Computing it
-   here costs two extra block products per key block in this kernel.)
-2. ``_bwd_dkdv``, one program per key block: over the query blocks that see it,
+1. ``_bwd_dq`` GRAD=False, one program per query block: delta = rowsum(P ∘ dP) over the
+   visible key blocks (dP = dO·Vᵀ). (The usual preprocess delta = rowsum(dO ∘ O) needs O,
+   which the fusion does not read: the gradient jax.grad writes uses P·dP. This pass is
+   two block products per block pair, about a fifth of the backward at D128.)
+2. ``_bwd_dq`` GRAD=True: dS = scale · keep · P ∘ (dP − delta), dQ += dS·K.
+3. ``_bwd_dkdv``, one program per key block: over the query blocks that see it,
    dV += Pᵀ·dO and dK += dSᵀ·Q, computed in the transposed orientation (kᵀ rows) so no
    tile is transposed in registers.
 
-A causal mask that keeps k <= q + c (c <= 0) skips the blocks above the diagonal in both
-kernels and applies no mask to blocks wholly below it. Grouped query heads written as
-extra row dims ([kv head, group, q]) are rows of one [z, h] slice: dK and dV sum over the
-group inside kernel 2. Rows and keys need not be multiples of the blocks.
+A causal mask that keeps k <= q + c (c <= 0) skips the blocks above the diagonal and
+applies no mask to blocks wholly below it; the blocks that see the most keys (rows) start
+first. Without a bias or boolean mask (``_fold``) P is exp2 of one multiply-subtract with
+log2(e) folded into the scale and the row max, and dropped scores are -inf (no selects).
+Grouped query heads written as extra row dims ([kv head, group, q]) are rows of one
+[z, h] slice: dK and dV sum over the group inside kernel 3. Rows and keys need not be
+multiples of the blocks. The tile choices are measured in benchmarks/attention_bwd_sweep.py.
 """
 from __future__ import annotations
 
@@ -183,11 +187,11 @@ def _bwd_dq(Q, K, V, DO, RMax, RSum, Delta, DQ, Bias, Mask,
             H, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
             CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr, IEEE: tl.constexpr,
-            FOLD: tl.constexpr, MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+            FOLD: tl.constexpr, GRAD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
             BD: tl.constexpr, BDV: tl.constexpr):
-    """One program per (z·h, query block). MODE 0: delta only (stored); 1: delta, then
-    dQ; 2: dQ with the stored delta. The grid's second axis walks the query blocks from
-    the last: under a causal mask those see the most keys, so they start first."""
+    """One program per (z·h, query block). GRAD=False: delta = rowsum(P ∘ dP), stored;
+    GRAD=True: dQ from the stored delta. The grid's second axis walks the query blocks
+    from the last: under a causal mask those see the most keys, so they start first."""
     zh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     z = zh // H
@@ -211,37 +215,32 @@ def _bwd_dq(Q, K, V, DO, RMax, RSum, Delta, DQ, Bias, Mask,
     mbase = z * smz + h * smh
     full, hi = key_range(pid_m, M, N, DELTA, CAUSAL, DIR, SKIP, BM, BN)
     dq = tl.zeros([BM, BD], tl.float32)
-    if MODE == 2:
+    if GRAD:
         delta = tl.load(Delta + z * sez + h * seh + offs_m * sem, mask=rows, other=0.0)
     else:
         delta = tl.zeros([BM], tl.float32)
-        delta, dq = _dq_sweep(q, do, m2, r2, delta, dq, full, hi, qi, offs_d, offs_dv, K, V,
-                              Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm,
-                              sbn, smm, smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN,
-                              DELTA, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
-                              CAUSAL, DIR, IEEE, FOLD, False, BN)
-        tl.store(Delta + z * sez + h * seh + offs_m * sem, delta, mask=rows)
-    if MODE != 0:
-        delta, dq = _dq_sweep(q, do, m2, r2, delta, dq, full, hi, qi, offs_d, offs_dv, K, V,
-                              Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm,
-                              sbn, smm, smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN,
-                              DELTA, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
-                              CAUSAL, DIR, IEEE, FOLD, True, BN)
+    delta, dq = _dq_sweep(q, do, m2, r2, delta, dq, full, hi, qi, offs_d, offs_dv, K, V,
+                          Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm,
+                          sbn, smm, smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN,
+                          DELTA, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
+                          CAUSAL, DIR, IEEE, FOLD, GRAD, BN)
+    if GRAD:
         tl.store(DQ + z * sgz + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
                  dq.to(DQ.dtype.element_ty), mask=rows[:, None] & (offs_d[None, :] < D))
+    else:
+        tl.store(Delta + z * sez + h * seh + offs_m * sem, delta, mask=rows)
 
 
 @triton.jit
 def _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta, Bias, Mask,
-                DQAcc, qbase, dobase, rbase, sbase, ebase, bbase, mbase, abase, sqm, sqd, sdm,
-                sdd, srm, ssm, sem, sbm, sbn, smm, smn, sam, sad, M, N, D, DV, Q_LEN, SCALE1,
+                qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm, sqd, sdm,
+                sdd, srm, ssm, sem, sbm, sbn, smm, smn, M, N, D, DV, Q_LEN, SCALE1,
                 SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
                 HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
                 CAUSAL: tl.constexpr, DIR: tl.constexpr, EDGE: tl.constexpr,
-                IEEE: tl.constexpr, FOLD: tl.constexpr, KEYS: tl.constexpr,
-                ATOMIC_DQ: tl.constexpr, BM: tl.constexpr):
-    """One query block for a key block, transposed: tiles are [keys, rows]. ATOMIC_DQ:
-    also adds this block's dS·K to the f32 dQ accumulator."""
+                IEEE: tl.constexpr, FOLD: tl.constexpr, KEYS: tl.constexpr, BM: tl.constexpr):
+    """One query block for a key block, transposed: tiles are [keys, rows] (P and dS are
+    the matrix units' register operand of dV += Pᵀ·dO and dK += dSᵀ·Q as they are)."""
     offs_m = start + tl.arange(0, BM)
     rows = offs_m < M
     qt = tl.load(Q + qbase + offs_m[None, :] * sqm + offs_d[:, None] * sqd,
@@ -270,27 +269,20 @@ def _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Del
     else:
         dv += tl.dot(pt.to(k.dtype), do)
         dk += tl.dot(dst.to(k.dtype), tl.trans(qt))
-    if ATOMIC_DQ:
-        if IEEE:
-            dq = tl.dot(tl.trans(dst), k.to(tl.float32), input_precision="ieee")
-        else:
-            dq = tl.dot(tl.trans(dst.to(k.dtype)), k)
-        tl.atomic_add(DQAcc + abase + offs_m[:, None] * sam + offs_d[None, :] * sad, dq,
-                      mask=rows[:, None] & (offs_d[None, :] < D), sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, DQAcc, Bias, Mask,
+def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, Bias, Mask,
               sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
               sdz, sdh, sdm, sdd, srz, srh, srm, ssz, ssh, ssm, sez, seh, sem,
-              skgz, skgh, skgn, skgd, svgz, svgh, svgn, svgd, saz, sah, sam, sad,
+              skgz, skgh, skgn, skgd, svgz, svgh, svgn, svgd,
               sbz, sbh, sbm, sbn, smz, smh, smm, smn,
               H, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
               CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr, IEEE: tl.constexpr,
-              FOLD: tl.constexpr, EVEN_N: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-              BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+              FOLD: tl.constexpr, EVEN_N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              BD: tl.constexpr, BDV: tl.constexpr):
     """One program per (z·h, key block); the first key blocks see the most query rows
     under a causal mask and are started first."""
     zh = tl.program_id(0)
@@ -315,7 +307,6 @@ def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, DQAcc, Bias, Mask,
     ebase = z * sez + h * seh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
-    abase = z * saz + h * sah
     lo = 0
     full = 0       # query blocks [full, M) see every key of this block: no causal mask
     if SKIP:       # keep iff q >= k + DELTA (GE) or q > k + DELTA (GT)
@@ -330,18 +321,18 @@ def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, DQAcc, Bias, Mask,
         full = M
     for start in range(lo, full, BM):
         dk, dv = _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
-                             Bias, Mask, DQAcc, qbase, dobase, rbase, sbase, ebase, bbase, mbase,
-                             abase, sqm, sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn, sam,
-                             sad, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
+                             Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm,
+                             sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn,
+                             M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
                              FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, True,
-                             IEEE, FOLD, not EVEN_N, ATOMIC_DQ, BM)
+                             IEEE, FOLD, not EVEN_N, BM)
     for start in range(full, M, BM):
         dk, dv = _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
-                             Bias, Mask, DQAcc, qbase, dobase, rbase, sbase, ebase, bbase, mbase,
-                             abase, sqm, sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn, sam,
-                             sad, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
+                             Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm,
+                             sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn,
+                             M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
                              FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, False,
-                             IEEE, FOLD, not EVEN_N, ATOMIC_DQ, BM)
+                             IEEE, FOLD, not EVEN_N, BM)
     tl.store(DK + z * skgz + h * skgh + offs_n[:, None] * skgn + offs_d[None, :] * skgd,
              dk.to(DK.dtype.element_ty), mask=keys[:, None] & (offs_d[None, :] < D))
     tl.store(DV_ + z * svgz + h * svgh + offs_n[:, None] * svgn + offs_dv[None, :] * svgd,
@@ -404,18 +395,16 @@ class BackwardPlan(ScorePlan):
 
 class Launches:
     """The three kernels of one backward call on [z, h, rows, d] tensors, each launched
-    with a (BM, BN, warps, stages) config: ``delta`` (rowsum(P ∘ dP), MODE 0), ``dq``
-    (MODE 2 with the stored delta, or MODE 1 computing it first: ``fused``), ``dkdv``
-    (``atomic``: also dQ, added with atomics into an f32 accumulator)."""
+    with its own (BM, BN, warps, stages): ``run_delta`` (rowsum(P ∘ dP) per row, into a
+    scratch vector), ``run_dq`` (dQ, reading it), ``run_dkdv`` (dK and dV, reading it)."""
 
     def __init__(self, q, k, v, do, rmax, rsum, dq, dk, dv, bias, bstr: tuple, mask,
                  mstr: tuple, common: tuple, flags: dict):
         import torch
-        Z, H, M, D = q.shape
-        self.grid_m = lambda bm: (Z * H, triton.cdiv(M, bm))
-        self.grid_n = lambda bn: (Z * H, triton.cdiv(k.shape[2], bn))
+        Z, H, M, _ = q.shape
+        self.zh, self.m, self.n = Z * H, M, k.shape[2]
         self.delta = torch.empty((Z, H, M), dtype=torch.float32, device=q.device)
-        self.q, self.dq, self.dk, self.dv = q, dq, dk, dv
+        self.dq, self.dk, self.dv = dq, dk, dv
         self.ins = (q, k, v, do, rmax, rsum, self.delta)
         self.strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *rmax.stride(),
                         *rsum.stride(), *self.delta.stride())
@@ -423,54 +412,48 @@ class Launches:
         self.score_strides = (*bstr, *mstr)
         self.common = common
         self.flags = flags
-        self.even_n = k.shape[2]
 
-    def run_delta(self, cfg: tuple) -> None:
-        self._dq(cfg, 0)
+    # each returns what the launch returned (Triton's compiled kernel: registers, spills)
+    def run_delta(self, cfg: tuple) -> Any:
+        return self._dq(cfg, False)
 
-    def run_dq(self, cfg: tuple, fused: bool = False) -> None:
-        self._dq(cfg, 1 if fused else 2)
+    def run_dq(self, cfg: tuple) -> Any:
+        return self._dq(cfg, True)
 
-    def _dq(self, cfg: tuple, mode: int) -> None:
+    def _dq(self, cfg: tuple, grad: bool) -> Any:
         bm, bn, warps, stages = cfg
-        _bwd_dq[self.grid_m(bm)](
+        return _bwd_dq[(self.zh, triton.cdiv(self.m, bm))](
             *self.ins, self.dq, *self.score, *self.strides, *self.dq.stride(),
-            *self.score_strides, *self.common, MODE=mode, BM=bm, BN=bn, num_warps=warps,
+            *self.score_strides, *self.common, GRAD=grad, BM=bm, BN=bn, num_warps=warps,
             num_stages=stages, **self.flags)
 
-    def run_dkdv(self, cfg: tuple, acc=None) -> None:
-        """``acc``: an f32 [z, h, rows, d] zeroed dQ accumulator (atomic dQ), or None."""
+    def run_dkdv(self, cfg: tuple) -> Any:
         bm, bn, warps, stages = cfg
-        _bwd_dkdv[self.grid_n(bn)](
-            *self.ins, self.dk, self.dv, self.delta if acc is None else acc, *self.score,
-            *self.strides, *self.dk.stride(), *self.dv.stride(),
-            *(acc.stride() if acc is not None else (0, 0, 0, 0)), *self.score_strides,
-            *self.common, EVEN_N=self.even_n % bn == 0, ATOMIC_DQ=acc is not None, BM=bm,
-            BN=bn, num_warps=warps, num_stages=stages, **self.flags)
+        return _bwd_dkdv[(self.zh, triton.cdiv(self.n, bn))](
+            *self.ins, self.dk, self.dv, *self.score, *self.strides, *self.dk.stride(),
+            *self.dv.stride(), *self.score_strides, *self.common, EVEN_N=self.n % bn == 0,
+            BM=bm, BN=bn, num_warps=warps, num_stages=stages, **self.flags)
 
 
-def _candidates(dtype_bytes: int, d: int) -> dict[str, list]:
-    """Per kernel, the (BM, BN, warps, stages) configs that fit an H100/H200 SM's shared
-    memory and registers, the untuned default first; "mode": how dQ is made, in the
-    order tried: "split" (delta kernel, then the dQ kernel reading it), "fused" (the dQ
-    kernel computes delta first itself), "atomic" (the dK/dV kernel adds dS·K into an f32
-    dQ with atomics). Each kernel is timed on its own (they are separate launches)."""
+def _candidates(dtype_bytes: int, d: int) -> dict[str, list[tuple[int, int, int, int]]]:
+    """Per kernel ("delta", "dq", "dkdv"), the (BM, BN, warps, stages) configs that fit an
+    H100/H200 SM's shared memory and registers, the untuned default first: the fastest
+    of benchmarks/attention_bwd_sweep.py on an H200 (benchmarks/NOTES.md, i14-bwd) for
+    bf16 causal D128 and D64, then the runners-up. Each kernel is timed on its own."""
     if dtype_bytes >= 4:
         small = (32, 32, 4, 1) if d > 64 else (64, 32, 4, 2)
-        return {"mode": ["split"], "delta": [small], "dq": [small],
+        return {"delta": [small], "dq": [small],
                 "dkdv": [(32, 32, 4, 1) if d > 64 else (32, 64, 4, 2)]}
     if d <= 64:
-        return {"mode": ["split"],
-                "delta": [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3)],
-                "dq": [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3)],
-                "dkdv": [(64, 128, 8, 3), (32, 128, 8, 3), (64, 64, 4, 3)]}
+        return {"delta": [(128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3)],
+                "dq": [(64, 64, 4, 3), (64, 32, 4, 3), (128, 32, 8, 3)],
+                "dkdv": [(64, 128, 4, 3), (32, 128, 4, 3), (32, 64, 4, 3)]}
     if d <= 128:
-        return {"mode": ["split"],
-                "delta": [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)],
-                "dq": [(128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3)],
-                "dkdv": [(64, 128, 8, 2), (32, 128, 8, 2), (64, 64, 4, 3)]}
-    return {"mode": ["split"], "delta": [(64, 32, 8, 1), (32, 32, 4, 1)],
-            "dq": [(64, 32, 8, 1), (32, 32, 4, 1)], "dkdv": [(32, 64, 8, 1), (32, 32, 4, 1)]}
+        return {"delta": [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2)],
+                "dq": [(128, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2)],
+                "dkdv": [(64, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3)]}
+    return {"delta": [(64, 32, 8, 1), (32, 32, 4, 1)], "dq": [(64, 32, 8, 1), (32, 32, 4, 1)],
+            "dkdv": [(32, 64, 8, 1), (32, 32, 4, 1)]}
 
 
 _CANDIDATES = _candidates      # tests swap in one variant
@@ -524,22 +507,10 @@ def flash_attention_backward(inst, operands: list, out: Optional[Any] = None) ->
     cands = _CANDIDATES(q.element_size(), max(D, DV))
     key = (str(q.device), q.dtype, D, DV, Z * H, M, N, p.causal is not None,
            p.bias is not None, p.mask is not None, "backward")
-    mode = cands["mode"][0]
-    if mode != "fused":
-        run.run_delta(_pick(key + ("delta",), cands["delta"], run.run_delta, q))
-    if mode != "atomic":
-        def dq_pass(cfg: tuple) -> None:
-            run.run_dq(cfg, fused=mode == "fused")
-        dq_pass(_pick(key + ("dq", mode), cands["dq"], dq_pass, q))
-        run.run_dkdv(_pick(key + ("dkdv",), cands["dkdv"], run.run_dkdv, q))
-    else:
-        acc = torch.zeros((Z, H, M, D), dtype=torch.float32, device=q.device)
-
-        def dkdv_atomic(cfg: tuple) -> None:
-            acc.zero_()
-            run.run_dkdv(cfg, acc)
-        dkdv_atomic(_pick(key + ("dkdv", mode), cands["dkdv"], dkdv_atomic, q))
-        dq.copy_(acc)
+    # delta first (the other two read it); each kernel's candidates are timed on their own
+    for name, launch in (("delta", run.run_delta), ("dq", run.run_dq),
+                         ("dkdv", run.run_dkdv)):
+        launch(_pick(key + (name,), cands[name], launch, q))
     for t, dst in grads.values():
         if dst is not None:
             dst.copy_(t.reshape(dst.shape))
