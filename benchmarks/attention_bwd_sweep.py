@@ -5,9 +5,11 @@ For each shape (causal, bf16, [B, H, S, D]): the forward's row max / row sum fro
 (the inputs the fused backward reads), SDPA's gradients as the reference, then every
 (kernel, config) of the sweep timed on its own with do_bench (median) and its output
 checked against SDPA's (‖ours − SDPA‖ / ‖SDPA‖, outputs poisoned with NaN first). The
-three kernels are separate launches, so a mode's best total is the sum of its kernels'
-best times. Optionally (``--old DIR``) the kernels of an earlier version of the file
-(a copy importable as ``old_attention_backward``) at the configs its autotuner chose.
+three kernels are separate launches, so the best total is the sum of each kernel's best
+time; delta from the forward's output O (``run_delta_o``, what runs when the fusion reads
+O) beside the rowsum(P∘dP) delta kernel. Optionally (``--old DIR``) the kernels of an
+earlier version of the file (a copy importable as ``old_attention_backward``) at the
+configs its autotuner chose.
 
     python -m benchmarks.attention_bwd_sweep --out sweep.json [--old path/to/dir]
 """
@@ -37,30 +39,6 @@ SWEEP = {
 }
 # the configs the old autotuner chose (benchmarks/NOTES.md, issue 14 stage 4)
 OLD = {128: [(False, (64, 32, 4, 3), (32, 64, 4, 3))], 64: [(True, (64, 64, 4, 3), (64, 64, 4, 3))]}
-
-
-def delta_from_o(do, o, out) -> None:
-    """rowsum(dO ∘ O) over the head dim, f32, one Triton kernel (the with-O estimate)."""
-    import triton
-    rows = do.numel() // do.shape[-1]
-    _rowdot[(triton.cdiv(rows, 64),)](do, o, out, rows, D=do.shape[-1], BR=64)
-
-
-def _rowdot_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def rowdot(A, B, Out, R, D: tl.constexpr, BR: tl.constexpr):
-        r = tl.program_id(0) * BR + tl.arange(0, BR)
-        d = tl.arange(0, D)
-        a = tl.load(A + r[:, None] * D + d[None, :], mask=r[:, None] < R, other=0.0)
-        b = tl.load(B + r[:, None] * D + d[None, :], mask=r[:, None] < R, other=0.0)
-        tl.store(Out + r, tl.sum(a.to(tl.float32) * b.to(tl.float32), 1), mask=r < R)
-    return rowdot
-
-
-_rowdot = None
 
 
 def rel(a, b) -> float:
@@ -97,10 +75,7 @@ def bench(fn) -> float:
 
 
 def run_shape(name: str, old_mod, rows: list, fold_off: bool) -> dict:
-    global _rowdot
     import torch
-    if _rowdot is None:
-        _rowdot = _rowdot_kernel()
     from codegen.triton import attention_backward as ab
     from codegen.triton.parallel import collecting, precompile
     B, H, S, D = SHAPES[name]
@@ -110,11 +85,11 @@ def run_shape(name: str, old_mod, rows: list, fold_off: bool) -> dict:
                    for _ in range(4))
     sdpa = torch.nn.functional.scaled_dot_product_attention
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
-    o = sdpa(qg, kg, vg, is_causal=True, scale=scale)
-    ref = torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
+    og = sdpa(qg, kg, vg, is_causal=True, scale=scale)
+    ref = torch.autograd.grad(og, (qg, kg, vg), do, retain_graph=True)
     t_sdpa_fwd = bench(lambda: sdpa(qg, kg, vg, is_causal=True, scale=scale))
-    t_sdpa_bwd = bench(lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True))
-    o = o.detach()
+    t_sdpa_bwd = bench(lambda: torch.autograd.grad(og, (qg, kg, vg), do, retain_graph=True))
+    o = og.detach()
     rmax, rsum = row_stats(q, k, scale)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     common = (H, S, S, D, D, S, scale, 1.0, 1.0, 0, float("-inf"), 0.0, scale)
@@ -123,7 +98,7 @@ def run_shape(name: str, old_mod, rows: list, fold_off: bool) -> dict:
         flags = dict(HAS_BIAS=False, HAS_MASK=False, MASK_KEEP=True, IEEE=False, FOLD=fold,
                      BD=D, BDV=D, CAUSAL=True, DIR=0, SKIP=True)
         return ab.Launches(q, k, v, do, rmax, rsum, dq, dk, dv, q, (0,) * 4, q, (0,) * 4,
-                           common, flags)
+                           common, flags, o)
     L = launches(True)
     sw = SWEEP[D]
     jobs = [("delta", c, lambda c=c: L.run_delta(c)) for c in sw["delta"]] + \
@@ -177,10 +152,13 @@ def run_shape(name: str, old_mod, rows: list, fold_off: bool) -> dict:
             L.run_delta(sw["delta"][0])
     tb = {k: v[1] for k, v in best.items()}
     modes = {"split": tb.get("delta", 1e9) + tb.get("dq", 1e9) + tb.get("dkdv", 1e9)}
-    # with O (what FA2 reads): delta = rowsum(dO ∘ O) by one small kernel instead
-    t_delta_o = bench(lambda: delta_from_o(do, o, L.delta))
+    # with O (the fusion reads the forward's output): delta = rowsum(dO ∘ O)
+    t_delta_o = bench(L.run_delta_o)
+    L.delta.fill_(float("nan"))
+    L.run_delta_o()
     out["delta_from_O_err"] = rel(L.delta, delta_ref)
-    L.run_delta(sw["delta"][0])
+    print(f"[{name}] delta from O {t_delta_o:.3f} ms, err {out['delta_from_O_err']:.2e}",
+          flush=True)
     modes["split_with_O"] = t_delta_o + tb.get("dq", 1e9) + tb.get("dkdv", 1e9)
     out["best"] = {k: [list(v[0]), v[1]] for k, v in best.items()}
     out["modes"] = modes

@@ -143,10 +143,9 @@ def _dq_block(q, do, m2, r2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias, 
                      smm, smn, M, N, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
                      HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, EDGE, FOLD, EDGE)
     if GRAD:
-        ds = p * (dp - delta[:, None])
+        ds = p * (dp - delta[:, None])       # the score scale is applied to dQ at the end
         if not FOLD:
             ds = tl.where(keep, ds, 0.0)
-        ds = ds * DS_SCALE
         if IEEE:
             dq += tl.dot(ds.to(q.dtype), tl.trans(kt), input_precision="ieee")
         else:
@@ -225,10 +224,29 @@ def _bwd_dq(Q, K, V, DO, RMax, RSum, Delta, DQ, Bias, Mask,
                           DELTA, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
                           CAUSAL, DIR, IEEE, FOLD, GRAD, BN)
     if GRAD:
+        dq = dq * DS_SCALE
         tl.store(DQ + z * sgz + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
                  dq.to(DQ.dtype.element_ty), mask=rows[:, None] & (offs_d[None, :] < D))
     else:
         tl.store(Delta + z * sez + h * seh + offs_m * sem, delta, mask=rows)
+
+
+@triton.jit
+def _bwd_delta_o(DO, O, Delta, sdz, sdh, sdm, sdd, soz, soh, som, sod, sez, seh, sem, H, M, DV,
+                 BR: tl.constexpr, BDV: tl.constexpr):
+    """delta = rowsum(dO ∘ O) for BR rows of one (z, h): FlashAttention's preprocess, when
+    the fusion reads the forward's output O (equal to rowsum(P ∘ dP) as O = P·V)."""
+    zh = tl.program_id(0)
+    z = zh // H
+    h = zh % H
+    offs_m = tl.program_id(1) * BR + tl.arange(0, BR)
+    offs_dv = tl.arange(0, BDV)
+    inside = (offs_m[:, None] < M) & (offs_dv[None, :] < DV)
+    do = tl.load(DO + z * sdz + h * sdh + offs_m[:, None] * sdm + offs_dv[None, :] * sdd,
+                 mask=inside, other=0.0).to(tl.float32)
+    o = tl.load(O + z * soz + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
+                mask=inside, other=0.0).to(tl.float32)
+    tl.store(Delta + z * sez + h * seh + offs_m * sem, tl.sum(do * o, 1), mask=offs_m < M)
 
 
 @triton.jit
@@ -259,10 +277,9 @@ def _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Del
                       mbase, sbm, sbn, smm, smn, M, N, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA,
                       FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, EDGE, FOLD,
                       KEYS)
-    dst = pt * (dpt - delta[None, :])
+    dst = pt * (dpt - delta[None, :])      # the score scale is applied to dK at the end
     if not FOLD:
         dst = tl.where(keep, dst, 0.0)
-    dst = dst * DS_SCALE
     if IEEE:
         dv += tl.dot(pt.to(k.dtype), do, input_precision="ieee")
         dk += tl.dot(dst.to(k.dtype), tl.trans(qt), input_precision="ieee")
@@ -333,6 +350,7 @@ def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, Bias, Mask,
                              M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
                              FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, False,
                              IEEE, FOLD, not EVEN_N, BM)
+    dk = dk * DS_SCALE
     tl.store(DK + z * skgz + h * skgh + offs_n[:, None] * skgn + offs_d[None, :] * skgd,
              dk.to(DK.dtype.element_ty), mask=keys[:, None] & (offs_d[None, :] < D))
     tl.store(DV_ + z * svgz + h * svgh + offs_n[:, None] * svgn + offs_dv[None, :] * svgd,
@@ -399,7 +417,7 @@ class Launches:
     scratch vector), ``run_dq`` (dQ, reading it), ``run_dkdv`` (dK and dV, reading it)."""
 
     def __init__(self, q, k, v, do, rmax, rsum, dq, dk, dv, bias, bstr: tuple, mask,
-                 mstr: tuple, common: tuple, flags: dict):
+                 mstr: tuple, common: tuple, flags: dict, o=None):
         import torch
         Z, H, M, _ = q.shape
         self.zh, self.m, self.n = Z * H, M, k.shape[2]
@@ -412,6 +430,17 @@ class Launches:
         self.score_strides = (*bstr, *mstr)
         self.common = common
         self.flags = flags
+        self.do, self.o = do, o
+
+    def run_delta_o(self) -> Any:
+        """delta from the forward's output O (``o`` given): one pass over dO and O."""
+        assert self.o is not None
+        dv = self.do.shape[3]
+        br = max(16, min(128, 8192 // _pow2(dv)))
+        return _bwd_delta_o[(self.zh, triton.cdiv(self.m, br))](
+            self.do, self.o, self.delta, *self.do.stride(), *self.o.stride(),
+            *self.delta.stride(), self.common[0], self.m, dv, BR=br, BDV=_pow2(dv),
+            num_warps=4)
 
     # each returns what the launch returned (Triton's compiled kernel: registers, spills)
     def run_delta(self, cfg: tuple) -> Any:
@@ -463,6 +492,25 @@ def plan_for(inst) -> BackwardPlan:
     return cached_plan(BackwardPlan, inst)
 
 
+_USE_O = True       # tests turn it off to run the rowsum(P∘dP) delta kernel
+
+
+def _o_operand(inst) -> Optional[list[int]]:
+    """The permutation of the fusion's last operand, the forward's output O, into
+    [batch, rows in the scores' order..., dv] when the fusion reads O (its backend config
+    says so: passes/fusion/attention.py ``_read_forward_output``), else None."""
+    import json
+    cfg = inst.attrs.get("backend_config")
+    text = str(getattr(cfg, "text", cfg) or "")
+    try:
+        summary = json.loads(text)["fusion_backend_config"]["flash_attention_backward"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if summary.get("o_operand") != "last":
+        return None
+    return [int(d) for d in summary["o_perm"]]
+
+
 def _fold(p: BackwardPlan) -> bool:
     """Whether every score the kernels see is q·k times a constant and every row keeps a
     key (no bias, no boolean mask, a causal mask that keeps the diagonal side): then P is
@@ -503,13 +551,24 @@ def flash_attention_backward(inst, operands: list, out: Optional[Any] = None) ->
     flags = dict(HAS_BIAS=p.bias is not None, HAS_MASK=p.mask is not None, MASK_KEEP=keep,
                  IEEE=q.element_size() >= 4, FOLD=_fold(p), BD=_pow2(D), BDV=_pow2(DV),
                  **causal)
-    run = Launches(q, k, v, do, rmax, rsum, dq, dk, dv, bias, bstr, mask, mstr, common, flags)
+    o = None
+    o_perm = _o_operand(inst)
+    if o_perm is not None and _USE_O:
+        o = _zh(operands[-1].permute(o_perm), nb)
+        if tuple(o.shape) != (Z, H, M, DV):
+            raise Unsupported(f"the forward's output O is {tuple(o.shape)} as [z, h, rows, "
+                              f"dv], dO {(Z, H, M, DV)}")
+    run = Launches(q, k, v, do, rmax, rsum, dq, dk, dv, bias, bstr, mask, mstr, common, flags,
+                   o)
     cands = _CANDIDATES(q.element_size(), max(D, DV))
     key = (str(q.device), q.dtype, D, DV, Z * H, M, N, p.causal is not None,
            p.bias is not None, p.mask is not None, "backward")
     # delta first (the other two read it); each kernel's candidates are timed on their own
-    for name, launch in (("delta", run.run_delta), ("dq", run.run_dq),
-                         ("dkdv", run.run_dkdv)):
+    if o is not None:
+        run.run_delta_o()
+    else:
+        run.run_delta(_pick(key + ("delta",), cands["delta"], run.run_delta, q))
+    for name, launch in (("dq", run.run_dq), ("dkdv", run.run_dkdv)):
         launch(_pick(key + (name,), cands[name], launch, q))
     for t, dst in grads.values():
         if dst is not None:
