@@ -143,9 +143,11 @@ def _dq_block(q, do, m2, r2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias, 
                      smm, smn, M, N, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
                      HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, EDGE, FOLD, EDGE)
     if GRAD:
-        ds = p * (dp - delta[:, None])       # the score scale is applied to dQ at the end
+        ds = p * (dp - delta[:, None])
         if not FOLD:
             ds = tl.where(keep, ds, 0.0)
+        # scaled before its rounding to the input type, as the unfused gradient rounds it
+        ds = ds * DS_SCALE
         if IEEE:
             dq += tl.dot(ds.to(q.dtype), tl.trans(kt), input_precision="ieee")
         else:
@@ -224,7 +226,6 @@ def _bwd_dq(Q, K, V, DO, RMax, RSum, Delta, DQ, Bias, Mask,
                           DELTA, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
                           CAUSAL, DIR, IEEE, FOLD, GRAD, BN)
     if GRAD:
-        dq = dq * DS_SCALE
         tl.store(DQ + z * sgz + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
                  dq.to(DQ.dtype.element_ty), mask=rows[:, None] & (offs_d[None, :] < D))
     else:
@@ -277,9 +278,10 @@ def _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Del
                       mbase, sbm, sbn, smm, smn, M, N, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA,
                       FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, EDGE, FOLD,
                       KEYS)
-    dst = pt * (dpt - delta[None, :])      # the score scale is applied to dK at the end
+    dst = pt * (dpt - delta[None, :])
     if not FOLD:
         dst = tl.where(keep, dst, 0.0)
+    dst = dst * DS_SCALE
     if IEEE:
         dv += tl.dot(pt.to(k.dtype), do, input_precision="ieee")
         dk += tl.dot(dst.to(k.dtype), tl.trans(qt), input_precision="ieee")
@@ -350,7 +352,6 @@ def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, Bias, Mask,
                              M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
                              FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, False,
                              IEEE, FOLD, not EVEN_N, BM)
-    dk = dk * DS_SCALE
     tl.store(DK + z * skgz + h * skgh + offs_n[:, None] * skgn + offs_d[None, :] * skgd,
              dk.to(DK.dtype.element_ty), mask=keys[:, None] & (offs_d[None, :] < D))
     tl.store(DV_ + z * svgz + h * svgh + offs_n[:, None] * svgn + offs_dv[None, :] * svgd,
@@ -468,7 +469,9 @@ def _candidates(dtype_bytes: int, d: int) -> dict[str, list[tuple[int, int, int,
     """Per kernel ("delta", "dq", "dkdv"), the (BM, BN, warps, stages) configs that fit an
     H100/H200 SM's shared memory and registers, the untuned default first: the fastest
     of benchmarks/attention_bwd_sweep.py on an H200 (benchmarks/NOTES.md, i14-bwd) for
-    bf16 causal D128 and D64, then the runners-up. Each kernel is timed on its own."""
+    bf16 causal D128 and D64, then the runners-up (at D64 the 64×128 dK/dV tile spills
+    70 registers and ties with 32×128 at 24). "delta" serves fusions that do not read
+    the forward's output O. Each kernel is timed on its own."""
     if dtype_bytes >= 4:
         small = (32, 32, 4, 1) if d > 64 else (64, 32, 4, 2)
         return {"delta": [small], "dq": [small],
@@ -476,11 +479,11 @@ def _candidates(dtype_bytes: int, d: int) -> dict[str, list[tuple[int, int, int,
     if d <= 64:
         return {"delta": [(128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3)],
                 "dq": [(64, 64, 4, 3), (64, 32, 4, 3), (128, 32, 8, 3)],
-                "dkdv": [(64, 128, 4, 3), (32, 128, 4, 3), (32, 64, 4, 3)]}
+                "dkdv": [(32, 128, 4, 3), (64, 128, 4, 3), (64, 64, 4, 4)]}
     if d <= 128:
         return {"delta": [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2)],
                 "dq": [(128, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2)],
-                "dkdv": [(64, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3)]}
+                "dkdv": [(64, 128, 8, 4), (64, 128, 8, 3), (32, 64, 4, 3)]}
     return {"delta": [(64, 32, 8, 1), (32, 32, 4, 1)], "dq": [(64, 32, 8, 1), (32, 32, 4, 1)],
             "dkdv": [(32, 64, 8, 1), (32, 32, 4, 1)]}
 
