@@ -467,6 +467,7 @@ def test_explain_fusion_names_the_grouped_gqa_backward(tmp_path, capsys):
     bwd = [line for line in out.splitlines() if "flash-attention backward" in line]
     assert bwd and all("dK and dV sum over the group inside the kernel" in line
                        for line in bwd), out
+    assert all("reads the forward's output" in line for line in bwd), out
     assert "no flash-attention fusion" not in out, out
 
 
@@ -571,26 +572,49 @@ def triton_attention_on_cpu(monkeypatch):
 
 
 @pytest.mark.usefixtures("triton_attention_on_cpu")
-@pytest.mark.parametrize("case,atomic", [("causal", False), ("causal_long", False),
-                                         ("plain", False), ("bias_mask", False),
-                                         ("gqa", False), ("causal_long", True),
-                                         ("bias_mask", True), ("gqa_grouped2", False),
-                                         ("gqa_grouped4", False), ("gqa_grouped2", True),
-                                         ("gqa_grouped4", True),
-                                         ("gqa_grouped_scale_q", False),
-                                         ("gqa_grouped_group_major", True)])
-def test_triton_attention_backward_kernels_match_jax_grad(case, atomic, monkeypatch):
+@pytest.mark.parametrize("case,use_o", [
+    ("causal", True), ("causal_long", True), ("plain", True), ("bias_mask", True),
+    ("gqa", True), ("gqa_grouped2", True), ("gqa_grouped4", True),
+    ("gqa_grouped_scale_q", True), ("gqa_grouped_group_major", True),
+    ("causal_long", False), ("bias_mask", False), ("gqa_grouped2", False),
+    ("gqa_grouped_group_major", False)])
+def test_triton_attention_backward_kernels_match_jax_grad(case, use_o, monkeypatch):
     """jax.grad through the CUDA pipeline with the forward-with-row-stats and the backward
-    Triton kernels (TRITON_INTERPRET=1, f32) equals jax.jit's gradient; both backward
-    variants (two-pass dQ kernel, dQ by atomics in the dK/dV kernel)."""
+    Triton kernels (TRITON_INTERPRET=1, f32) equals jax.jit's gradient: the exp2 path
+    (causal, plain, grouped heads) and the general one (bias and mask); delta from the
+    forward's output O (the fusion reads it) and, with use_o off, by the rowsum(P∘dP)
+    kernel."""
     from codegen.triton import attention_backward as tri_backward
-    every = tri_backward._candidates
-    monkeypatch.setattr(tri_backward, "_CANDIDATES", lambda *a: [
-        c for c in every(*a) if c[0] == atomic])
+    monkeypatch.setattr(tri_backward, "_USE_O", use_o)
     f, args = _backward_case(case)
     g, jf, _ = _gpu_pipeline_grad(f, args)
     for a, want in zip(jf(*args), jax.jit(g)(*args)):
         np.testing.assert_allclose(a, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["causal", "gqa_grouped2", "gqa_grouped_group_major",
+                                  "bias_mask"])
+def test_backward_fusion_reads_forward_output(case):
+    """The backward fusion's last operand is the forward fusion's output O, and its backend
+    config maps O's dims onto dO's (as [batch, rows in the scores' order, dv]): delta =
+    rowsum(dO*O) computed from them equals rowsum(P*dP) of the unfused program, i.e. the
+    o_perm permutes O exactly as dO is read."""
+    from codegen.triton.attention_backward import _o_operand
+    f, args = _backward_case(case)
+    _g, _jf, c = _gpu_pipeline_grad(f, args)
+    entry = c.module.entry.instructions
+    bwd = [i for i in entry if i.opcode == "fusion" and fusion_kind(i) == "attention_backward"]
+    fwd = [i for i in entry if i.opcode == "fusion" and fusion_kind(i) == "attention"]
+    assert len(bwd) == 1 and len(fwd) == 1
+    o = bwd[0].operands[-1]
+    assert o.opcode == "get-tuple-element" and o.operands[0] is fwd[0], o
+    perm = _o_operand(bwd[0])
+    assert perm is not None and sorted(perm) == list(range(o.shape.rank))
+    # O's dims in that order are [batch..., rows..., dv]: the batch and row sizes of q's
+    # scores and v's head dim
+    dims = [o.shape.dims[d] for d in perm]
+    assert dims[-1] == args[2].shape[-1]
+    assert int(np.prod(dims[:-1])) == int(np.prod(args[0].shape[:-1]))
 
 
 @pytest.mark.gpu

@@ -3,22 +3,26 @@
 ``flash_attention_backward(inst, operands, out=None)`` runs a ``__flash_attention_backward``
 fusion (passes/fusion/attention_grad.py) on torch tensors. Its operands are q, k, v, the
 cotangent dO, the forward's row max m and row sum l (the forward fusion outputs them) and
-the bias/mask tensors; it writes dQ, dK and dV. P is never stored: both kernels recompute
-it block by block as exp(score(q·kᵀ) − m) / l. Two launches:
+the bias/mask tensors; it writes dQ, dK and dV. P is never stored: every kernel recomputes
+it block by block as exp(score(q·kᵀ) − m) / l. Three launches, each with its own tiles
+(autotuned apart: they are separate launches, so the fastest total is each one's fastest):
 
-1. ``_bwd_dq``, one program per query block: delta = rowsum(P ∘ dP) over all key blocks
-   (dP = dO·Vᵀ), stored for kernel 2; then dS = scale · keep · P ∘ (dP − delta) and
-   dQ += dS·K over the key blocks again. (The usual preprocess delta = rowsum(dO ∘ O) needs
-   O, which the fusion does not read: the gradient jax.grad writes uses P·dP. Computing it
-   here costs two extra block products per key block in this kernel.)
-2. ``_bwd_dkdv``, one program per key block: over the query blocks that see it,
+1. ``_bwd_dq`` GRAD=False, one program per query block: delta = rowsum(P ∘ dP) over the
+   visible key blocks (dP = dO·Vᵀ). (The usual preprocess delta = rowsum(dO ∘ O) needs O,
+   which the fusion does not read: the gradient jax.grad writes uses P·dP. This pass is
+   two block products per block pair, about a fifth of the backward at D128.)
+2. ``_bwd_dq`` GRAD=True: dS = scale · keep · P ∘ (dP − delta), dQ += dS·K.
+3. ``_bwd_dkdv``, one program per key block: over the query blocks that see it,
    dV += Pᵀ·dO and dK += dSᵀ·Q, computed in the transposed orientation (kᵀ rows) so no
    tile is transposed in registers.
 
-A causal mask that keeps k <= q + c (c <= 0) skips the blocks above the diagonal in both
-kernels and applies no mask to blocks wholly below it. Grouped query heads written as
-extra row dims ([kv head, group, q]) are rows of one [z, h] slice: dK and dV sum over the
-group inside kernel 2. Rows and keys need not be multiples of the blocks.
+A causal mask that keeps k <= q + c (c <= 0) skips the blocks above the diagonal and
+applies no mask to blocks wholly below it; the blocks that see the most keys (rows) start
+first. Without a bias or boolean mask (``_fold``) P is exp2 of one multiply-subtract with
+log2(e) folded into the scale and the row max, and dropped scores are -inf (no selects).
+Grouped query heads written as extra row dims ([kv head, group, q]) are rows of one
+[z, h] slice: dK and dV sum over the group inside kernel 3. Rows and keys need not be
+multiples of the blocks. The tile choices are measured in benchmarks/attention_bwd_sweep.py.
 """
 from __future__ import annotations
 
@@ -49,59 +53,101 @@ def _causal_keep(qq, kq, DIR: tl.constexpr):
 
 
 @triton.jit
-def _probs(s, qi, ki, m2, l2, Bias, Mask, bbase, mbase, sbm, sbn, smm, smn, M, N, Q_LEN,
+def _probs(s, qi, ki, m2, r2, Bias, Mask, bbase, mbase, sbm, sbn, smm, smn, M, N, Q_LEN,
            SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
            HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
-           CAUSAL: tl.constexpr, DIR: tl.constexpr, EDGE: tl.constexpr):
+           CAUSAL: tl.constexpr, DIR: tl.constexpr, EDGE: tl.constexpr,
+           FOLD: tl.constexpr, KEYS: tl.constexpr):
     """(P, keep) for raw scores ``s`` = q·kᵀ of query rows ``qi`` and keys ``ki`` (2-D
-    index tensors in either orientation): the score function as the forward applied it,
-    then exp(x − m) / l with the forward's row statistics ``m2``, ``l2``."""
-    s = s * SCALE1
-    inside = (qi < M) & (ki < N)
-    if HAS_BIAS:
-        b = tl.load(Bias + bbase + qi * sbm + ki * sbn, mask=inside, other=0.0)
-        s = s + BIAS_SIGN * b.to(tl.float32)
-    s = s * SCALE2
-    keep = inside
-    if CAUSAL and EDGE:
-        ck = _causal_keep(qi % Q_LEN, ki + DELTA, DIR)
-        s = tl.where(ck, s, FILL_C)
-        keep = keep & ck
-    if HAS_MASK:
-        mk = tl.load(Mask + mbase + qi * smm + ki * smn, mask=inside, other=0)
-        mkeep = (mk != 0) == MASK_KEEP
-        s = tl.where(mkeep, s, FILL_M)
-        keep = keep & mkeep
-    p = tl.exp(s - m2) / l2
-    p = tl.where(ki < N, p, 0.0)
+    index tensors in either orientation), from the forward's row max and 1/row sum (``m2``,
+    ``r2``, broadcast like ``s``).
+
+    FOLD (no bias, no boolean mask, every row keeps a key): one multiply by
+    scale·log2(e) and exp2 against the row max pre-multiplied by log2(e) (``m2``); a
+    dropped score is -inf, so P needs no select (``keep`` is a placeholder). Otherwise the score
+    function as the forward applied it, in its own units (a finite mask fill then gives
+    the forward's P), and ``keep`` says which scores dS passes. EDGE: the block may cross
+    the causal diagonal; KEYS: it may hold keys >= N."""
+    if FOLD:
+        t = s * (SCALE1 * SCALE2 * 1.4426950408889634)
+        if CAUSAL and EDGE:
+            t = tl.where(_causal_keep(qi % Q_LEN, ki + DELTA, DIR), t, float("-inf"))
+        if KEYS:
+            t = tl.where(ki < N, t, float("-inf"))
+        p = tl.exp2(t - m2) * r2
+        keep = t == t       # unused (dS needs no select): a placeholder of the same shape
+    else:
+        s = s * SCALE1
+        inside = (qi < M) & (ki < N)
+        if HAS_BIAS:
+            b = tl.load(Bias + bbase + qi * sbm + ki * sbn, mask=inside, other=0.0)
+            s = s + BIAS_SIGN * b.to(tl.float32)
+        s = s * SCALE2
+        keep = inside
+        if CAUSAL and EDGE:
+            ck = _causal_keep(qi % Q_LEN, ki + DELTA, DIR)
+            s = tl.where(ck, s, FILL_C)
+            keep = keep & ck
+        if HAS_MASK:
+            mk = tl.load(Mask + mbase + qi * smm + ki * smn, mask=inside, other=0)
+            mkeep = (mk != 0) == MASK_KEEP
+            s = tl.where(mkeep, s, FILL_M)
+            keep = keep & mkeep
+        p = tl.exp(s - m2) * r2
+        p = tl.where(ki < N, p, 0.0)
     return p, keep
 
 
 @triton.jit
-def _dq_block(q, do, m2, l2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias, Mask,
+def _row_stats(RMax, RSum, rbase, sbase, offs, srm, ssm, rows, FOLD: tl.constexpr):
+    """The forward's row max (times log2(e) when FOLD; a row that kept nothing shifts by
+    0, as the forward's did) and 1 / row sum for rows ``offs``."""
+    m = tl.load(RMax + rbase + offs * srm, mask=rows, other=0.0).to(tl.float32)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    if FOLD:
+        m = m * 1.4426950408889634
+    r = 1.0 / tl.load(RSum + sbase + offs * ssm, mask=rows, other=1.0).to(tl.float32)
+    return m, r
+
+
+@triton.jit
+def _dq_block(q, do, m2, r2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias, Mask,
               kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn, smm, smn,
               M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
               CAUSAL: tl.constexpr, DIR: tl.constexpr, EDGE: tl.constexpr,
-              IEEE: tl.constexpr, GRAD: tl.constexpr, BN: tl.constexpr):
+              IEEE: tl.constexpr, FOLD: tl.constexpr, GRAD: tl.constexpr, BN: tl.constexpr):
     """One key block for a query block: GRAD=False adds rowsum(P ∘ dP) to ``delta``,
-    GRAD=True adds dS·K to ``dq``."""
+    GRAD=True adds dS·K to ``dq``. EDGE=False blocks hold only keys < N that every row
+    of the block sees."""
     offs_n = start + tl.arange(0, BN)
-    kt = tl.load(K + kbase + offs_n[None, :] * skn + offs_d[:, None] * skd,
-                 mask=(offs_n[None, :] < N) & (offs_d[:, None] < D), other=0.0).to(q.dtype)
-    vt = tl.load(V + vbase + offs_n[None, :] * svn + offs_dv[:, None] * svd,
-                 mask=(offs_n[None, :] < N) & (offs_dv[:, None] < DV), other=0.0).to(q.dtype)
+    if EDGE:
+        kt = tl.load(K + kbase + offs_n[None, :] * skn + offs_d[:, None] * skd,
+                     mask=(offs_n[None, :] < N) & (offs_d[:, None] < D), other=0.0)
+        vt = tl.load(V + vbase + offs_n[None, :] * svn + offs_dv[:, None] * svd,
+                     mask=(offs_n[None, :] < N) & (offs_dv[:, None] < DV), other=0.0)
+    else:
+        kt = tl.load(K + kbase + offs_n[None, :] * skn + offs_d[:, None] * skd,
+                     mask=offs_d[:, None] < D, other=0.0)
+        vt = tl.load(V + vbase + offs_n[None, :] * svn + offs_dv[:, None] * svd,
+                     mask=offs_dv[:, None] < DV, other=0.0)
+    kt = kt.to(q.dtype)
+    vt = vt.to(q.dtype)
     if IEEE:
         s = tl.dot(q, kt, input_precision="ieee")
         dp = tl.dot(do, vt, input_precision="ieee")
     else:
         s = tl.dot(q, kt)
         dp = tl.dot(do, vt)
-    p, keep = _probs(s, qi, offs_n[None, :], m2, l2, Bias, Mask, bbase, mbase, sbm, sbn,
+    p, keep = _probs(s, qi, offs_n[None, :], m2, r2, Bias, Mask, bbase, mbase, sbm, sbn,
                      smm, smn, M, N, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
-                     HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, EDGE)
+                     HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, EDGE, FOLD, EDGE)
     if GRAD:
-        ds = tl.where(keep, p * (dp - delta[:, None]), 0.0) * DS_SCALE
+        ds = p * (dp - delta[:, None])
+        if not FOLD:
+            ds = tl.where(keep, ds, 0.0)
+        # scaled before its rounding to the input type, as the unfused gradient rounds it
+        ds = ds * DS_SCALE
         if IEEE:
             dq += tl.dot(ds.to(q.dtype), tl.trans(kt), input_precision="ieee")
         else:
@@ -112,25 +158,25 @@ def _dq_block(q, do, m2, l2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias, 
 
 
 @triton.jit
-def _dq_sweep(q, do, m2, l2, delta, dq, full, hi, qi, offs_d, offs_dv, K, V, Bias, Mask,
+def _dq_sweep(q, do, m2, r2, delta, dq, full, hi, qi, offs_d, offs_dv, K, V, Bias, Mask,
               kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn, smm, smn,
               M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
-              CAUSAL: tl.constexpr, DIR: tl.constexpr, IEEE: tl.constexpr, GRAD: tl.constexpr,
-              BN: tl.constexpr):
+              CAUSAL: tl.constexpr, DIR: tl.constexpr, IEEE: tl.constexpr, FOLD: tl.constexpr,
+              GRAD: tl.constexpr, BN: tl.constexpr):
     """Every visible key block for a query block: [0, full) unmasked, [full, hi) masked."""
     for start in range(0, full, BN):
-        delta, dq = _dq_block(q, do, m2, l2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias,
+        delta, dq = _dq_block(q, do, m2, r2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias,
                               Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn,
                               smm, smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA,
                               FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
-                              DIR, False, IEEE, GRAD, BN)
+                              DIR, False, IEEE, FOLD, GRAD, BN)
     for start in range(full, hi, BN):
-        delta, dq = _dq_block(q, do, m2, l2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias,
+        delta, dq = _dq_block(q, do, m2, r2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias,
                               Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn,
                               smm, smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA,
                               FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
-                              DIR, True, IEEE, GRAD, BN)
+                              DIR, True, IEEE, FOLD, GRAD, BN)
     return delta, dq
 
 
@@ -142,10 +188,13 @@ def _bwd_dq(Q, K, V, DO, RMax, RSum, Delta, DQ, Bias, Mask,
             H, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
             CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr, IEEE: tl.constexpr,
-            DQ_PASS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
-            BDV: tl.constexpr):
-    pid_m = tl.program_id(0)
-    zh = tl.program_id(1)
+            FOLD: tl.constexpr, GRAD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+            BD: tl.constexpr, BDV: tl.constexpr):
+    """One program per (z·h, query block). GRAD=False: delta = rowsum(P ∘ dP), stored;
+    GRAD=True: dQ from the stored delta. The grid's second axis walks the query blocks
+    from the last: under a causal mask those see the most keys, so they start first."""
+    zh = tl.program_id(0)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     z = zh // H
     h = zh % H
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -156,95 +205,107 @@ def _bwd_dq(Q, K, V, DO, RMax, RSum, Delta, DQ, Bias, Mask,
                 mask=rows[:, None] & (offs_d[None, :] < D), other=0.0)
     do = tl.load(DO + z * sdz + h * sdh + offs_m[:, None] * sdm + offs_dv[None, :] * sdd,
                  mask=rows[:, None] & (offs_dv[None, :] < DV), other=0.0).to(q.dtype)
-    m = tl.load(RMax + z * srz + h * srh + offs_m * srm, mask=rows, other=0.0).to(tl.float32)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    l_ = tl.load(RSum + z * ssz + h * ssh + offs_m * ssm, mask=rows, other=1.0).to(tl.float32)
+    m, r = _row_stats(RMax, RSum, z * srz + h * srh, z * ssz + h * ssh, offs_m, srm, ssm,
+                      rows, FOLD)
     m2 = m[:, None]
-    l2 = l_[:, None]
+    r2 = r[:, None]
     qi = offs_m[:, None]
     kbase = z * skz + h * skh
     vbase = z * svz + h * svh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
     full, hi = key_range(pid_m, M, N, DELTA, CAUSAL, DIR, SKIP, BM, BN)
-    delta = tl.zeros([BM], tl.float32)
     dq = tl.zeros([BM, BD], tl.float32)
-    delta, dq = _dq_sweep(q, do, m2, l2, delta, dq, full, hi, qi, offs_d, offs_dv, K, V, Bias,
-                          Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn, smm,
-                          smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
-                          FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, IEEE,
-                          False, BN)
-    tl.store(Delta + z * sez + h * seh + offs_m * sem, delta, mask=rows)
-    if not DQ_PASS:     # dQ accumulates in _bwd_dkdv (atomics)
-        return
-    delta, dq = _dq_sweep(q, do, m2, l2, delta, dq, full, hi, qi, offs_d, offs_dv, K, V, Bias,
-                          Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn, smm,
-                          smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
-                          FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, IEEE,
-                          True, BN)
-    tl.store(DQ + z * sgz + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
-             dq.to(DQ.dtype.element_ty), mask=rows[:, None] & (offs_d[None, :] < D))
+    if GRAD:
+        delta = tl.load(Delta + z * sez + h * seh + offs_m * sem, mask=rows, other=0.0)
+    else:
+        delta = tl.zeros([BM], tl.float32)
+    delta, dq = _dq_sweep(q, do, m2, r2, delta, dq, full, hi, qi, offs_d, offs_dv, K, V,
+                          Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm,
+                          sbn, smm, smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN,
+                          DELTA, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
+                          CAUSAL, DIR, IEEE, FOLD, GRAD, BN)
+    if GRAD:
+        tl.store(DQ + z * sgz + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
+                 dq.to(DQ.dtype.element_ty), mask=rows[:, None] & (offs_d[None, :] < D))
+    else:
+        tl.store(Delta + z * sez + h * seh + offs_m * sem, delta, mask=rows)
+
+
+@triton.jit
+def _bwd_delta_o(DO, O, Delta, sdz, sdh, sdm, sdd, soz, soh, som, sod, sez, seh, sem, H, M, DV,
+                 BR: tl.constexpr, BDV: tl.constexpr):
+    """delta = rowsum(dO ∘ O) for BR rows of one (z, h): FlashAttention's preprocess, when
+    the fusion reads the forward's output O (equal to rowsum(P ∘ dP) as O = P·V)."""
+    zh = tl.program_id(0)
+    z = zh // H
+    h = zh % H
+    offs_m = tl.program_id(1) * BR + tl.arange(0, BR)
+    offs_dv = tl.arange(0, BDV)
+    inside = (offs_m[:, None] < M) & (offs_dv[None, :] < DV)
+    do = tl.load(DO + z * sdz + h * sdh + offs_m[:, None] * sdm + offs_dv[None, :] * sdd,
+                 mask=inside, other=0.0).to(tl.float32)
+    o = tl.load(O + z * soz + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
+                mask=inside, other=0.0).to(tl.float32)
+    tl.store(Delta + z * sez + h * seh + offs_m * sem, tl.sum(do * o, 1), mask=offs_m < M)
 
 
 @triton.jit
 def _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta, Bias, Mask,
-                DQAcc, qbase, dobase, rbase, sbase, ebase, bbase, mbase, abase, sqm, sqd, sdm,
-                sdd, srm, ssm, sem, sbm, sbn, smm, smn, sam, sad, M, N, D, DV, Q_LEN, SCALE1,
+                qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm, sqd, sdm,
+                sdd, srm, ssm, sem, sbm, sbn, smm, smn, M, N, D, DV, Q_LEN, SCALE1,
                 SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
                 HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
                 CAUSAL: tl.constexpr, DIR: tl.constexpr, EDGE: tl.constexpr,
-                IEEE: tl.constexpr, ATOMIC_DQ: tl.constexpr, BM: tl.constexpr):
-    """One query block for a key block, transposed: tiles are [keys, rows]. ATOMIC_DQ:
-    also adds this block's dS·K to the f32 dQ accumulator."""
+                IEEE: tl.constexpr, FOLD: tl.constexpr, KEYS: tl.constexpr, BM: tl.constexpr):
+    """One query block for a key block, transposed: tiles are [keys, rows] (P and dS are
+    the matrix units' register operand of dV += Pᵀ·dO and dK += dSᵀ·Q as they are)."""
     offs_m = start + tl.arange(0, BM)
     rows = offs_m < M
     qt = tl.load(Q + qbase + offs_m[None, :] * sqm + offs_d[:, None] * sqd,
-                 mask=rows[None, :] & (offs_d[:, None] < D), other=0.0)
+                 mask=rows[None, :] & (offs_d[:, None] < D), other=0.0).to(k.dtype)
     do = tl.load(DO + dobase + offs_m[:, None] * sdm + offs_dv[None, :] * sdd,
                  mask=rows[:, None] & (offs_dv[None, :] < DV), other=0.0).to(k.dtype)
-    m = tl.load(RMax + rbase + offs_m * srm, mask=rows, other=0.0).to(tl.float32)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    l_ = tl.load(RSum + sbase + offs_m * ssm, mask=rows, other=1.0).to(tl.float32)
+    m, r = _row_stats(RMax, RSum, rbase, sbase, offs_m, srm, ssm, rows, FOLD)
     delta = tl.load(Delta + ebase + offs_m * sem, mask=rows, other=0.0)
     if IEEE:
-        st = tl.dot(k, qt.to(k.dtype), input_precision="ieee")
+        st = tl.dot(k, qt, input_precision="ieee")
         dpt = tl.dot(v, tl.trans(do), input_precision="ieee")
     else:
-        st = tl.dot(k, qt.to(k.dtype))
+        st = tl.dot(k, qt)
         dpt = tl.dot(v, tl.trans(do))
-    pt, keep = _probs(st, offs_m[None, :], ki, m[None, :], l_[None, :], Bias, Mask, bbase,
+    pt, keep = _probs(st, offs_m[None, :], ki, m[None, :], r[None, :], Bias, Mask, bbase,
                       mbase, sbm, sbn, smm, smn, M, N, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA,
-                      FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, EDGE)
-    dst = tl.where(keep, pt * (dpt - delta[None, :]), 0.0) * DS_SCALE
+                      FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, EDGE, FOLD,
+                      KEYS)
+    dst = pt * (dpt - delta[None, :])
+    if not FOLD:
+        dst = tl.where(keep, dst, 0.0)
+    dst = dst * DS_SCALE
     if IEEE:
         dv += tl.dot(pt.to(k.dtype), do, input_precision="ieee")
-        dk += tl.dot(dst.to(k.dtype), tl.trans(qt.to(k.dtype)), input_precision="ieee")
+        dk += tl.dot(dst.to(k.dtype), tl.trans(qt), input_precision="ieee")
     else:
         dv += tl.dot(pt.to(k.dtype), do)
-        dk += tl.dot(dst.to(k.dtype), tl.trans(qt.to(k.dtype)))
-    if ATOMIC_DQ:
-        if IEEE:
-            dq = tl.dot(tl.trans(dst), k.to(tl.float32), input_precision="ieee")
-        else:
-            dq = tl.dot(tl.trans(dst.to(k.dtype)), k)
-        tl.atomic_add(DQAcc + abase + offs_m[:, None] * sam + offs_d[None, :] * sad, dq,
-                      mask=rows[:, None] & (offs_d[None, :] < D), sem="relaxed")
+        dk += tl.dot(dst.to(k.dtype), tl.trans(qt))
     return dk, dv
 
 
 @triton.jit
-def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, DQAcc, Bias, Mask,
+def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, Bias, Mask,
               sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
               sdz, sdh, sdm, sdd, srz, srh, srm, ssz, ssh, ssm, sez, seh, sem,
-              skgz, skgh, skgn, skgd, svgz, svgh, svgn, svgd, saz, sah, sam, sad,
+              skgz, skgh, skgn, skgd, svgz, svgh, svgn, svgd,
               sbz, sbh, sbm, sbn, smz, smh, smm, smn,
               H, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
               CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr, IEEE: tl.constexpr,
-              ATOMIC_DQ: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
-              BDV: tl.constexpr):
-    pid_n = tl.program_id(0)
-    zh = tl.program_id(1)
+              FOLD: tl.constexpr, EVEN_N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              BD: tl.constexpr, BDV: tl.constexpr):
+    """One program per (z·h, key block); the first key blocks see the most query rows
+    under a causal mask and are started first."""
+    zh = tl.program_id(0)
+    pid_n = tl.program_id(1)
     z = zh // H
     h = zh % H
     offs_n = pid_n * BN + tl.arange(0, BN)
@@ -265,7 +326,6 @@ def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, DQAcc, Bias, Mask,
     ebase = z * sez + h * seh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
-    abase = z * saz + h * sah
     lo = 0
     full = 0       # query blocks [full, M) see every key of this block: no causal mask
     if SKIP:       # keep iff q >= k + DELTA (GE) or q > k + DELTA (GT)
@@ -280,18 +340,18 @@ def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, DQAcc, Bias, Mask,
         full = M
     for start in range(lo, full, BM):
         dk, dv = _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
-                             Bias, Mask, DQAcc, qbase, dobase, rbase, sbase, ebase, bbase, mbase,
-                             abase, sqm, sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn, sam,
-                             sad, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
+                             Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm,
+                             sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn,
+                             M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
                              FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, True,
-                             IEEE, ATOMIC_DQ, BM)
+                             IEEE, FOLD, not EVEN_N, BM)
     for start in range(full, M, BM):
         dk, dv = _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
-                             Bias, Mask, DQAcc, qbase, dobase, rbase, sbase, ebase, bbase, mbase,
-                             abase, sqm, sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn, sam,
-                             sad, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
+                             Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm,
+                             sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn,
+                             M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
                              FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, False,
-                             IEEE, ATOMIC_DQ, BM)
+                             IEEE, FOLD, not EVEN_N, BM)
     tl.store(DK + z * skgz + h * skgh + offs_n[:, None] * skgn + offs_d[None, :] * skgd,
              dk.to(DK.dtype.element_ty), mask=keys[:, None] & (offs_d[None, :] < D))
     tl.store(DV_ + z * svgz + h * svgh + offs_n[:, None] * svgn + offs_dv[None, :] * svgd,
@@ -352,24 +412,80 @@ class BackwardPlan(ScorePlan):
             raise Unsupported("a flash-attention backward fusion outputs dQ, dK and dV only")
 
 
-def _candidates(dtype_bytes: int, d: int) -> list[tuple[bool, tuple, tuple]]:
-    """(atomic dQ?, (BM, BN, warps, stages) of _bwd_dq, the same of _bwd_dkdv) configs
-    that fit an H100/H200 SM's shared memory and registers, the untuned default first.
-    atomic: _bwd_dq only computes delta and _bwd_dkdv adds dS·K into an f32 dQ with
-    atomics (7 block products per block pair instead of 9); measured against the two-pass
-    dQ kernel per shape by the autotuner."""
+class Launches:
+    """The three kernels of one backward call on [z, h, rows, d] tensors, each launched
+    with its own (BM, BN, warps, stages): ``run_delta`` (rowsum(P ∘ dP) per row, into a
+    scratch vector), ``run_dq`` (dQ, reading it), ``run_dkdv`` (dK and dV, reading it)."""
+
+    def __init__(self, q, k, v, do, rmax, rsum, dq, dk, dv, bias, bstr: tuple, mask,
+                 mstr: tuple, common: tuple, flags: dict, o=None):
+        import torch
+        Z, H, M, _ = q.shape
+        self.zh, self.m, self.n = Z * H, M, k.shape[2]
+        self.delta = torch.empty((Z, H, M), dtype=torch.float32, device=q.device)
+        self.dq, self.dk, self.dv = dq, dk, dv
+        self.ins = (q, k, v, do, rmax, rsum, self.delta)
+        self.strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *rmax.stride(),
+                        *rsum.stride(), *self.delta.stride())
+        self.score = (bias, mask)
+        self.score_strides = (*bstr, *mstr)
+        self.common = common
+        self.flags = flags
+        self.do, self.o = do, o
+
+    def run_delta_o(self) -> Any:
+        """delta from the forward's output O (``o`` given): one pass over dO and O."""
+        assert self.o is not None
+        dv = self.do.shape[3]
+        br = max(16, min(128, 8192 // _pow2(dv)))
+        return _bwd_delta_o[(self.zh, triton.cdiv(self.m, br))](
+            self.do, self.o, self.delta, *self.do.stride(), *self.o.stride(),
+            *self.delta.stride(), self.common[0], self.m, dv, BR=br, BDV=_pow2(dv),
+            num_warps=4)
+
+    # each returns what the launch returned (Triton's compiled kernel: registers, spills)
+    def run_delta(self, cfg: tuple) -> Any:
+        return self._dq(cfg, False)
+
+    def run_dq(self, cfg: tuple) -> Any:
+        return self._dq(cfg, True)
+
+    def _dq(self, cfg: tuple, grad: bool) -> Any:
+        bm, bn, warps, stages = cfg
+        return _bwd_dq[(self.zh, triton.cdiv(self.m, bm))](
+            *self.ins, self.dq, *self.score, *self.strides, *self.dq.stride(),
+            *self.score_strides, *self.common, GRAD=grad, BM=bm, BN=bn, num_warps=warps,
+            num_stages=stages, **self.flags)
+
+    def run_dkdv(self, cfg: tuple) -> Any:
+        bm, bn, warps, stages = cfg
+        return _bwd_dkdv[(self.zh, triton.cdiv(self.n, bn))](
+            *self.ins, self.dk, self.dv, *self.score, *self.strides, *self.dk.stride(),
+            *self.dv.stride(), *self.score_strides, *self.common, EVEN_N=self.n % bn == 0,
+            BM=bm, BN=bn, num_warps=warps, num_stages=stages, **self.flags)
+
+
+def _candidates(dtype_bytes: int, d: int) -> dict[str, list[tuple[int, int, int, int]]]:
+    """Per kernel ("delta", "dq", "dkdv"), the (BM, BN, warps, stages) configs that fit an
+    H100/H200 SM's shared memory and registers, the untuned default first: the fastest
+    of benchmarks/attention_bwd_sweep.py on an H200 (benchmarks/NOTES.md, i14-bwd) for
+    bf16 causal D128 and D64, then the runners-up (at D64 the 64×128 dK/dV tile spills
+    70 registers and ties with 32×128 at 24). "delta" serves fusions that do not read
+    the forward's output O. Each kernel is timed on its own."""
     if dtype_bytes >= 4:
-        pairs = [((32, 32, 4, 1), (32, 32, 4, 1))] if d > 64 else \
-            [((64, 32, 4, 2), (32, 64, 4, 2))]
-    elif d <= 64:
-        pairs = [((128, 64, 8, 2), (32, 128, 4, 3)), ((64, 64, 4, 3), (64, 64, 4, 3)),
-                 ((128, 32, 4, 3), (64, 128, 8, 2))]
-    elif d <= 128:
-        pairs = [((128, 32, 8, 2), (32, 128, 4, 2)), ((64, 64, 4, 2), (64, 64, 4, 2)),
-                 ((128, 64, 8, 2), (64, 128, 8, 2)), ((64, 32, 4, 3), (32, 64, 4, 3))]
-    else:
-        pairs = [((64, 32, 8, 1), (32, 64, 8, 1)), ((32, 32, 4, 1), (32, 32, 4, 1))]
-    return [(False, *pair) for pair in pairs] + [(True, *pair) for pair in pairs]
+        small = (32, 32, 4, 1) if d > 64 else (64, 32, 4, 2)
+        return {"delta": [small], "dq": [small],
+                "dkdv": [(32, 32, 4, 1) if d > 64 else (32, 64, 4, 2)]}
+    if d <= 64:
+        return {"delta": [(128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3)],
+                "dq": [(64, 64, 4, 3), (64, 32, 4, 3), (128, 32, 8, 3)],
+                "dkdv": [(32, 128, 4, 3), (64, 128, 4, 3), (64, 64, 4, 4)]}
+    if d <= 128:
+        return {"delta": [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2)],
+                "dq": [(128, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2)],
+                "dkdv": [(64, 128, 8, 4), (64, 128, 8, 3), (32, 64, 4, 3)]}
+    return {"delta": [(64, 32, 8, 1), (32, 32, 4, 1)], "dq": [(64, 32, 8, 1), (32, 32, 4, 1)],
+            "dkdv": [(32, 64, 8, 1), (32, 32, 4, 1)]}
 
 
 _CANDIDATES = _candidates      # tests swap in one variant
@@ -377,6 +493,35 @@ _CANDIDATES = _candidates      # tests swap in one variant
 
 def plan_for(inst) -> BackwardPlan:
     return cached_plan(BackwardPlan, inst)
+
+
+_USE_O = True       # tests turn it off to run the rowsum(P∘dP) delta kernel
+
+
+def _o_operand(inst) -> Optional[list[int]]:
+    """The permutation of the fusion's last operand, the forward's output O, into
+    [batch, rows in the scores' order..., dv] when the fusion reads O (its backend config
+    says so: passes/fusion/attention.py ``_read_forward_output``), else None."""
+    import json
+    cfg = inst.attrs.get("backend_config")
+    text = str(getattr(cfg, "text", cfg) or "")
+    try:
+        summary = json.loads(text)["fusion_backend_config"]["flash_attention_backward"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if summary.get("o_operand") != "last":
+        return None
+    return [int(d) for d in summary["o_perm"]]
+
+
+def _fold(p: BackwardPlan) -> bool:
+    """Whether every score the kernels see is q·k times a constant and every row keeps a
+    key (no bias, no boolean mask, a causal mask that keeps the diagonal side): then P is
+    exp2 of one multiply-subtract (``_probs`` FOLD)."""
+    c = p.causal
+    return p.bias is None and p.mask is None and (
+        c is None or (c.direction == "GE" and c.delta <= 0) or
+        (c.direction == "GT" and c.delta < 0))
 
 
 def flash_attention_backward(inst, operands: list, out: Optional[Any] = None) -> tuple:
@@ -402,34 +547,32 @@ def flash_attention_backward(inst, operands: list, out: Optional[Any] = None) ->
     shapes = {"dq": (Z, H, M, D), "dk": (Z, H, N, D), "dv": (Z, H, N, DV)}
     grads = {n: zh_out(by_name[n].permute(p.perms[n]), shapes[n], nb) for n in shapes}
     dq, dk, dv = (grads[n][0] for n in ("dq", "dk", "dv"))
-    delta = torch.empty((Z, H, M), dtype=torch.float32, device=q.device)
     bias, bstr, mask, mstr, keep, fill_m = p.score_args(operands)
     dlt, fill_c, causal = p.causal_args()
     common = (H, M, N, D, DV, p.q_len, p.scale1, p.scale2, p.sign, dlt, fill_c, fill_m,
               p.ds_scale)
     flags = dict(HAS_BIAS=p.bias is not None, HAS_MASK=p.mask is not None, MASK_KEEP=keep,
-                 IEEE=q.element_size() >= 4, BD=_pow2(D), BDV=_pow2(DV), **causal)
-    ins = (q, k, v, do, rmax, rsum, delta)
-    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *rmax.stride(),
-               *rsum.stride(), *delta.stride())
-
-    def launch(cfg: tuple) -> None:
-        atomic, (bm, bn, warps, stages), (bm2, bn2, warps2, stages2) = cfg
-        acc = torch.zeros((Z, H, M, D), dtype=torch.float32, device=q.device) if atomic \
-            else delta
-        _bwd_dq[(triton.cdiv(M, bm), Z * H)](
-            *ins, dq, bias, mask, *strides, *dq.stride(), *bstr, *mstr, *common,
-            DQ_PASS=not atomic, BM=bm, BN=bn, num_warps=warps, num_stages=stages, **flags)
-        _bwd_dkdv[(triton.cdiv(N, bn2), Z * H)](
-            *ins, dk, dv, acc, bias, mask, *strides, *dk.stride(), *dv.stride(),
-            *(acc.stride() if atomic else (0, 0, 0, 0)), *bstr, *mstr, *common,
-            ATOMIC_DQ=atomic, BM=bm2, BN=bn2, num_warps=warps2, num_stages=stages2, **flags)
-        if atomic:
-            dq.copy_(acc)
-
+                 IEEE=q.element_size() >= 4, FOLD=_fold(p), BD=_pow2(D), BDV=_pow2(DV),
+                 **causal)
+    o = None
+    o_perm = _o_operand(inst)
+    if o_perm is not None and _USE_O:
+        o = _zh(operands[-1].permute(o_perm), nb)
+        if tuple(o.shape) != (Z, H, M, DV):
+            raise Unsupported(f"the forward's output O is {tuple(o.shape)} as [z, h, rows, "
+                              f"dv], dO {(Z, H, M, DV)}")
+    run = Launches(q, k, v, do, rmax, rsum, dq, dk, dv, bias, bstr, mask, mstr, common, flags,
+                   o)
+    cands = _CANDIDATES(q.element_size(), max(D, DV))
     key = (str(q.device), q.dtype, D, DV, Z * H, M, N, p.causal is not None,
            p.bias is not None, p.mask is not None, "backward")
-    launch(_pick(key, _CANDIDATES(q.element_size(), max(D, DV)), launch, q))
+    # delta first (the other two read it); each kernel's candidates are timed on their own
+    if o is not None:
+        run.run_delta_o()
+    else:
+        run.run_delta(_pick(key + ("delta",), cands["delta"], run.run_delta, q))
+    for name, launch in (("dq", run.run_dq), ("dkdv", run.run_dkdv)):
+        launch(_pick(key + (name,), cands[name], launch, q))
     for t, dst in grads.values():
         if dst is not None:
             dst.copy_(t.reshape(dst.shape))

@@ -636,7 +636,27 @@ def _with_backward(pv: Instruction):
     b.nodes = b.nodes + [c for c in clones if c.opcode != "constant"]
     fwd = match_attention(pv, stats_out=True)
     assert fwd is not None
+    _read_forward_output(fwd, b)
     return fwd, b
+
+
+def _read_forward_output(fwd: AttentionMatch, b) -> None:
+    """Let the backward read the forward's output O (``b.o_value``, ``b.o_perm``) when
+    something outside both fusions reads O, so that the forward fusion outputs it anyway."""
+    from .attention_grad import gradient_order
+    o = fwd.out_views[-1] if fwd.out_views else fwd.pv
+    inside = {id(i) for i in fwd.members} | {id(i) for i in b.nodes}
+    if not o.is_root and not any(id(u) not in inside for u in o.users):
+        return
+    p_side = 0 if fwd.p_is_lhs else 1
+    div = _through(fwd.pv.operands[p_side])[0]
+    where = list(fwd.out_where) if fwd.out_where else list(range(fwd.pv.shape.rank))
+    try:
+        order = gradient_order(fwd.pv, p_side, div)     # pv dims as [batch, rows, dv]
+        b.o_perm = [where.index(d) for d in order]
+    except (AssertionError, ValueError):
+        return
+    b.o_value = o
 
 
 def kernel_dots(instructions: list[Instruction]) -> list[Instruction]:
@@ -717,6 +737,9 @@ def reason_for(m) -> str:
         why = ("flash-attention backward (jax.grad's): dV = P^T.dO, dP = dO.V^T, the softmax "
                "gradient dS = P*(dP - rowsum(P*dP)), dQ = dS.K, dK = dS^T.Q in one fusion; P "
                "is recomputed from q, k and the forward's row max/sum, no scores tensor")
+        if m.o_value is not None:
+            why += (f"; it also reads the forward's output %{m.o_value.name} for "
+                    "rowsum(dO*O) = rowsum(P*dP), so P*dP is not recomputed for it")
         if group > 1:
             why += (f"; grouped-query heads: {group} query heads share each K/V head (rows "
                     f"{list(scores[nb:-1])} per K/V head), so dK and dV sum over the group "
@@ -753,6 +776,8 @@ def form_attention_group(state, m: AttentionMatch, report=None):
     else:
         from .attention_grad import backend_config as backward_config
         g.config = backward_config(m)
+        if m.o_value is not None:
+            g.reads = [m.o_value]
     if report is not None:
         est = state.node_estimate(g).time_us
         why = reason_for(m)

@@ -68,6 +68,13 @@ class BackwardMatch(QKOperands):
     selects: list = field(default_factory=list)   # (pred, keep_if_true) applied to dX
     scale: float = 1.0
     nodes: list = field(default_factory=list)     # backward instructions (not the recompute)
+    # The forward's output O (the fusion pass sets it when O is read outside the forward,
+    # so the forward fusion outputs it) and o_perm: its dims as [batch, rows in the scores'
+    # order..., dv], dO's order in the kernels. The kernels then take delta = rowsum(dO∘O)
+    # (FlashAttention's preprocess, one pass over two [rows, dv] tensors) instead of
+    # rowsum(P∘dP) (two block products per block pair).
+    o_value: Optional[Instruction] = None
+    o_perm: list = field(default_factory=list)
 
     @property
     def members(self) -> list[Instruction]:
@@ -83,6 +90,9 @@ def backend_config(b: BackwardMatch) -> str:
                "mask": any(s.kind == "mask" for s in b.steps),
                "bias": any(s.kind == "bias" for s in b.steps),
                "scale": round(b.scale, 8), "outputs": ["dq", "dk", "dv"]}
+    if b.o_value is not None:     # the fusion's last operand is O (rewrite.Group.reads)
+        summary["o_operand"] = "last"
+        summary["o_perm"] = list(b.o_perm)
     return json.dumps({"fusion_backend_config": {"kind": FLASH_ATTENTION_BACKWARD,
                                                  "flash_attention_backward": summary}},
                       separators=(",", ":"))

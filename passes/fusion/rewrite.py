@@ -37,6 +37,9 @@ class Group:
     copies: list[Instruction] = field(default_factory=list)
     kind: str = ""            # "" (derived from the contents), "normalization", "attention"
     config: str = ""          # backend_config text of a kCustom group that carries one
+    # Values the kernel reads beyond its instructions' operands, appended as its last
+    # operands (the attention backward reads the forward's output O for rowsum(dO∘O)).
+    reads: list[Instruction] = field(default_factory=list)
     id: int = field(default_factory=lambda: next(_gids))
 
     def instances(self) -> list[Instruction]:
@@ -317,7 +320,7 @@ class FusionState:
         self._forget_readers_of((a, b))
         self._drop(a)
         self._drop(b)
-        return self._add(Group(members, copies, kind))
+        return self._add(Group(members, copies, kind, reads=_unique(a.reads + b.reads)))
 
     def duplicate(self, producer: Group, consumer: Group) -> Group:
         """Recompute the producer inside the consumer; the producer disappears when no one
@@ -332,7 +335,8 @@ class FusionState:
         new = [i for i in producer.instances() if i not in consumer]
         self._forget_readers_of((producer, consumer))
         self._drop(consumer)
-        merged = self._add(Group(consumer.members, consumer.copies + new, consumer.kind))
+        merged = self._add(Group(consumer.members, consumer.copies + new, consumer.kind,
+                                 reads=consumer.reads))
         if not self.consumers(producer) and not any(m is self.comp.root for m in producer.members):
             self._drop(producer)
             for m in producer.members:
@@ -415,6 +419,12 @@ def materialize(state: FusionState) -> dict[int, Instruction]:
             new = Instruction(inst.opcode, [clone[id(o)] for o in inst.operands], inst.shape,
                               dict(inst.attrs), name=inst.name, literal=inst.literal)
             clone[id(inst)] = body.add_instruction(new)
+        for o in g.reads:           # parameters no instruction of the body reads
+            if id(o) not in clone:
+                clone[id(o)] = body.add_instruction(Instruction(
+                    "parameter", [], o.shape, name=f"param_{len(operands)}",
+                    parameter_number=len(operands)))
+                operands.append(value_of(o))
         if len(outs) == 1:
             body.root = clone[id(outs[0])]
             shape = outs[0].shape
@@ -473,7 +483,7 @@ def _topological(state: FusionState, groups: list[Group]) -> list[Group]:
     deps: dict[int, dict[int, None]] = {}     # ordered, as copy_in (determinism)
     for g in groups:
         d: dict[int, None] = {}
-        for o in state.external_inputs(g.instances()):
+        for o in state.external_inputs(g.instances()) + g.reads:
             h = state.home.get(id(o))
             if h is not None and h.id in by_id and h.id != g.id:
                 d[h.id] = None
