@@ -42,27 +42,102 @@ from . import triton_key
 _POOL: Optional["WorkerPool"] = None
 _DONE: Optional[set[str]] = None
 # What the pool did in this process (benchmarks/compile_time.py reports it): workers
-# started, seconds spent starting them, jobs run, the sum and the longest of their
-# seconds (each from sending the job to its answer, so a worker's start-up counts in its
-# first job), and the wall seconds of ``run``.
-STATS: dict[str, float] = {"workers": 0, "start_s": 0.0, "jobs": 0, "job_s": 0.0,
-                           "job_max_s": 0.0, "wall_s": 0.0}
+# started, seconds spent starting them, jobs run (in a worker or, ``inproc``, in this
+# process while the workers start), the sum and the longest of their seconds (each from
+# taking the job to its answer), the wall seconds of ``run``, and the seconds of asking
+# Triton for each job's specialization (``spec_s``). ``log``: one record per job (where it
+# ran, seconds waiting, loading, compiling per Triton stage, answering); ``ready``: each
+# worker's start-up (spawn, imports, key, warm-up compile).
+STATS: dict[str, Any] = {"workers": 0, "early": 0, "start_s": 0.0, "jobs": 0, "inproc": 0,
+                         "job_s": 0.0, "job_max_s": 0.0, "wall_s": 0.0, "spec_s": 0.0,
+                         "log": [], "ready": []}
 
 
-INLINE_MAX = 2       # this many new variants or fewer: no pool, the launches compile them
+INLINE_MAX = 2       # this many new variants or fewer and no pool: the launches compile them
 WORKER = Path(__file__).with_name("compile_worker.py")
+_OFF = ("0", "off", "false", "no")
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))     # what this process may use, not the host's
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def pool_size() -> int:
-    """Workers at most: one per CPU (a compile is one busy core), 32 at most."""
-    return max(1, min(32, os.cpu_count() or 1))
+    """Workers at most: ``HLOTK_COMPILE_WORKERS`` (0: no pool, kernels compile at their
+    launches), else one per CPU this process may use but one (this process compiles too,
+    ``inproc_enabled``), 32 at most."""
+    env = os.environ.get("HLOTK_COMPILE_WORKERS", "").strip()
+    if env:
+        try:
+            return max(0, int(env))
+        except ValueError:
+            from .elemental import TritonCodegenError
+            raise TritonCodegenError(f"HLOTK_COMPILE_WORKERS={env!r}: expected a number of "
+                                     "compile worker processes (0: none)") from None
+    return max(1, min(32, _cpus() - 1))
+
+
+def early_size() -> int:
+    """Workers started before any job is known (``start_early``): ``HLOTK_COMPILE_EARLY``
+    (0 turns the early start off), else 4, ``pool_size()`` at most. Few: a one-kernel
+    program needs no more, and a bigger one grows the pool when its kernels are known."""
+    env = os.environ.get("HLOTK_COMPILE_EARLY", "").strip().lower()
+    if env in _OFF:
+        return 0
+    try:
+        n = int(env) if env else 4
+    except ValueError:
+        n = 4
+    return max(0, min(n, pool_size()))
+
+
+def inproc_enabled() -> bool:
+    """Whether this process compiles jobs too while its workers start and work
+    (``HLOTK_COMPILE_INPROCESS``, default on)."""
+    return os.environ.get("HLOTK_COMPILE_INPROCESS", "1").strip().lower() not in _OFF
+
+
+class _Worker:
+    """One compile worker process; a thread reads its ``ready`` line (what its start-up
+    took) as soon as it comes, so that a job is only ever given to a worker that is ready."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.ready: Optional[dict] = None
+        self.ready_event = threading.Event()
+        self.dead = False
+        self.busy = False
+        threading.Thread(target=self._read_ready, daemon=True,
+                         name="hlotk-compile-worker-ready").start()
+
+    def _read_ready(self) -> None:
+        try:
+            line = self.proc.stdout.readline() if self.proc.stdout is not None else ""
+        except (OSError, ValueError):
+            line = ""
+        if line.startswith("ready"):
+            try:
+                info = json.loads(line[5:] or "{}")
+            except ValueError:
+                info = {}
+            info["read_at"] = time.time()
+            self.ready = info
+            STATS["ready"].append(info)
+        else:
+            self.dead = True        # exited before its start-up finished: never given a job
+        self.ready_event.set()
 
 
 class WorkerPool:
     """Compile workers: ``compile_worker.py`` processes reading one JSON job per line and
-    answering ``ok``/``error ...``. Plain subprocesses, not multiprocessing: spawn would
-    re-import the user's ``__main__`` script in every worker. Started by file path (not
-    ``-m``), so a worker imports Triton and nothing of hlotk."""
+    answering ``ok``/``error ...`` (after a ``ready`` line at start). Plain subprocesses,
+    not multiprocessing: spawn would re-import the user's ``__main__`` script in every
+    worker. Started by file path (not ``-m``), so a worker imports Triton and nothing of
+    hlotk. A job goes to the first worker that is ready (one that is still starting takes
+    none), and, where ``inproc_enabled``, to this process's own thread meanwhile."""
 
     def __init__(self) -> None:
         self.root = str(Path(__file__).resolve().parents[2])
@@ -70,70 +145,166 @@ class WorkerPool:
         self.env.pop(triton_key.ENV, None)
         self.env["PYTHONPATH"] = self.root + (os.pathsep + self.env["PYTHONPATH"]
                                               if self.env.get("PYTHONPATH") else "")
-        self.procs: list[subprocess.Popen] = []
+        self.workers: list[_Worker] = []
         self.lock = threading.Lock()
         self.running = threading.Lock()     # one ``run`` at a time feeds the workers
+        self.target = ""                    # "backend,arch,warp" for warm-up compiles
 
-    def grow(self, jobs: int) -> None:
-        """Start workers up to one per job, ``pool_size()`` at most."""
+    @property
+    def procs(self) -> list[subprocess.Popen]:
+        return [w.proc for w in self.workers]
+
+    def grow(self, jobs: int, warm: str = "import") -> None:
+        """Start workers up to one per job, ``pool_size()`` at most. ``warm="compile"``:
+        each compiles a small kernel before saying ready (for workers started before
+        their jobs are known: their first job then skips Triton's lazy start-up)."""
         t0 = time.perf_counter()
-        while len(self.procs) < min(jobs, pool_size()):
-            STATS["workers"] += 1
-            self.procs.append(subprocess.Popen(
-                [sys.executable, "-c", _LAUNCH, str(WORKER)], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                env=triton_key.worker_env(self.env),
-                cwd=self.root))
+        with self.lock:
+            while len(self.workers) < min(jobs, pool_size()):
+                STATS["workers"] += 1
+                env = triton_key.worker_env(self.env)
+                env.update(HLOTK_WORKER_T0=repr(time.time()), HLOTK_WORKER_WARM=warm)
+                if self.target:
+                    env["HLOTK_WORKER_TARGET"] = self.target
+                self.workers.append(_Worker(subprocess.Popen(
+                    [sys.executable, "-c", _LAUNCH, str(WORKER)], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                    cwd=self.root)))
         STATS["start_s"] += time.perf_counter() - t0
 
-    def run(self, jobs: list[tuple[str, str, str]]) -> list[bool]:
-        """Each job on some worker; True where it compiled."""
+    def run(self, jobs: list[tuple[str, str, str]],
+            fns: Optional[list[Any]] = None) -> list[bool]:
+        """Each job on some worker (or in this process, with ``fns[k]`` the job's
+        ``@triton.jit`` function where the caller has it); True where it compiled."""
         with self.running:
-            return self._run(jobs)
+            return self._run(jobs, fns)
 
-    def _run(self, jobs: list[tuple[str, str, str]]) -> list[bool]:
+    def _run(self, jobs: list[tuple[str, str, str]], fns: Optional[list[Any]]) -> list[bool]:
         t_run = time.perf_counter()
         self.grow(len(jobs))
         results = [False] * len(jobs)
-        todo = list(enumerate(jobs))
+        # The biggest first: hand-written kernels (flash attention) are the slow compiles.
+        todo = sorted(range(len(jobs)), key=lambda k: not jobs[k][0].startswith("module:"))
+        left = [len(jobs)]               # jobs not finished (compiled or failed)
+        finished = threading.Condition(self.lock)
 
-        def feed(proc: subprocess.Popen) -> None:
+        def done(k: int, rec: dict, dt: float) -> None:
+            with finished:
+                STATS["jobs"] += 1
+                STATS["job_s"] += dt
+                STATS["job_max_s"] = max(STATS["job_max_s"], dt)
+                STATS["log"].append(rec)
+                left[0] -= 1
+                finished.notify_all()
+
+        def feed(w: _Worker, index: int) -> None:
+            # A worker still starting takes no job; it stops waiting once all are done.
+            while not w.ready_event.wait(0.02):
+                if left[0] <= 0:
+                    return
+            if w.dead or w.proc.stdin is None or w.proc.stdout is None:
+                return
             while True:
                 with self.lock:
-                    if not todo:
-                        return
-                    k, job = todo.pop(0)
-                t0 = time.perf_counter()
+                    k = todo.pop(0) if todo else None
+                    w.busy = k is not None
+                if k is None:
+                    return
+                t0, sent = time.perf_counter(), time.time()
                 try:
-                    assert proc.stdin is not None and proc.stdout is not None
-                    proc.stdin.write(json.dumps(job) + "\n")
-                    proc.stdin.flush()
-                    results[k] = proc.stdout.readline().strip() == "ok"
-                    dt = time.perf_counter() - t0
-                    with self.lock:
-                        STATS["jobs"] += 1
-                        STATS["job_s"] += dt
-                        STATS["job_max_s"] = max(STATS["job_max_s"], dt)
-                except (OSError, ValueError, AssertionError):
-                    return              # a dead worker: the others take the rest
-        threads = [threading.Thread(target=feed, args=(p,), daemon=True) for p in self.procs]
+                    w.proc.stdin.write(json.dumps(jobs[k]) + "\n")
+                    w.proc.stdin.flush()
+                    answer = w.proc.stdout.readline()
+                except (OSError, ValueError):
+                    answer = ""
+                if not answer:              # the worker died: this job is left to the launch
+                    w.dead = True
+                    done(k, {"w": index, "ok": False, "error": "the worker exited"},
+                         time.perf_counter() - t0)
+                    return
+                results[k] = answer.startswith("ok")
+                rec: dict[str, Any] = {"w": index, "ok": results[k]}
+                if results[k]:
+                    try:
+                        rec.update(json.loads(answer[2:] or "{}"))
+                        rec["queue"] = rec.pop("recv_at") - sent
+                        rec["answer"] = time.time() - rec.pop("done_at")
+                    except (ValueError, KeyError, TypeError):
+                        pass
+                else:
+                    rec["error"] = answer[6:200].strip()
+                w.busy = False
+                done(k, rec, time.perf_counter() - t0)
+        threads = [threading.Thread(target=feed, args=(w, i), daemon=True)
+                   for i, w in enumerate(self.workers) if not w.dead]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        if fns is not None and inproc_enabled():
+            def take_here() -> Optional[int]:
+                # Only while no worker is ready: this process's first compile pays Triton's
+                # start-up (~1 s), so once workers answer, it would be the last to finish.
+                with self.lock:
+                    if any(w.ready_event.is_set() and not w.dead for w in self.workers):
+                        return None
+                    return todo.pop(0) if todo else None
+            self._compile_here(jobs, fns, take_here, done, results)
+        with finished:
+            # Until every job is answered, or nobody is left to answer (then: the launches).
+            while left[0] > 0 and any(t.is_alive() for t in threads):
+                finished.wait(0.05)
         STATS["wall_s"] += time.perf_counter() - t_run
         return results
 
-    def close(self) -> None:
-        for p in self.procs:
+    def _compile_here(self, jobs, fns, take, done, results) -> None:
+        """This thread compiles jobs too (the caller waits anyway): what it compiles is
+        what a worker would, the same function and specialization into the same cache."""
+        from .compile_worker import compile_specialization
+        while True:
+            k = take()
+            if k is None:
+                return
+            t0 = time.perf_counter()
             try:
-                if p.stdin is not None:
-                    p.stdin.close()
-                p.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                p.kill()
-            if p.stdout is not None:
-                p.stdout.close()
+                fn = fns[k] if fns[k] is not None else _load_module_fn(jobs[k])
+                compile_specialization(fn, jobs[k][2])
+                results[k] = True
+                rec: dict[str, Any] = {"w": "main", "ok": True}
+            except Exception as e:  # noqa: BLE001  (left to the launch, which reports it)
+                rec = {"w": "main", "ok": False, "error": f"{type(e).__name__}: {e}"[:200]}
+            dt = time.perf_counter() - t0
+            rec["total"] = rec["compile"] = dt
+            STATS["inproc"] += 1
+            done(k, rec, dt)
+
+    def close(self) -> None:
+        """End every worker: end of input first (an idle worker exits at once), then,
+        after a short wait, terminate what is still busy (a warm-up compile), so that no
+        process outlives this one and none is left unreaped."""
+        for w in self.workers:
+            try:
+                if w.proc.stdin is not None:
+                    w.proc.stdin.close()
+            except OSError:
+                pass
+        deadline = time.monotonic() + 2.0
+        for w in self.workers:
+            try:
+                w.proc.wait(timeout=max(0.05, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                w.proc.terminate()
+                try:
+                    w.proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    w.proc.kill()
+                    w.proc.wait()
+            if w.proc.stdout is not None:
+                w.proc.stdout.close()
+
+
+def _load_module_fn(job: tuple[str, str, str]) -> Any:
+    """The ``@triton.jit`` function a job names, in this process."""
+    from .compile_worker import load_fn
+    return load_fn(job[0], job[1])
 
 
 # How a worker starts: its file loaded by path, so that neither ``codegen/__init__`` (numpy,
@@ -210,13 +381,36 @@ def _specialization(kernel: Any, args: list, config: dict) -> Optional[str]:
 def start_for(variants: list[tuple[Any, dict]], extra: int = 0) -> int:
     """Start (in the background: processes, not waited for) one worker per (kernel,
     config) not compiled before, plus ``extra`` where there is any (launches known only at
-    the first call: flash-attention candidates), ``pool_size()`` at most; none for ``INLINE_MAX`` or fewer
-    unless a pool runs already. Returns how many variants are new."""
+    the first call: flash-attention candidates), ``pool_size()`` at most; none for
+    ``INLINE_MAX`` or fewer unless a pool runs already. Returns how many variants are new."""
     new = len({variant_key(k, c) for k, c in variants} - _done())
     new += extra if new else 0       # all generated kernels known: a warm run, most likely
-    if new > INLINE_MAX or (new and _POOL is not None):
+    if pool_size() and (new > INLINE_MAX or (new and _POOL is not None)):
         _pool().grow(new)
     return new
+
+
+def start_early(target: str = "") -> int:
+    """Start ``early_size()`` workers now, before any kernel is known (``import runtime`` on
+    a GPU machine, ``runtime.jit(..., backend="cuda")``), each warming up with a small
+    compile for ``target`` ("backend,arch,warp_size"; default sm_90) while the program is
+    traced and optimized; their first jobs then skip Triton's start-up. Returns how many
+    workers the pool has."""
+    n = early_size()
+    if n <= 0 or _interpreting():
+        return len(_POOL.workers) if _POOL is not None else 0
+    pool = _pool()
+    if target:
+        pool.target = target
+    before = len(pool.workers)
+    pool.grow(n, warm="compile")
+    STATS["early"] += len(pool.workers) - before
+    return len(pool.workers)
+
+
+def _interpreting() -> bool:
+    v = os.environ.get("TRITON_INTERPRET")
+    return v is not None and v not in ("0", "false", "False", "no", "off")
 
 
 _COLLECTING: list[list[tuple[str, str, str]]] = []
@@ -285,6 +479,8 @@ def precompile(jobs: list[tuple[Any, list, dict]],
             continue
         pending[job[2]] = job
         keys[job[2]] = vkey
+    fns: dict[str, Any] = {}
+    t_spec = time.perf_counter()
     for kernel, args, config in jobs:
         vkey = variant_key(kernel, config)
         if vkey in _done() or vkey in keys.values():
@@ -300,13 +496,15 @@ def precompile(jobs: list[tuple[Any, list, dict]],
             continue
         pending[data] = (str(kernel.path), kernel.name, data)
         keys[data] = vkey
+        fns[data] = kernel.fn
+    STATS["spec_s"] += time.perf_counter() - t_spec
     if not pending:
         return stats
-    if len(pending) <= INLINE_MAX and _POOL is None:
+    if (len(pending) <= INLINE_MAX and _POOL is None) or not pool_size():
         stats["inline"] = len(pending)      # left to the launches: cheaper than a pool
         return stats
     datas = list(pending)
-    done = _pool().run([pending[d] for d in datas])
+    done = _pool().run([pending[d] for d in datas], [fns.get(d) for d in datas])
     ok = [keys[d] for d, good in zip(datas, done) if good]
     stats["compiled"] += len(ok)
     stats["failed"] += len(datas) - len(ok)
