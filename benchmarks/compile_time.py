@@ -300,6 +300,15 @@ def pool_summary(stats: dict) -> dict:
     out["w_warm"] = _median([r.get("warm_compile") for r in ready])
     out["w_ready_s"] = _median([r.get("spawn", 0.0) + r.get("ready_at", 0.0) - r.get("t_start", 0.0)
                                 for r in ready if "t_start" in r])
+    via: dict = {}
+    for r in log:
+        via[r.get("via", r.get("w") == "main" and "main" or "?")] = \
+            via.get(r.get("via", r.get("w") == "main" and "main" or "?"), 0) + 1
+    out["via"] = via
+    errs = [r[k] for r in log for k in ("preload_error", "direct_error", "launcher_error")
+            if r.get(k)]
+    if errs:
+        out["compile_notes"] = sorted(set(errs))[:4]
     failed = [r.get("error", "") for r in stats.get("log", []) if not r.get("ok")]
     if failed:
         out["job_errors"] = failed[:5]
@@ -502,6 +511,8 @@ def main() -> None:
                     print(f"POOL {name}{opts.tag} {run}: " + " ".join(
                         f"{k}={row.get(k, 0):.2f}" if isinstance(row.get(k, 0), float)
                         else f"{k}={row.get(k)}" for k in POOL_COLS)
+                        + f" via={row.get('via')}"
+                        + (f" notes={row['compile_notes']}" if row.get("compile_notes") else "")
                         + (f" errors={row['job_errors']}" if row.get("job_errors") else ""),
                         flush=True)
             records = os.path.join(cache, "hlotk", "calibration", "records.jsonl")

@@ -10,8 +10,9 @@ compile into a throwaway cache), then writes ``ready {json}`` (what its start-up
 Then it reads one JSON job ``[path, name, specialization]`` per stdin line and answers
 ``ok {json}`` (where the job's seconds went: waiting in the pipe, loading the kernel's
 module, Triton's stages, the launcher) or ``error ...``. It exits at the end of stdin.
-``HLOTK_WORKER_LAUNCHER=1`` also builds each kernel's launcher where this Triton compiles
-one in C per signature (3.6 does; 3.9 launches from Python).
+It compiles without a GPU context (``preload_for_target``) and then builds the kernel's
+launcher where this Triton compiles one in C per signature (3.6 does; 3.9 launches from
+Python); ``HLOTK_WORKER_LAUNCHER=0`` leaves that to the launch.
 """
 from __future__ import annotations
 
@@ -42,41 +43,100 @@ def load_fn(path: str, name: str) -> Any:
     return getattr(mod, name)
 
 
+class TargetOnlyDriver:
+    """A Triton driver that knows only the target it is told (no CUDA): made active in a
+    worker, Triton's own ``JITFunction.preload`` compiles a specialization for that target
+    without a CUDA context. (Triton's real driver would initialize CUDA in every worker:
+    3-5 s each on the H200 host with 15 of them at once, measured in i13-cold's first run,
+    where every job went that way.)"""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: Any = None) -> int:
+        return 0
+
+    def is_active(self) -> bool:
+        return True
+
+
+def preload_for_target(fn: Any, data: str) -> Any:
+    """``fn.preload(data)`` (Triton decodes its own specialization data, so every field
+    means what the launch meant) with a driver that answers only ``data``'s target."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+    target = GPUTarget(**json.loads(data)["target"])
+    active = getattr(driver, "_active", None)
+    if not (isinstance(active, TargetOnlyDriver) and active.target == target):
+        driver.set_active(TargetOnlyDriver(target))
+    return fn.preload(data)
+
+
+def _decode_constant(value: Any) -> Any:
+    """A constant of Triton's specialization data, as its ``preload`` decodes it."""
+    import triton.language as tl
+    if isinstance(value, str) and tl.dtype.is_dtype(value):
+        return tl.dtype(value)
+    if isinstance(value, dict):
+        if "constexpr" in value:
+            return tl.constexpr(_tuples(value["constexpr"]))
+        raise ValueError(f"a constant this worker cannot rebuild: {sorted(value)}")
+    return _tuples(value)
+
+
+def _tuples(v: Any) -> Any:
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
+
+
 def compile_specialization(fn: Any, data: str) -> Any:
     """Compile what ``data`` (Triton's ``specialization_data``) describes, for the target
-    it names, without a GPU: what ``JITFunction.preload`` does, minus asking the driver
-    for the device, so a worker needs no CUDA context. Plain constants only (ours are
-    block sizes); anything else raises and the caller uses ``preload``."""
+    it names, by calling ``triton.compile`` directly (no driver at all): the fallback where
+    ``preload_for_target`` fails on some Triton version."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
-
-    def plain(v: Any) -> Any:
-        if isinstance(v, dict):
-            raise ValueError("a non-plain constant")
-        return tuple(plain(x) for x in v) if isinstance(v, list) else v
     obj = json.loads(data)
     target = GPUTarget(**obj["target"])
     backend = make_backend(target)
-    constexprs = {tuple(k): plain(v) for k, v in zip(obj["constant_keys"], obj["constant_vals"])}
+    constexprs = {tuple(k): _decode_constant(v)
+                  for k, v in zip(obj["constant_keys"], obj["constant_vals"])}
     attrs = dict(zip(map(tuple, obj["attrs_keys"]), obj["attrs_vals"]))
-    signature = {k: plain(v) for k, v in obj["signature"].items()}
+    signature = {k: _tuples(v) for k, v in obj["signature"].items()}
     options = backend.parse_options({k: tuple(v) if isinstance(v, list) else v
                                      for k, v in obj["options"].items()})
     return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
                           options=options.__dict__)
 
 
+_LAUNCHER_BROKEN = ""      # why this worker cannot build launchers (after the first failure)
+
+
 def build_launcher(kernel: Any) -> str:
-    """Build (into Triton's cache) the launcher the first launch of ``kernel`` would build;
-    returns "" or why not. Best effort: no C compiler or no CUDA library here just leaves
-    it to the launch."""
+    """Build (into Triton's cache) the launcher the first launch of ``kernel`` would build,
+    where this Triton compiles one in C per signature (3.6 does, with gcc: ~0.2-0.5 s each
+    in the launching process otherwise); returns "" or why not. Triton's real driver is
+    never made here (its constructor imports torch: seconds per worker); a Triton whose
+    launcher needs it fails at once, and this worker stops trying. Best effort: no C
+    compiler or no CUDA library here just leaves it to the launch."""
+    global _LAUNCHER_BROKEN
+    if _LAUNCHER_BROKEN:
+        return _LAUNCHER_BROKEN
+    if not (os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia/version")):
+        _LAUNCHER_BROKEN = "no NVIDIA driver on this machine"
+        return _LAUNCHER_BROKEN
     try:
         from triton.backends.nvidia.driver import CudaLauncher
         CudaLauncher(kernel.src, kernel.metadata)
         return ""
     except Exception as e:  # noqa: BLE001  (the launch builds it, as it would anyway)
-        return f"{type(e).__name__}: {e}"[:200]
+        _LAUNCHER_BROKEN = f"{type(e).__name__}: {e}"[:200]    # not tried again here
+        return _LAUNCHER_BROKEN
 
 
 class _Stages:
@@ -107,7 +167,10 @@ _STAGES: Any = None
 
 def compile_job(path: str, name: str, data: str) -> dict:
     """Compile one specialization into Triton's on-disk cache; returns where the seconds
-    went."""
+    went and which way it compiled (``via``): Triton's ``preload`` with a target-only
+    driver, else ``triton.compile`` directly, else (where both fail) ``preload`` with
+    Triton's real driver (which initializes CUDA in this worker: slow, but the same
+    binary)."""
     clock = time.perf_counter
     out: dict[str, Any] = {}
     t0 = clock()
@@ -116,17 +179,23 @@ def compile_job(path: str, name: str, data: str) -> dict:
     t0 = clock()
     if _STAGES is not None:
         _STAGES.last = {}
-    try:
-        kernel = compile_specialization(fn, data)
-    except Exception:  # noqa: BLE001  (another Triton's format: its own preload, on a GPU)
-        fn.preload(data)
-        out["compile"] = clock() - t0
-        out["preload"] = 1
-        return out
+    kernel = None
+    for via, compile_it in (("preload", preload_for_target), ("direct", compile_specialization)):
+        try:
+            kernel = compile_it(fn, data)
+            out["via"] = via
+            break
+        except Exception as e:  # noqa: BLE001  (the next way; the answer says why)
+            out[via + "_error"] = f"{type(e).__name__}: {e}"[:300]
+    else:
+        from triton.runtime.driver import driver
+        driver.reset_active()
+        kernel = fn.preload(data)
+        out["via"] = "driver"
     out["compile"] = clock() - t0
     if _STAGES is not None and _STAGES.last:
         out["stages"] = _STAGES.last
-    if os.environ.get("HLOTK_WORKER_LAUNCHER", "0") == "1":
+    if kernel is not None and os.environ.get("HLOTK_WORKER_LAUNCHER", "1") == "1":
         t0 = clock()
         why = build_launcher(kernel)
         out["launcher"] = clock() - t0

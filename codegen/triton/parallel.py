@@ -256,21 +256,27 @@ class WorkerPool:
         return results
 
     def _compile_here(self, jobs, fns, take, done, results) -> None:
-        """This thread compiles jobs too (the caller waits anyway): what it compiles is
-        what a worker would, the same function and specialization into the same cache."""
+        """This thread compiles jobs too (the caller waits anyway): Triton's own
+        ``preload`` of the specialization the launch will ask for (this process has the
+        real driver and its CUDA context already), into the same cache and the function's
+        in-memory kernel cache."""
         from .compile_worker import compile_specialization
         while True:
             k = take()
             if k is None:
                 return
             t0 = time.perf_counter()
+            rec: dict[str, Any] = {"w": "main", "ok": True}
             try:
                 fn = fns[k] if fns[k] is not None else _load_module_fn(jobs[k])
-                compile_specialization(fn, jobs[k][2])
+                try:
+                    fn.preload(jobs[k][2])
+                except Exception as e:  # noqa: BLE001  (another Triton's format)
+                    rec["preload_error"] = f"{type(e).__name__}: {e}"[:200]
+                    compile_specialization(fn, jobs[k][2])
                 results[k] = True
-                rec: dict[str, Any] = {"w": "main", "ok": True}
             except Exception as e:  # noqa: BLE001  (left to the launch, which reports it)
-                rec = {"w": "main", "ok": False, "error": f"{type(e).__name__}: {e}"[:200]}
+                rec.update(ok=False, error=f"{type(e).__name__}: {e}"[:200])
             dt = time.perf_counter() - t0
             rec["total"] = rec["compile"] = dt
             STATS["inproc"] += 1
