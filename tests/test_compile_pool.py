@@ -98,7 +98,7 @@ def test_this_process_compiles_while_no_worker_is_ready(fresh, monkeypatch):
     from codegen.triton import compile_worker
     compiled: list = []
     monkeypatch.setattr(compile_worker, "compile_specialization",
-                        lambda fn, data: compiled.append((fn, data)))
+                        lambda fn, data, target="": compiled.append((fn, data)))
     pool = parallel.WorkerPool()
     fresh.append(pool)
     jobs = [("x.py", "k", '{"a": 1}'), ("x.py", "k", '{"a": 2}')]
@@ -116,7 +116,7 @@ def test_a_compile_error_here_is_left_to_the_launch(fresh, monkeypatch):
     monkeypatch.setattr(parallel, "_LAUNCH", "import time; time.sleep(120)")
     from codegen.triton import compile_worker
 
-    def fails(fn, data):
+    def fails(fn, data, target=""):
         raise RuntimeError("ptxas said no")
     monkeypatch.setattr(compile_worker, "compile_specialization", fails)
     pool = parallel.WorkerPool()
@@ -147,3 +147,15 @@ def test_worker_start_up_is_reported_and_imports_nothing_of_hlotk():
     imported = {ln.split("|")[-1].strip().split(".")[0] for ln in p.stderr.splitlines()
                 if ln.startswith("import time:")}
     assert not imported & {"numpy", "jax", "torch", "hlo", "codegen", "passes", "runtime"}
+
+
+def test_a_job_compiles_for_the_target_its_data_names_else_the_parents():
+    pytest.importorskip("triton")
+    import json
+    from codegen.triton.compile_worker import job_target
+    ours = json.dumps({"backend": "cuda", "arch": 90, "warp_size": 32})
+    named = json.dumps({"target": {"backend": "cuda", "arch": 80, "warp_size": 32}})
+    assert job_target(named, ours).arch == 80               # the data's own wins
+    assert job_target("{}", ours).arch == 90                # Triton 3.6: none in the data
+    with pytest.raises(ValueError, match="no target"):
+        job_target("{}", "")

@@ -172,14 +172,14 @@ class WorkerPool:
                     cwd=self.root)))
         STATS["start_s"] += time.perf_counter() - t0
 
-    def run(self, jobs: list[tuple[str, str, str]],
+    def run(self, jobs: list[tuple[str, ...]],
             fns: Optional[list[Any]] = None) -> list[bool]:
         """Each job on some worker (or in this process, with ``fns[k]`` the job's
         ``@triton.jit`` function where the caller has it); True where it compiled."""
         with self.running:
             return self._run(jobs, fns)
 
-    def _run(self, jobs: list[tuple[str, str, str]], fns: Optional[list[Any]]) -> list[bool]:
+    def _run(self, jobs: list[tuple[str, ...]], fns: Optional[list[Any]]) -> list[bool]:
         t_run = time.perf_counter()
         self.grow(len(jobs))
         results = [False] * len(jobs)
@@ -273,7 +273,7 @@ class WorkerPool:
                     fn.preload(jobs[k][2])
                 except Exception as e:  # noqa: BLE001  (another Triton's format)
                     rec["preload_error"] = f"{type(e).__name__}: {e}"[:200]
-                    compile_specialization(fn, jobs[k][2])
+                    compile_specialization(fn, *jobs[k][2:])
                 results[k] = True
             except Exception as e:  # noqa: BLE001  (left to the launch, which reports it)
                 rec.update(ok=False, error=f"{type(e).__name__}: {e}"[:200])
@@ -307,7 +307,7 @@ class WorkerPool:
                 w.proc.stdout.close()
 
 
-def _load_module_fn(job: tuple[str, str, str]) -> Any:
+def _load_module_fn(job: tuple[str, ...]) -> Any:
     """The ``@triton.jit`` function a job names, in this process."""
     from .compile_worker import load_fn
     return load_fn(job[0], job[1])
@@ -396,6 +396,19 @@ def start_for(variants: list[tuple[Any, dict]], extra: int = 0) -> int:
     return new
 
 
+def current_target() -> str:
+    """This process's Triton target as JSON (what its launches compile for), "" where
+    Triton has no active driver: a worker compiles a job for the target its
+    specialization names, else for this one (Triton 3.6's specialization has none)."""
+    try:
+        import dataclasses
+
+        from triton.runtime.driver import driver
+        return json.dumps(dataclasses.asdict(driver.active.get_current_target()))
+    except Exception:  # noqa: BLE001  (the worker then needs the target in the data)
+        return ""
+
+
 def start_early(target: str = "") -> int:
     """Start ``early_size()`` workers now, before any kernel is known (``import runtime`` on
     a GPU machine, ``runtime.jit(..., backend="cuda")``), each warming up with a small
@@ -405,6 +418,11 @@ def start_early(target: str = "") -> int:
     n = early_size()
     if n <= 0 or _interpreting():
         return len(_POOL.workers) if _POOL is not None else 0
+    if "triton" in sys.modules:
+        try:        # Triton's key from the machine cache (~3 ms): the workers skip its hash
+            triton_key.install(compute=False)
+        except Exception:  # noqa: BLE001  (each worker hashes it: 0.4 s of its start-up)
+            pass
     pool = _pool()
     if target:
         pool.target = target
@@ -510,7 +528,8 @@ def precompile(jobs: list[tuple[Any, list, dict]],
         stats["inline"] = len(pending)      # left to the launches: cheaper than a pool
         return stats
     datas = list(pending)
-    done = _pool().run([pending[d] for d in datas], [fns.get(d) for d in datas])
+    target = current_target()
+    done = _pool().run([pending[d] + (target,) for d in datas], [fns.get(d) for d in datas])
     ok = [keys[d] for d, good in zip(datas, done) if good]
     stats["compiled"] += len(ok)
     stats["failed"] += len(datas) - len(ok)
