@@ -156,6 +156,7 @@ def child_gpu(name: str, level: str) -> dict:
     from runtime.cuda import executable_of
     from runtime.cuda.backend import CudaExecutable
     row["import_hlotk"] = clock() - t0
+    row["runtime_imported_at"] = time.time()    # beside the pool's ``early_from`` stamp
     fn, args = _program(name)[2:4]
     t0 = clock()
     dev_args = jax.device_put(args)

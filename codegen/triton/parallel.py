@@ -48,9 +48,9 @@ _DONE: Optional[set[str]] = None
 # Triton for each job's specialization (``spec_s``). ``log``: one record per job (where it
 # ran, seconds waiting, loading, compiling per Triton stage, answering); ``ready``: each
 # worker's start-up (spawn, imports, key, warm-up compile).
-STATS: dict[str, Any] = {"workers": 0, "early": 0, "start_s": 0.0, "jobs": 0, "inproc": 0,
-                         "job_s": 0.0, "job_max_s": 0.0, "wall_s": 0.0, "spec_s": 0.0,
-                         "log": [], "ready": []}
+STATS: dict[str, Any] = {"workers": 0, "early": 0, "early_from": "", "start_s": 0.0,
+                         "jobs": 0, "inproc": 0, "job_s": 0.0, "job_max_s": 0.0,
+                         "wall_s": 0.0, "spec_s": 0.0, "log": [], "ready": []}
 
 
 INLINE_MAX = 2       # this many new variants or fewer and no pool: the launches compile them
@@ -189,6 +189,7 @@ class WorkerPool:
         finished = threading.Condition(self.lock)
 
         def done(k: int, rec: dict, dt: float) -> None:
+            rec["total"] = dt
             with finished:
                 STATS["jobs"] += 1
                 STATS["job_s"] += dt
@@ -409,7 +410,7 @@ def current_target() -> str:
         return ""
 
 
-def start_early(target: str = "") -> int:
+def start_early(target: str = "", where: str = "") -> int:
     """Start ``early_size()`` workers now, before any kernel is known (``import runtime`` on
     a GPU machine, ``runtime.jit(..., backend="cuda")``), each warming up with a small
     compile for ``target`` ("backend,arch,warp_size"; default sm_90) while the program is
@@ -429,6 +430,8 @@ def start_early(target: str = "") -> int:
     before = len(pool.workers)
     pool.grow(n, warm="compile")
     STATS["early"] += len(pool.workers) - before
+    if len(pool.workers) > before:        # benchmarks: when and from where they started
+        STATS["early_from"] = f"{where} at {time.time():.3f}"
     return len(pool.workers)
 
 

@@ -94,17 +94,17 @@ def start_at_import() -> None:
         _start_native()
     except Exception:  # noqa: BLE001  (the client's start or the first call does it)
         pass
-    _start_pool()
+    _start_pool(where="import")
 
 
-def _start_pool(target: str = "") -> None:
+def _start_pool(target: str = "", where: str = "") -> None:
     """The compile pool's early workers (where Triton is installed)."""
     try:
         import importlib.util
         if importlib.util.find_spec("triton") is None:
             return
         from codegen.triton.parallel import start_early
-        start_early(target)
+        start_early(target, where)
     except Exception:  # noqa: BLE001  (the first call starts workers, or compiles at launches)
         pass
 
@@ -128,9 +128,9 @@ def start(device: Any) -> None:
         try:
             import torch
             major, minor = torch.cuda.get_device_capability(device)
-            _start_pool(f"cuda,{major * 10 + minor},32")
+            _start_pool(f"cuda,{major * 10 + minor},32", "client")
         except Exception:  # noqa: BLE001
-            _start_pool()
+            _start_pool(where="client")
 
 
 def wait() -> None:
