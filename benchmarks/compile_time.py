@@ -505,7 +505,8 @@ def main() -> None:
                     continue
                 xla = row.get("xla")
                 ratio = f"{row['first_call'] / xla:.2f}" if xla else "-"
-                lines.append(f"| {name}{opts.tag} | {run} | " + " | ".join(fmt(row, k) for k in phases)
+                lines.append(f"| {name}{opts.tag} | {run} | "
+                             + " | ".join(fmt(row, k) for k in phases)
                              + f" | {row['first_call']:.2f} | {fmt(row, 'xla')} | {ratio} |")
                 print(lines[-1], flush=True)
                 if not opts.deviceless:
