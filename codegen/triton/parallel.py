@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from codegen.cache import cache_root
 
@@ -176,16 +176,28 @@ class WorkerPool:
             fns: Optional[list[Any]] = None) -> list[bool]:
         """Each job on some worker (or in this process, with ``fns[k]`` the job's
         ``@triton.jit`` function where the caller has it); True where it compiled."""
-        with self.running:
-            return self._run(jobs, fns)
+        return self.run_stream(zip(jobs, fns or [None] * len(jobs)), len(jobs),
+                               here=fns is not None)
 
-    def _run(self, jobs: list[tuple[str, ...]], fns: Optional[list[Any]]) -> list[bool]:
+    def run_stream(self, source: Iterable[tuple[tuple[str, ...], Any]], expected: int,
+                   here: bool = True) -> list[bool]:
+        """Like ``run``, for (job, fn) pairs that ``source`` yields while the workers
+        already compile the earlier ones (the caller works out each job's specialization,
+        ~10 ms each, as the jobs go); ``expected``: how many at most (the pool grows to
+        that). Results in ``source``'s order."""
+        with self.running:
+            return self._run(source, expected, here)
+
+    def _run(self, source: Iterable[tuple[tuple[str, ...], Any]], expected: int,
+             here: bool) -> list[bool]:
         t_run = time.perf_counter()
-        self.grow(len(jobs))
-        results = [False] * len(jobs)
-        # The biggest first: hand-written kernels (flash attention) are the slow compiles.
-        todo = sorted(range(len(jobs)), key=lambda k: not jobs[k][0].startswith("module:"))
-        left = [len(jobs)]               # jobs not finished (compiled or failed)
+        self.grow(expected)
+        jobs: list[tuple[str, ...]] = []
+        fns: list[Any] = []
+        results: list[bool] = []
+        todo: list[int] = []
+        left = [0]                        # jobs given and not finished (compiled or failed)
+        producing = [True]                # the caller may still add jobs
         finished = threading.Condition(self.lock)
 
         def done(k: int, rec: dict, dt: float) -> None:
@@ -198,17 +210,23 @@ class WorkerPool:
                 left[0] -= 1
                 finished.notify_all()
 
+        def next_job(w: _Worker) -> Optional[int]:
+            with finished:
+                while not todo and producing[0]:
+                    finished.wait(0.05)
+                k = todo.pop(0) if todo else None
+                w.busy = k is not None
+                return k
+
         def feed(w: _Worker, index: int) -> None:
             # A worker still starting takes no job; it stops waiting once all are done.
             while not w.ready_event.wait(0.02):
-                if left[0] <= 0:
+                if left[0] <= 0 and not producing[0]:
                     return
             if w.dead or w.proc.stdin is None or w.proc.stdout is None:
                 return
             while True:
-                with self.lock:
-                    k = todo.pop(0) if todo else None
-                    w.busy = k is not None
+                k = next_job(w)
                 if k is None:
                     return
                 t0, sent = time.perf_counter(), time.time()
@@ -240,7 +258,20 @@ class WorkerPool:
                    for i, w in enumerate(self.workers) if not w.dead]
         for t in threads:
             t.start()
-        if fns is not None and inproc_enabled():
+        try:
+            for job, fn in source:
+                with finished:
+                    jobs.append(job)
+                    fns.append(fn)
+                    results.append(False)
+                    todo.append(len(jobs) - 1)
+                    left[0] += 1
+                    finished.notify_all()
+        finally:
+            with finished:
+                producing[0] = False
+                finished.notify_all()
+        if here and inproc_enabled():
             def take_here() -> Optional[int]:
                 # Only while no worker is ready: this process's first compile pays Triton's
                 # start-up (~1 s), so once workers answer, it would be the last to finish.
@@ -495,46 +526,61 @@ def precompile(jobs: list[tuple[Any, list, dict]],
     """Compile each (kernel, launch arguments, config), and each ``collected`` launch
     (``collecting()``), in the process pool. Returns counts: ``compiled`` (in the pool),
     ``known`` (compiled by an earlier process), ``failed`` (left to the launch), ``inline``
-    (so few that the launches compile them, no pool started)."""
+    (so few that the launches compile them, no pool started). The workers start on the
+    first jobs while this process still asks Triton for the later ones' specializations."""
     stats = {"compiled": 0, "known": 0, "failed": 0, "inline": 0}
-    pending: dict[str, tuple[str, str, str]] = {}
-    keys: dict[str, str] = {}
+    fresh: list[tuple[str, str, str]] = []        # collected launches not compiled before
+    seen: set[str] = set()
     for job in collected or []:
-        vkey = spec_key(job[2])
-        if vkey in _done() or job[2] in pending:
-            stats["known"] += job[2] not in pending
+        if spec_key(job[2]) in _done() or job[2] in seen:
+            stats["known"] += job[2] not in seen
             continue
-        pending[job[2]] = job
-        keys[job[2]] = vkey
-    fns: dict[str, Any] = {}
-    t_spec = time.perf_counter()
+        seen.add(job[2])
+        fresh.append(job)
+    todo: list[tuple[Any, list, dict, str]] = []   # generated variants not compiled before
+    vkeys: set[str] = set()
     for kernel, args, config in jobs:
         vkey = variant_key(kernel, config)
-        if vkey in _done() or vkey in keys.values():
+        if vkey in _done() or vkey in vkeys:
             stats["known"] += 1
             continue
-        try:
-            data = _specialization(kernel, args, config)
-        except Exception:  # noqa: BLE001  (the launch will say what is wrong)
-            stats["failed"] += 1
-            continue
-        if data is None:
-            stats["known"] += 1
-            continue
-        pending[data] = (str(kernel.path), kernel.name, data)
-        keys[data] = vkey
-        fns[data] = kernel.fn
-    STATS["spec_s"] += time.perf_counter() - t_spec
-    if not pending:
+        vkeys.add(vkey)
+        todo.append((kernel, args, config, vkey))
+    if not fresh and not todo:
         return stats
-    if (len(pending) <= INLINE_MAX and _POOL is None) or not pool_size():
-        stats["inline"] = len(pending)      # left to the launches: cheaper than a pool
+    keys: list[str] = []                          # each pool job's ``compiled.txt`` key
+
+    def specialized():
+        """(kernel, data, vkey) of each new variant, asking Triton as they are needed."""
+        for kernel, args, config, vkey in todo:
+            t0 = time.perf_counter()
+            try:
+                data = _specialization(kernel, args, config)
+            except Exception:  # noqa: BLE001  (the launch will say what is wrong)
+                stats["failed"] += 1
+                data = ""
+            STATS["spec_s"] += time.perf_counter() - t0
+            if data is None or data in seen:
+                stats["known"] += 1
+            elif data:
+                seen.add(data)
+                yield kernel, data, vkey
+    if (len(fresh) + len(todo) <= INLINE_MAX and _POOL is None) or not pool_size():
+        # So few that the launches compile them (cheaper than starting workers).
+        stats["inline"] = len(fresh) + sum(1 for _ in specialized())
         return stats
-    datas = list(pending)
     target = current_target()
-    done = _pool().run([pending[d] + (target,) for d in datas], [fns.get(d) for d in datas])
-    ok = [keys[d] for d, good in zip(datas, done) if good]
+
+    def source():
+        for job in fresh:
+            keys.append(spec_key(job[2]))
+            yield job + (target,), None
+        for kernel, data, vkey in specialized():
+            keys.append(vkey)
+            yield (str(kernel.path), kernel.name, data, target), kernel.fn
+    done = _pool().run_stream(source(), len(fresh) + len(todo))
+    ok = [key for key, good in zip(keys, done) if good]
     stats["compiled"] += len(ok)
-    stats["failed"] += len(datas) - len(ok)
+    stats["failed"] += len(done) - len(ok)
     _mark(ok)
     return stats
