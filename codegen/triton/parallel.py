@@ -14,12 +14,18 @@ is left to the launch, which compiles it as before, so this only ever saves time
 Variants compiled once are remembered (``$HLOTK_CACHE_DIR/triton/compiled.txt``, by kernel
 hash, config, device and Triton version), so a warm process starts no pool at all.
 
-When: ``start_for(variants)`` is called as soon as an executable's kernels are known (end of
-codegen, before its first call: the workers import Triton while the arena, the constants
-and the native launcher are prepared) and starts one worker per variant not yet compiled,
-``pool_size()`` at most; none for ``INLINE_MAX`` variants or fewer (compiling those at
-their launches costs less than starting processes). The pool lives as long as the process
-and serves every later compile. The workers (``compile_worker.py``) import only Triton.
+When: a few workers start early (``start_early``: at ``import runtime`` on a GPU machine and
+when the CUDA client is made), each warming up with a small compile while the program is
+traced; ``start_for(variants)``, as soon as an executable's kernels are known (end of
+codegen), grows the pool to one worker per variant not yet compiled, ``pool_size()`` at
+most; with no pool yet, none for ``INLINE_MAX`` variants or fewer (compiling those at their
+launches costs less than starting processes). A job goes to a worker that has finished its
+start-up; while none has, this process compiles jobs itself. ``precompile`` hands the
+workers each job as soon as Triton has told it the job's specialization. The pool lives as
+long as the process and serves every later compile; its workers (``compile_worker.py``)
+import only Triton and compile without a CUDA context. i13-cold's device runs found where a
+job's seconds went (benchmarks/compile_time.md): Triton's compile is 0.05-0.2 s; a worker
+that asked Triton's real driver for the device paid ~3-5 s of torch import and CUDA start.
 """
 from __future__ import annotations
 
