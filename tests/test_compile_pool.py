@@ -159,3 +159,19 @@ def test_a_job_compiles_for_the_target_its_data_names_else_the_parents():
     assert job_target("{}", ours).arch == 90                # Triton 3.6: none in the data
     with pytest.raises(ValueError, match="no target"):
         job_target("{}", "")
+
+
+def test_a_job_past_the_time_limit_is_killed_and_left_to_the_launch(fresh, tmp_path,
+                                                                   monkeypatch):
+    monkeypatch.setenv("HLOTK_COMPILE_WORKERS", "1")
+    monkeypatch.setenv("HLOTK_COMPILE_TIMEOUT", "1")
+    path = tmp_path / "hangs.py"
+    path.write_text("import time\ntime.sleep(120)\n")      # a compiler that never answers
+    pool = parallel.WorkerPool()
+    fresh.append(pool)
+    t0 = time.perf_counter()
+    assert pool.run([(str(path), "kernel", "{}")]) == [False]
+    assert time.perf_counter() - t0 < 60
+    assert "HLOTK_COMPILE_TIMEOUT" in parallel.STATS["log"][0]["error"]
+    pool.close()
+    assert all(p.returncode is not None for p in pool.procs)

@@ -100,6 +100,15 @@ def early_size() -> int:
     return max(0, min(n, pool_size()))
 
 
+def job_timeout() -> float:
+    """Seconds a worker may spend on one job before it is killed and the job left to the
+    launch (``HLOTK_COMPILE_TIMEOUT``, default 600: Triton's compiles here take 0.05-1 s)."""
+    try:
+        return max(0.1, float(os.environ.get("HLOTK_COMPILE_TIMEOUT", "600")))
+    except ValueError:
+        return 600.0
+
+
 def inproc_enabled() -> bool:
     """Whether this process compiles jobs too while its workers start and work
     (``HLOTK_COMPILE_INPROCESS``, default on)."""
@@ -116,6 +125,7 @@ class _Worker:
         self.ready_event = threading.Event()
         self.dead = False
         self.busy = False
+        self.job_started = 0.0        # perf_counter of the job it works on (the watchdog's)
         threading.Thread(target=self._read_ready, daemon=True,
                          name="hlotk-compile-worker-ready").start()
 
@@ -221,7 +231,8 @@ class WorkerPool:
                 while not todo and producing[0]:
                     finished.wait(0.05)
                 k = todo.pop(0) if todo else None
-                w.busy = k is not None
+                w.job_started = time.perf_counter()     # with busy, under the lock: the
+                w.busy = k is not None                  # watchdog never sees a stale start
                 return k
 
         def feed(w: _Worker, index: int) -> None:
@@ -243,9 +254,10 @@ class WorkerPool:
                 except (OSError, ValueError):
                     answer = ""
                 if not answer:              # the worker died: this job is left to the launch
+                    why = "the worker exited" if not w.dead else \
+                        f"killed after {job_timeout():.0f} s (HLOTK_COMPILE_TIMEOUT)"
                     w.dead = True
-                    done(k, {"w": index, "ok": False, "error": "the worker exited"},
-                         time.perf_counter() - t0)
+                    done(k, {"w": index, "ok": False, "error": why}, time.perf_counter() - t0)
                     return
                 results[k] = answer.startswith("ok")
                 rec: dict[str, Any] = {"w": index, "ok": results[k]}
@@ -286,10 +298,18 @@ class WorkerPool:
                         return None
                     return todo.pop(0) if todo else None
             self._compile_here(jobs, fns, take_here, done, results)
+        limit = job_timeout()
         with finished:
             # Until every job is answered, or nobody is left to answer (then: the launches).
             while left[0] > 0 and any(t.is_alive() for t in threads):
                 finished.wait(0.05)
+                now = time.perf_counter()
+                for w in self.workers:
+                    # A job past the limit (a hung compiler): the worker is killed, its
+                    # feed thread reads the end of its output and leaves the job to the launch.
+                    if w.busy and not w.dead and now - w.job_started > limit:
+                        w.dead = True
+                        w.proc.kill()
         STATS["wall_s"] += time.perf_counter() - t_run
         return results
 
