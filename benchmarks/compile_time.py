@@ -46,9 +46,16 @@ import time
 
 sys.path.insert(0, ".")
 
-PHASES = ("import_torch", "cuda_init", "init", "lower", "passes", "codegen", "other", "pool",
+PHASES = ("import_hlotk", "early_wait", "init", "lower", "passes", "codegen", "other", "pool",
           "jit_s", "load_s", "autotune", "warmup", "native", "call_rest", "prewarm_wait",
           "capture")
+# The pool's breakdown (issue 13, i13-cold), one line per row under the table: workers
+# (started early / in all), jobs (compiled in this process), the median and longest job,
+# the median job's Triton stages, the longest wait of a job in a worker's pipe, and the
+# median worker's start-up (spawn, imports, Triton's key, warm-up compile).
+POOL_COLS = ("workers", "early", "jobs", "inproc", "spec_s", "job_med", "job_max", "ir", "ttir",
+             "ttgir", "llir", "ptx", "cubin", "launcher", "queue_max", "answer_max",
+             "w_spawn", "w_import", "w_key", "w_warm", "w_ready_s")
 
 
 def _program(name: str):
@@ -149,6 +156,7 @@ def child_gpu(name: str, level: str) -> dict:
     from runtime.cuda import executable_of
     from runtime.cuda.backend import CudaExecutable
     row["import_hlotk"] = clock() - t0
+    row["runtime_imported_at"] = time.time()    # beside the pool's ``early_from`` stamp
     fn, args = _program(name)[2:4]
     t0 = clock()
     dev_args = jax.device_put(args)
@@ -158,6 +166,12 @@ def child_gpu(name: str, level: str) -> dict:
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     row["cuda_init"] = clock() - t0          # torch's CUDA context
+    # The compile pool's early workers (started by ``import runtime`` on a GPU machine)
+    # finish their start-up before XLA is timed, so that they do not share the CPU with
+    # XLA's compile; the wait is reported (``early_wait``) and counted in hlotk's fresh
+    # process, never in its first call. HLOTK_CT_SETTLE=0: no wait.
+    row["early_wait"] = _settle(parallel) if os.environ.get("HLOTK_CT_SETTLE", "1") == "1" \
+        else 0.0
     t0 = clock()
     xc = jax.jit(fn).lower(*dev_args).compile()
     row["xla"] = clock() - t0
@@ -222,7 +236,8 @@ def child_gpu(name: str, level: str) -> dict:
     row["capture"] = t4 - t3
     row["first_call"] = t3 - t0
     row["fresh_process"] = t3 - t0 + row["init"] + row["cuda_init"] + row["import_torch"] \
-        + row["import_triton"] + row["import_hlotk"] + row["import_jax"] + row["jax_init"]
+        + row["import_triton"] + row["import_hlotk"] + row["import_jax"] + row["jax_init"] \
+        + row["early_wait"]
     row["xla_fresh_process"] = row["xla"] + row["import_jax"] + row["jax_init"]
     from codegen.triton import triton_key
     from runtime.cuda import prewarm
@@ -231,6 +246,7 @@ def child_gpu(name: str, level: str) -> dict:
     row["triton_key"] = dict(triton_key.STATS)
     row["precompile"] = exe.stats.get("precompile", {})
     row["pool_stats"] = dict(parallel.STATS)
+    row.update(pool_summary(parallel.STATS))
     row["tuned_kernels"] = autotune.SECONDS["tuned_kernels"]
     row["triton_cache_new"] = [entries1 - entries0, _cache_entries() - entries1]
     row["triton_cache_kinds"] = _cache_kinds()
@@ -245,6 +261,89 @@ def child_gpu(name: str, level: str) -> dict:
                                     / max(np.linalg.norm(np.asarray(w, np.float64)), 1e-30))
                               for g, w in leaves), default=0.0)
     row["leaves"] = len(leaves)
+    return row
+
+
+def _settle(parallel, limit: float = 10.0) -> float:
+    """Seconds until every early worker said ready (``limit`` at most)."""
+    pool = parallel._POOL
+    if pool is None:
+        return 0.0
+    t0 = time.perf_counter()
+    for w in list(getattr(pool, "workers", [])):     # main's pool before i13-cold: none
+        w.ready_event.wait(max(0.0, limit - (time.perf_counter() - t0)))
+    return time.perf_counter() - t0
+
+
+def _median(xs: list) -> float:
+    xs = sorted(x for x in xs if isinstance(x, (int, float)))
+    return xs[len(xs) // 2] if xs else 0.0
+
+
+def pool_summary(stats: dict) -> dict:
+    """The pool's per-job log and workers' start-ups as the POOL_COLS numbers."""
+    log = [r for r in stats.get("log", []) if r.get("ok")]
+    worker_jobs = [r for r in log if r.get("w") != "main"]
+    out = {"workers": stats.get("workers", 0), "early": stats.get("early", 0),
+           "jobs": stats.get("jobs", 0), "inproc": stats.get("inproc", 0),
+           "spec_s": stats.get("spec_s", 0.0),
+           "job_med": _median([r.get("total") for r in log]),
+           "job_max": max([r.get("total", 0.0) for r in log], default=0.0),
+           "queue_max": max([r.get("queue", 0.0) for r in worker_jobs], default=0.0),
+           "answer_max": max([r.get("answer", 0.0) for r in worker_jobs], default=0.0),
+           "launcher": _median([r.get("launcher") for r in worker_jobs])}
+    for stage in ("ir", "ttir", "ttgir", "llir", "ptx", "cubin"):
+        out[stage] = _median([r.get("stages", {}).get(stage) for r in worker_jobs])
+    ready = stats.get("ready", [])
+    out["w_spawn"] = _median([r.get("spawn") for r in ready])
+    out["w_import"] = _median([r.get("import") for r in ready])
+    out["w_key"] = _median([r.get("key") for r in ready])
+    out["w_warm"] = _median([r.get("warm_compile") for r in ready])
+    out["w_ready_s"] = _median([r.get("spawn", 0.0) + r.get("ready_at", 0.0) - r.get("t_start", 0.0)
+                                for r in ready if "t_start" in r])
+    via: dict = {}
+    for r in log:
+        via[r.get("via", r.get("w") == "main" and "main" or "?")] = \
+            via.get(r.get("via", r.get("w") == "main" and "main" or "?"), 0) + 1
+    out["via"] = via
+    errs = [r[k] for r in log for k in ("preload_error", "direct_error", "launcher_error")
+            if r.get(k)]
+    if errs:
+        out["compile_notes"] = sorted(set(errs))[:4]
+    failed = [r.get("error", "") for r in stats.get("log", []) if not r.get("ok")]
+    if failed:
+        out["job_errors"] = failed[:5]
+    return out
+
+
+def child_worker_probe(count: int, warm: str) -> dict:
+    """``count`` compile workers started at once, each compiling the warm-up kernel twice
+    (``HLOTK_WORKER_WARM=compile2``): what a worker's start-up and a compile cost when that
+    many run side by side (contention), with the parent's Triton key or without."""
+    import subprocess as sp
+    from codegen.triton import parallel, triton_key
+    if warm == "key":
+        import triton  # noqa: F401
+        triton_key.install()
+    env = triton_key.worker_env(dict(os.environ, PYTHONPATH=os.getcwd()))
+    t0 = time.time()
+    procs = [sp.Popen([sys.executable, "-c", parallel._LAUNCH, str(parallel.WORKER)],
+                      stdin=sp.PIPE, stdout=sp.PIPE, stderr=sp.DEVNULL, text=True,
+                      env=dict(env, HLOTK_WORKER_T0=repr(time.time()),
+                               HLOTK_WORKER_WARM="compile2")) for _ in range(count)]
+    infos = []
+    for p in procs:
+        line = p.stdout.readline()
+        info = json.loads(line[5:]) if line.startswith("ready") else {"failed": line[:200]}
+        info["ready_after"] = info.get("ready_at", t0) - t0
+        infos.append(info)
+        p.stdin.close()
+        p.wait()
+    keys = ("spawn", "import", "key", "warm_compile", "warm_compile2", "ready_after")
+    row = {"name": f"probe x{count} ({warm})", "workers": infos}
+    for k in keys:
+        row[k] = _median([i.get(k) for i in infos])
+        row[k + "_max"] = max([i.get(k, 0.0) for i in infos], default=0.0)
     return row
 
 
@@ -277,16 +376,27 @@ def child_deviceless(name: str) -> dict:
     return row
 
 
+def _extra_env(opts) -> dict:
+    """``--env K=V,K=V``: set in every child (a variant of the library's settings)."""
+    out = {}
+    for item in filter(None, (opts.env or "").split(",")):
+        k, _, v = item.partition("=")
+        out[k.strip()] = v.strip()
+    return out
+
+
 def run_child(name: str, cache: str, opts, machine: str = "", cprofile: bool = False) -> dict:
     first = not os.path.exists(os.path.join(cache, "hlotk"))
-    env = dict(os.environ, HLOTK_CACHE_DIR=os.path.join(cache, "hlotk"),
+    env = dict(os.environ, **_extra_env(opts))
+    env.update(HLOTK_CACHE_DIR=os.path.join(cache, "hlotk"),
                HLOTK_CT_PROFILE="1" if first and opts.profile else "0",
                HLOTK_CT_CPROFILE="1" if cprofile else "0",
                TRITON_CACHE_DIR=os.path.join(cache, "triton"), PYTHONUNBUFFERED="1")
     if machine:
         env["HLOTK_MACHINE_CACHE_DIR"] = machine
     cmd = [sys.executable, "-m", "benchmarks.compile_time", "--child", name,
-           "--autotune", opts.autotune] + (["--deviceless"] if opts.deviceless else [])
+           "--autotune", opts.autotune] + (["--deviceless"] if opts.deviceless else []) \
+        + (["--worker-probe", opts.worker_probe] if opts.worker_probe else [])
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=opts.child_timeout)
     except subprocess.TimeoutExpired:
@@ -321,9 +431,31 @@ def main() -> None:
                     "every cold run (each pays the native build and Triton's hash)")
     ap.add_argument("--cprofile", action="store_true", help="a third run per program: warm, "
                     "under cProfile (its top functions go to the JSON, not the table)")
+    ap.add_argument("--cprofile-only", default="", help="NAMES: --cprofile for these only")
+    ap.add_argument("--env", default="", help="K=V,K=V set in every child: a variant of the "
+                    "library's settings (e.g. HLOTK_COMPILE_EARLY=0)")
+    ap.add_argument("--tag", default="", help="a label for this run's rows (variants)")
+    ap.add_argument("--worker-probe", default="", help="COUNTS[:key], e.g. 1,4,16:key: "
+                    "start that many compile workers side by side, each compiling a small "
+                    "kernel twice (start-up and compile under contention); no programs")
     opts = ap.parse_args()
+    if opts.worker_probe and not opts.child:
+        counts, _, warm = opts.worker_probe.partition(":")
+        for n in counts.split(","):
+            row = run_child(f"probe{n}", tempfile.mkdtemp(prefix="hlotk_ct_probe_"), opts,
+                            opts.machine_cache)
+            print(("" if "failed" in row else
+                   f"| probe x{n} ({warm or 'no key'}) | " + " | ".join(
+                       f"{k} {row.get(k, 0):.2f}/{row.get(k + '_max', 0):.2f}"
+                       for k in ("spawn", "import", "key", "warm_compile", "warm_compile2",
+                                 "ready_after")) + " |") or f"probe x{n}: {row}", flush=True)
+            print("RESULT-PROBE " + json.dumps(row), flush=True)
+        return
     if opts.child:
-        if opts.child == "machine":
+        if opts.child.startswith("probe"):
+            counts, _, warm = opts.worker_probe.partition(":")
+            row = child_worker_probe(int(opts.child[5:]), warm)
+        elif opts.child == "machine":
             row = child_machine()
         else:
             row = child_deviceless(opts.child) if opts.deviceless else \
@@ -356,7 +488,8 @@ def main() -> None:
         print(header, flush=True)
     for name in names:
         with tempfile.TemporaryDirectory(prefix="hlotk_ct_") as cache:
-            runs = ("cold", "warm") + (("warm-cprofile",) if opts.cprofile else ())
+            prof = opts.cprofile or name in set(filter(None, opts.cprofile_only.split(",")))
+            runs = ("cold", "warm") + (("warm-cprofile",) if prof else ())
             mdir = tempfile.mkdtemp(prefix="hlotk_ct_machine_") if opts.machine_cold else machine
             for run in runs:
                 row = run_child(name, cache, opts, "" if opts.deviceless else mdir,
@@ -372,9 +505,18 @@ def main() -> None:
                     continue
                 xla = row.get("xla")
                 ratio = f"{row['first_call'] / xla:.2f}" if xla else "-"
-                lines.append(f"| {name} | {run} | " + " | ".join(fmt(row, k) for k in phases)
+                lines.append(f"| {name}{opts.tag} | {run} | "
+                             + " | ".join(fmt(row, k) for k in phases)
                              + f" | {row['first_call']:.2f} | {fmt(row, 'xla')} | {ratio} |")
                 print(lines[-1], flush=True)
+                if not opts.deviceless:
+                    print(f"POOL {name}{opts.tag} {run}: " + " ".join(
+                        f"{k}={row.get(k, 0):.2f}" if isinstance(row.get(k, 0), float)
+                        else f"{k}={row.get(k)}" for k in POOL_COLS)
+                        + f" via={row.get('via')}"
+                        + (f" notes={row['compile_notes']}" if row.get("compile_notes") else "")
+                        + (f" errors={row['job_errors']}" if row.get("job_errors") else ""),
+                        flush=True)
             records = os.path.join(cache, "hlotk", "calibration", "records.jsonl")
             if opts.records and os.path.exists(records):
                 with open(records) as src, open(opts.records, "a") as dst:

@@ -154,6 +154,18 @@ def _pool_check(_tmp: str) -> None:
 
     cache = Path(os.environ["TRITON_CACHE_DIR"])
     use_h200_stand_in()
+    if os.environ.get("HLOTK_TEST_WORKERS_NEVER_READY") == "1":
+        parallel._LAUNCH = "import time; time.sleep(120)"     # this process compiles it
+    if os.environ.get("HLOTK_TEST_NO_TARGET") == "1":
+        # As Triton 3.6 writes it: no target in the specialization; the job carries ours.
+        import json as _json
+        spec = parallel._specialization
+
+        def without_target(*a):
+            data = _json.loads(spec(*a))
+            data.pop("target", None)
+            return _json.dumps(data)
+        parallel._specialization = without_target
     x = np.ones((512, 128), np.float32)
     kernel = compile_fusion(_fusion(lambda x, y: jnp.tanh(x) * y + 1, x, x), target="h200")
     t = torch.ones(512, 128)
@@ -167,6 +179,13 @@ def _pool_check(_tmp: str) -> None:
     assert len(parallel._POOL.procs) == 1
     stats = parallel.precompile([(kernel, args, kernel.config)])
     assert stats["compiled"] == 1, stats
+    here = os.environ.get("HLOTK_TEST_WORKERS_NEVER_READY") == "1"
+    assert parallel.STATS["inproc"] == (1 if here else 0), parallel.STATS
+    if not here:        # Triton's preload under a driver that knows only the target; a
+        # Triton whose preload reads the target from the data (3.9), without it: triton.compile
+        ways = ("preload", "direct") if os.environ.get("HLOTK_TEST_NO_TARGET") == "1" \
+            else ("preload",)
+        assert parallel.STATS["log"][-1].get("via") in ways, parallel.STATS["log"]
     entries = sorted(cache.iterdir())
     cfg, warps, stages = parallel._split(kernel.config)
     kernel.fn.warmup(*args, grid=kernel.plan.grid(dict(cfg)), **cfg, num_warps=warps,
@@ -174,10 +193,12 @@ def _pool_check(_tmp: str) -> None:
     assert sorted(cache.iterdir()) == entries, "the JIT compiled the variant again"
 
 
-def test_pool_compiles_what_the_jit_then_finds_in_tritons_cache(tmp_path):
-    """The compile workers compile exactly the variant a launch looks up: after
-    ``precompile`` the JIT's own compile of that launch adds nothing to Triton's cache.
-    A stand-in driver plays the H200 (the JIT asks a driver for device, stream, target)."""
+@pytest.mark.parametrize("where", ["worker", "worker, no target in the data", "this process"])
+def test_pool_compiles_what_the_jit_then_finds_in_tritons_cache(tmp_path, where):
+    """The compile workers, or this process while no worker is ready, compile exactly the
+    variant a launch looks up: after ``precompile`` the JIT's own compile of that launch
+    adds nothing to Triton's cache. A stand-in driver plays the H200 (the JIT asks a
+    driver for device, stream, target)."""
     import os
     import subprocess
     import sys
@@ -186,7 +207,10 @@ def test_pool_compiles_what_the_jit_then_finds_in_tritons_cache(tmp_path):
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), HLOTK_CACHE_DIR=str(tmp_path / "c"),
-               PYTHONPATH=str(root), JAX_PLATFORMS="cpu")
+               PYTHONPATH=str(root), JAX_PLATFORMS="cpu",
+               HLOTK_COMPILE_INPROCESS="0" if where.startswith("worker") else "1",
+               HLOTK_TEST_WORKERS_NEVER_READY="0" if where.startswith("worker") else "1",
+               HLOTK_TEST_NO_TARGET="1" if "no target" in where else "0")
     p = subprocess.run([sys.executable, "-c", "import sys, tests.test_autotune as t; "
                         "t._pool_check(sys.argv[1])", str(tmp_path)], cwd=root, env=env,
                        capture_output=True, text=True, timeout=240)

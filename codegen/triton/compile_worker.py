@@ -1,15 +1,18 @@
 """A Triton compile worker (``codegen/triton/parallel.py`` starts these): run as a plain
 script (``python .../compile_worker.py``), it imports the standard library and Triton and
 nothing of hlotk (no numpy, torch or jax), so a worker is ready in the time Triton takes to
-import. It reads one JSON job ``[path, name, specialization]`` per stdin line and answers
-``ok`` or ``error ...``.
+import.
 
-At start, before the first job arrives, it pays Triton's once-per-process costs (the
-compiler's modules, the hash of Triton's own sources and library that keys every cache
-entry), so a pool started early has them done by the time jobs come. After compiling a
-kernel it also builds the kernel's launcher, where this Triton compiles one in C per
-signature (3.6 does; 3.9 launches from Python): the launch then finds that in Triton's
-cache too.
+Protocol, one line each way: at start the worker pays Triton's once-per-process costs (the
+compiler's modules, the installation key, and where the parent asks for it
+(``HLOTK_WORKER_WARM=compile``, a worker started before its jobs are known) one small
+compile into a throwaway cache), then writes ``ready {json}`` (what its start-up took).
+Then it reads one JSON job ``[path, name, specialization]`` per stdin line and answers
+``ok {json}`` (where the job's seconds went: waiting in the pipe, loading the kernel's
+module, Triton's stages, the launcher) or ``error ...``. It exits at the end of stdin.
+It compiles without a GPU context (``preload_for_target``) and then builds the kernel's
+launcher where this Triton compiles one in C per signature (3.6 does; 3.9 launches from
+Python); ``HLOTK_WORKER_LAUNCHER=0`` leaves that to the launch.
 """
 from __future__ import annotations
 
@@ -17,7 +20,10 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from typing import Any
+
+T_START = time.time()          # this module's first line: spawn + interpreter start before it
 
 
 def load_fn(path: str, name: str) -> Any:
@@ -37,50 +43,177 @@ def load_fn(path: str, name: str) -> Any:
     return getattr(mod, name)
 
 
-def compile_specialization(fn: Any, data: str) -> Any:
-    """Compile what ``data`` (Triton's ``specialization_data``) describes, for the target
-    it names, without a GPU: what ``JITFunction.preload`` does, minus asking the driver
-    for the device, so a worker needs no CUDA context. Plain constants only (ours are
-    block sizes); anything else raises and the caller uses ``preload``."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
+class TargetOnlyDriver:
+    """A Triton driver that knows only the target it is told (no CUDA): made active in a
+    worker, Triton's own ``JITFunction.preload`` compiles a specialization for that target
+    without a CUDA context. (Triton's real driver would initialize CUDA in every worker:
+    3-5 s each on the H200 host with 15 of them at once, measured in i13-cold's first run,
+    where every job went that way.)"""
 
-    def plain(v: Any) -> Any:
-        if isinstance(v, dict):
-            raise ValueError("a non-plain constant")
-        return tuple(plain(x) for x in v) if isinstance(v, list) else v
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: Any = None) -> int:
+        return 0
+
+    def is_active(self) -> bool:
+        return True
+
+
+def job_target(data: str, target: str = "") -> Any:
+    """The GPUTarget to compile ``data`` for: the one it names (newer Tritons put it in
+    the specialization data), else ``target`` (JSON of the launching process's target:
+    Triton 3.6's data has none; i13-cold's second device run failed on that)."""
+    from triton.backends.compiler import GPUTarget
+    named = json.loads(data).get("target") or (json.loads(target) if target else None)
+    if not named:
+        raise ValueError("the specialization names no target and the parent gave none")
+    return GPUTarget(**named)
+
+
+def preload_for_target(fn: Any, data: str, target: str = "") -> Any:
+    """``fn.preload(data)`` (Triton decodes its own specialization data, so every field
+    means what the launch meant) with a driver that answers only the job's target."""
+    from triton.runtime.driver import driver
+    target = job_target(data, target)
+    active = getattr(driver, "_active", None)
+    if not (isinstance(active, TargetOnlyDriver) and active.target == target):
+        driver.set_active(TargetOnlyDriver(target))
+    return fn.preload(data)
+
+
+def _decode_constant(value: Any) -> Any:
+    """A constant of Triton's specialization data, as its ``preload`` decodes it."""
+    import triton.language as tl
+    if isinstance(value, str) and tl.dtype.is_dtype(value):
+        return tl.dtype(value)
+    if isinstance(value, dict):
+        if "constexpr" in value:
+            return tl.constexpr(_tuples(value["constexpr"]))
+        raise ValueError(f"a constant this worker cannot rebuild: {sorted(value)}")
+    return _tuples(value)
+
+
+def _tuples(v: Any) -> Any:
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
+
+
+def compile_specialization(fn: Any, data: str, target: str = "") -> Any:
+    """Compile what ``data`` (Triton's ``specialization_data``) describes, for the job's
+    target (``job_target``), by calling ``triton.compile`` directly (no driver at all): the
+    fallback where ``preload_for_target`` fails on some Triton version."""
+    import triton
+    from triton.compiler import ASTSource, make_backend
     obj = json.loads(data)
-    target = GPUTarget(**obj["target"])
+    target = job_target(data, target)
     backend = make_backend(target)
-    constexprs = {tuple(k): plain(v) for k, v in zip(obj["constant_keys"], obj["constant_vals"])}
+    constexprs = {tuple(k): _decode_constant(v)
+                  for k, v in zip(obj["constant_keys"], obj["constant_vals"])}
     attrs = dict(zip(map(tuple, obj["attrs_keys"]), obj["attrs_vals"]))
-    signature = {k: plain(v) for k, v in obj["signature"].items()}
+    signature = {k: _tuples(v) for k, v in obj["signature"].items()}
     options = backend.parse_options({k: tuple(v) if isinstance(v, list) else v
                                      for k, v in obj["options"].items()})
     return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
                           options=options.__dict__)
 
 
-def build_launcher(kernel: Any) -> None:
-    """Build (into Triton's cache) the launcher the first launch of ``kernel`` would build.
-    Best effort: no C compiler or no CUDA library here just leaves it to the launch."""
+_LAUNCHER_BROKEN = ""      # why this worker cannot build launchers (after the first failure)
+
+
+def build_launcher(kernel: Any) -> str:
+    """Build (into Triton's cache) the launcher the first launch of ``kernel`` would build,
+    where this Triton compiles one in C per signature (3.6 does, with gcc: ~0.2-0.5 s each
+    in the launching process otherwise); returns "" or why not. Triton's real driver is
+    never made here (its constructor imports torch: seconds per worker); a Triton whose
+    launcher needs it fails at once, and this worker stops trying. Best effort: no C
+    compiler or no CUDA library here just leaves it to the launch."""
+    global _LAUNCHER_BROKEN
+    if _LAUNCHER_BROKEN:
+        return _LAUNCHER_BROKEN
+    if not (os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia/version")):
+        _LAUNCHER_BROKEN = "no NVIDIA driver on this machine"
+        return _LAUNCHER_BROKEN
     try:
         from triton.backends.nvidia.driver import CudaLauncher
         CudaLauncher(kernel.src, kernel.metadata)
-    except Exception:  # noqa: BLE001  (the launch builds it, as it would anyway)
-        pass
+        return ""
+    except Exception as e:  # noqa: BLE001  (the launch builds it, as it would anyway)
+        _LAUNCHER_BROKEN = f"{type(e).__name__}: {e}"[:200]    # not tried again here
+        return _LAUNCHER_BROKEN
 
 
-def compile_job(path: str, name: str, data: str) -> None:
-    """Compile one specialization into Triton's on-disk cache."""
+class _Stages:
+    """Triton's per-stage compile times (its ``knobs.compilation.listener``, where this
+    Triton has one), in seconds: ``ir`` (the front end: Python AST to TTIR), then each
+    lowering stage by name (ttir, ttgir, llir, ptx, cubin: the last is ptxas)."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, float] = {}
+        try:
+            from triton import knobs
+            knobs.compilation.listener = self
+        except (ImportError, AttributeError):
+            pass
+
+    def __call__(self, *, times: Any = None, cache_hit: bool = False, **_: Any) -> None:
+        if times is None:
+            return
+        out = {"ir": times.ir_initialization / 1e6, "hit": float(cache_hit)}
+        for name, us in times.lowering_stages:
+            out[name] = us / 1e6
+        out["store"] = times.store_results / 1e6
+        self.last = out
+
+
+_STAGES: Any = None
+
+
+def compile_job(path: str, name: str, data: str, target: str = "") -> dict:
+    """Compile one specialization into Triton's on-disk cache; returns where the seconds
+    went and which way it compiled (``via``): Triton's ``preload`` with a target-only
+    driver, else ``triton.compile`` directly, else (where both fail) ``preload`` with
+    Triton's real driver (which initializes CUDA in this worker: slow, but the same
+    binary)."""
+    clock = time.perf_counter
+    out: dict[str, Any] = {}
+    t0 = clock()
     fn = load_fn(path, name)
-    try:
-        kernel = compile_specialization(fn, data)
-    except Exception:  # noqa: BLE001  (another Triton's format: its own preload, on a GPU)
-        fn.preload(data)
-        return
-    build_launcher(kernel)
+    out["load"] = clock() - t0
+    t0 = clock()
+    if _STAGES is not None:
+        _STAGES.last = {}
+    kernel = None
+    ways = (("preload", preload_for_target), ("direct", compile_specialization))
+    if os.environ.get("HLOTK_WORKER_DRIVER") == "real":     # the way before i13-cold
+        ways = ()
+    for via, compile_it in ways:
+        try:
+            kernel = compile_it(fn, data, target)
+            out["via"] = via
+            break
+        except Exception as e:  # noqa: BLE001  (the next way; the answer says why)
+            out[via + "_error"] = f"{type(e).__name__}: {e}"[:300]
+    else:
+        from triton.runtime.driver import driver
+        driver.reset_active()
+        kernel = fn.preload(data)
+        out["via"] = "driver"
+    out["compile"] = clock() - t0
+    if _STAGES is not None and _STAGES.last:
+        out["stages"] = _STAGES.last
+    if kernel is not None and os.environ.get("HLOTK_WORKER_LAUNCHER", "1") == "1":
+        t0 = clock()
+        why = build_launcher(kernel)
+        out["launcher"] = clock() - t0
+        if why:
+            out["launcher_error"] = why
+    return out
 
 
 # Where Triton versions define or import triton_key(): each module's name is rebound.
@@ -118,23 +251,94 @@ def use_parent_key() -> bool:
     return True
 
 
-def warm_up() -> None:
-    """Triton's once-per-process costs, paid before the first job."""
+def warm_target() -> Any:
+    """The target of the warm-up compile: ``HLOTK_WORKER_TARGET`` (``backend,arch,warp``,
+    set by a parent that knows its GPU), else an H100/H200 (sm_90)."""
+    from triton.backends.compiler import GPUTarget
+    parts = os.environ.get("HLOTK_WORKER_TARGET", "cuda,90,32").split(",")
+    try:
+        return GPUTarget(parts[0], int(parts[1]), int(parts[2]))
+    except (IndexError, ValueError):
+        return GPUTarget("cuda", 90, 32)
+
+
+def warm_compile(block: int = 1024) -> None:
+    """One small kernel compiled for ``warm_target()`` into a throwaway cache directory
+    (removed after), so that this process's first real job does not pay Triton's lazy
+    start-up."""
+    import shutil
+    import tempfile
+
+    from triton import knobs
+    from triton.compiler import ASTSource
+    here = os.path.dirname(os.path.abspath(__file__))
+    fn = load_fn(os.path.join(here, "warmup_kernel.py"), "hlotk_warmup")
+    tmp = tempfile.mkdtemp(prefix="hlotk-warm-")
+    old = knobs.cache.dir
+    try:
+        knobs.cache.dir = tmp
+        import triton
+        src = ASTSource(fn, {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32",
+                             "BLOCK": "constexpr"}, {(3,): block})
+        triton.compile(src, target=warm_target())
+    finally:
+        knobs.cache.dir = old
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def warm_up() -> dict:
+    """Triton's once-per-process costs, paid before the first job; their seconds."""
+    clock = time.perf_counter
+    info: dict[str, Any] = {}
+    t0 = clock()
     try:
         import triton.compiler  # noqa: F401
+        info["import"] = clock() - t0
+        t0 = clock()
         if not use_parent_key():
             from triton.runtime.cache import triton_key
             triton_key()
-    except Exception:  # noqa: BLE001  (the first job pays them instead)
-        pass
+        info["key"] = clock() - t0
+        global _STAGES
+        _STAGES = _Stages()
+        warm = os.environ.get("HLOTK_WORKER_WARM", "import")
+        if warm in ("compile", "compile2"):
+            t0 = clock()
+            warm_compile()
+            info["warm_compile"] = clock() - t0
+        if warm == "compile2":      # benchmarks: a second compile, after the start-up
+            t0 = clock()
+            warm_compile(512)
+            info["warm_compile2"] = clock() - t0
+    except Exception as e:  # noqa: BLE001  (the first job pays them instead)
+        info["warm_error"] = f"{type(e).__name__}: {e}"[:200]
+    return info
 
 
 def main() -> None:
-    warm_up()
+    t_main = time.time()
+    try:
+        # Below the process that waits for it: a worker never takes a core from the
+        # program it compiles for (HLOTK_WORKER_NICE, default 5; 0 leaves it as is).
+        os.nice(int(os.environ.get("HLOTK_WORKER_NICE", "5")))
+    except (OSError, ValueError, AttributeError):
+        pass
+    info = warm_up()
+    try:
+        info["spawn"] = T_START - float(os.environ.get("HLOTK_WORKER_T0", T_START))
+    except ValueError:
+        pass
+    info["to_main"] = t_main - T_START
+    info["t_start"] = T_START
+    info["ready_at"] = time.time()
+    sys.stdout.write("ready " + json.dumps(info) + "\n")
+    sys.stdout.flush()
     for line in sys.stdin:
+        t_recv = time.time()
         try:
-            compile_job(*json.loads(line))
-            answer = "ok"
+            out = compile_job(*json.loads(line))
+            out["recv_at"], out["done_at"] = t_recv, time.time()
+            answer = "ok " + json.dumps(out)
         except Exception as e:  # noqa: BLE001  (reported; the launch compiles it instead)
             answer = f"error {type(e).__name__}: {e}".replace("\n", " ")[:500]
         sys.stdout.write(answer + "\n")

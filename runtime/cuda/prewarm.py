@@ -11,15 +11,18 @@
   thread starts here too if it did not at import.
 - ``wait()`` (before the native launcher is loaded) joins the threads, so that the library
   is never built twice in a process (processes take a file lock while building).
-- ``start_workers(exe)``, when an executable's kernels are known (end of codegen): the
-  Triton compile workers for the variants it will compile (``codegen/triton/parallel.py``),
-  started now so that they have imported Triton by the time the first call sends jobs.
+- The Triton compile pool (``codegen/triton/parallel.py``) starts early too: a few workers
+  (``HLOTK_COMPILE_EARLY``, default 4; 0 turns this off) at ``import runtime`` on a GPU
+  machine and when the CUDA client is made (``runtime.jit(..., backend="cuda")``), each
+  importing Triton and compiling a small kernel while the program is traced and optimized,
+  as Inductor warms its compile pool; ``start_workers(exe)``, when an executable's kernels
+  are known (end of codegen), grows it to the variants it will compile.
 
 The threads only call functions of modules imported before they start (imports from two
 threads at once can meet in a cycle and hand one of them a half-initialized module).
 Everything here only fills caches the first call would otherwise fill itself; failures are
 left to the first call, which reports them. ``HLOTK_PREWARM=0`` turns the import-time start
-off.
+off (the native build and the early compile workers).
 """
 from __future__ import annotations
 
@@ -91,6 +94,19 @@ def start_at_import() -> None:
         _start_native()
     except Exception:  # noqa: BLE001  (the client's start or the first call does it)
         pass
+    _start_pool(where="import")
+
+
+def _start_pool(target: str = "", where: str = "") -> None:
+    """The compile pool's early workers (where Triton is installed)."""
+    try:
+        import importlib.util
+        if importlib.util.find_spec("triton") is None:
+            return
+        from codegen.triton.parallel import start_early
+        start_early(target, where)
+    except Exception:  # noqa: BLE001  (the first call starts workers, or compiles at launches)
+        pass
 
 
 def start(device: Any) -> None:
@@ -108,6 +124,13 @@ def start(device: Any) -> None:
         _start_native()
     except Exception:  # noqa: BLE001
         pass
+    if os.environ.get("HLOTK_PREWARM", "1") not in ("0", "false", "no", "off"):
+        try:
+            import torch
+            major, minor = torch.cuda.get_device_capability(device)
+            _start_pool(f"cuda,{major * 10 + minor},32", "client")
+        except Exception:  # noqa: BLE001
+            _start_pool(where="client")
 
 
 def wait() -> None:
