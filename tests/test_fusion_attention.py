@@ -283,6 +283,15 @@ def _masked_rows_case():
             (q, k, v, mask))
 
 
+def _sliding_window(q, k, v):
+    """Causal attention over the last 16 keys: two iota compares, a mask the kernel reads."""
+    n = q.shape[1]
+    i = jnp.arange(n)
+    keep = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < 16)
+    s = jnp.where(keep, jnp.einsum("bqhd,bkhd->bhqk", q, k) * 0.25, -jnp.inf)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
+
+
 def _negative_scale(q, k, v):
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * -0.3
     return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
@@ -290,9 +299,17 @@ def _negative_scale(q, k, v):
 
 @pytest.mark.parametrize("case", ["causal_f32", "causal_long_f32", "bias_mask_f32", "gqa_f32",
                                   "plain_even_f32", "odd_head_dim_f32", "masked_rows_f32",
-                                  "negative_scale_f32"])
+                                  "negative_scale_f32", "jax_nn_gqa_f32", "sliding_window_f32"])
 def test_triton_flash_attention_kernel(case):
-    if case == "plain_even_f32":
+    if case == "jax_nn_gqa_f32":
+        # jax.nn's grouped form: its causal compare is on the query dim of rows [t, g], so
+        # it is a mask computed outside and read as an operand (the kernel runs it)
+        q = _inputs((1, 40, 8, 16), n=1)[0]
+        k, v = _inputs((1, 40, 2, 16), n=2, seed=1)
+        _triton_case(_jax_nn_attention(True), (q, k, v), 1e-4)
+    elif case == "sliding_window_f32":
+        _triton_case(_sliding_window, _inputs((1, 70, 2, 16)), 1e-4)
+    elif case == "plain_even_f32":
         # keys a multiple of the key block: no edge block, no key bound (EVEN_N)
         _triton_case(_attention(), _inputs((1, 64, 2, 16)), 1e-4)
     elif case == "odd_head_dim_f32":

@@ -314,9 +314,13 @@ def _mask_step(sel: Instruction, path: Instruction, fill_inst: Instruction,
             if np.array_equal(arr, tril if keep_if_true else ~tril):
                 return (ScoreStep("causal", sel, fill=fill, direction="GE", delta=0),
                         insts + [pred])
-    cone = _cone(pred) if pred.opcode in _GENERATED and pred.opcode != "constant" else []
+    # Any other mask (a sliding window's two compares, a causal compare on a row dim that
+    # is not the last but one) stays outside: the fusion reads it as an operand, [q, k]
+    # before its broadcasts, as it reads a mask argument. Inside, only the kernels' own
+    # causal test is computed; a generated mask there would leave the GPU kernel unable to
+    # run the fusion (the host would).
     return (ScoreStep("mask", sel, tensor=pred, where=where, fill=fill,
-                      keep_if_true=keep_if_true), insts + cone)
+                      keep_if_true=keep_if_true), insts)
 
 
 def _cone(inst: Instruction) -> list[Instruction]:
