@@ -302,8 +302,8 @@ def _negative_scale(q, k, v):
                                   "negative_scale_f32", "jax_nn_gqa_f32", "sliding_window_f32"])
 def test_triton_flash_attention_kernel(case):
     if case == "jax_nn_gqa_f32":
-        # jax.nn's grouped form: its causal compare is on the query dim of rows [t, g], so
-        # it is a mask computed outside and read as an operand (the kernel runs it)
+        # jax.nn's grouped form: rows [t, g], its causal compare on t (the kernel counts the
+        # query position every g rows)
         q = _inputs((1, 40, 8, 16), n=1)[0]
         k, v = _inputs((1, 40, 2, 16), n=2, seed=1)
         _triton_case(_jax_nn_attention(True), (q, k, v), 1e-4)

@@ -138,7 +138,7 @@ def key_range(pid_m, M, N, DELTA, CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP:
 def _flash_fwd(Q, K, V, O, Bias, Mask,
                sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
                soz, soh, som, sod, sbz, sbh, sbm, sbn, smz, smh, smm, smn,
-               H, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+               H, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
                RowMax, RowSum, srz, srh, srm, ssz, ssh, ssm,
                HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
                CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr,
@@ -167,7 +167,7 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BDV], tl.float32)
-    qpos = offs_m % Q_LEN
+    qpos = (offs_m // Q_DIV) % Q_LEN     # rows [.., q, g..]: q counts every Q_DIV rows
     kbase = z * skz + h * skh
     vbase = z * svz + h * svh
     bbase = z * sbz + h * sbh
@@ -245,7 +245,7 @@ class ScorePlan:
         self.q_perm = qb + rows + qc
         self.k_perm = kb + [src[where[rank - 1]][1]] + kc
         self.score_shape = tuple(logits.shape.dims)
-        self.q_len = self.score_shape[-2]
+        self.q_len, self.q_div = self.score_shape[-2], 1
         self.multi_rows = rank - nb - 1 > 1
         self.scale1, self.scale2, self.bias, self.sign = 1.0, 1.0, None, 1.0
         self.causal = self.mask = None
@@ -273,6 +273,11 @@ class ScorePlan:
         if len(set(fills)) > 1:
             raise Unsupported("a causal and a boolean mask with different fill values")
         c = self.causal
+        if c is not None and c.q_dim >= 0:
+            if not nb <= c.q_dim < rank - 1:
+                raise Unsupported("a causal compare on a batch dim")
+            self.q_len = self.score_shape[c.q_dim]
+            self.q_div = math.prod(self.score_shape[c.q_dim + 1:rank - 1])
         self.skip = c is not None and not self.multi_rows and (
             (c.direction == "GE" and c.delta <= 0) or (c.direction == "GT" and c.delta < 0))
 
@@ -540,7 +545,7 @@ class FwdLaunch:
         else:
             scale1, scale2 = p.scale1, p.scale2 * LOG2E
         self.args = (q, k, v, o, bias, mask, *q.stride(), *k.stride(), *v.stride(),
-                     *o.stride(), *bstr, *mstr, H, M, N, D, DV, p.q_len, scale1, scale2,
+                     *o.stride(), *bstr, *mstr, H, M, N, D, DV, p.q_len, p.q_div, scale1, scale2,
                      p.sign, delta, _log2_units(fill_c), _log2_units(fill_m), rmax, rsum,
                      *rstr, *sstr)
         self.flags = dict(HAS_BIAS=p.bias is not None, HAS_MASK=p.mask is not None,

@@ -549,6 +549,8 @@ def flash_attention_backward(inst, operands: list, out: Optional[Any] = None) ->
     dq, dk, dv = (grads[n][0] for n in ("dq", "dk", "dv"))
     bias, bstr, mask, mstr, keep, fill_m = p.score_args(operands)
     dlt, fill_c, causal = p.causal_args()
+    if p.q_div != 1:   # the backward kernels count q along the last row dim only
+        raise Unsupported("a causal mask whose query position is not the last row dim")
     common = (H, M, N, D, DV, p.q_len, p.scale1, p.scale2, p.sign, dlt, fill_c, fill_m,
               p.ds_scale)
     flags = dict(HAS_BIAS=p.bias is not None, HAS_MASK=p.mask is not None, MASK_KEEP=keep,

@@ -45,7 +45,8 @@ class ScoreStep:
     """One step of the score function, applied in order from the dot outwards.
 
     kind: scale (value), bias (tensor, sign), mask (tensor, fill, keep_if_true),
-    causal (fill, q_side_lhs, direction, delta: keep iff (q + a) DIR (k + b), delta = b - a),
+    causal (fill, q_side_lhs, direction, delta: keep iff (q + a) DIR (k + b), delta = b - a,
+    q_dim: the score dim q counts along, -1 for the last but one),
     convert (dtype name)."""
     kind: str
     inst: Instruction
@@ -57,6 +58,7 @@ class ScoreStep:
     direction: str = ""
     delta: int = 0
     dtype: str = ""
+    q_dim: int = -1                          # causal: the score dim of the query position
 
 
 class QKOperands:
@@ -295,7 +297,10 @@ def _mask_step(sel: Instruction, path: Instruction, fill_inst: Instruction,
         if a is not None and b is not None:
             score_of = {w: d for d, w in enumerate(where) if w is not None}
             da, db = score_of.get(a[0]), score_of.get(b[0])
-            if {da, db} == {q_dim, k_dim}:
+            # the query position may be any row dim (jax.nn's grouped form writes rows
+            # [t, g]: the position is the row dim before the group)
+            row = da if db == k_dim else db
+            if k_dim in (da, db) and row is not None and row != k_dim and row < k_dim:
                 direction = pred.attrs.get("direction", "EQ")
                 direction = str(getattr(direction, "value", direction)).split(".")[-1]
                 if not keep_if_true:
@@ -305,7 +310,7 @@ def _mask_step(sel: Instruction, path: Instruction, fill_inst: Instruction,
                     a, b, direction = b, a, _FLIP[direction]
                 cone = _cone(pred)
                 return (ScoreStep("causal", sel, fill=fill, direction=direction,
-                                  delta=b[1] - a[1]), insts + cone)
+                                  delta=b[1] - a[1], q_dim=row), insts + cone)
     if pred.opcode == "constant" and pred.literal is not None:
         arr = np.asarray(pred.literal)
         sq = [d for d, w in enumerate(where) if w is not None]
