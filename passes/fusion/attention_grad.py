@@ -392,6 +392,9 @@ def match_backward(div: Instruction, stats_given: bool = False, fwd=None) -> Bac
     steps, _ = _score_steps(x, qk)
     rank = x.shape.rank
     nb = len(qk.attrs.get("lhs_batch_dims", ()))
+    if any(s.kind == "causal" and s.q_dim not in (-1, rank - 2) for s in steps):
+        raise NoMatch("the causal mask counts queries along a row dim before the group "
+                      "(rows [q, g]); the backward kernels count them along the last row dim")
     rows = list(range(nb, rank - 1))
     (q_src, q_of), (k_src, k_of) = _operand_maps(qk, x, k_is_lhs)
     # dV = dot(P, dO): the dot reading P (maybe transposed) that contracts all its rows.
