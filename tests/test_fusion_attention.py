@@ -616,7 +616,7 @@ def test_backward_fusion_reads_forward_output(case):
     config maps O's dims onto dO's (as [batch, rows in the scores' order, dv]): delta =
     rowsum(dO*O) computed from them equals rowsum(P*dP) of the unfused program, i.e. the
     o_perm permutes O exactly as dO is read."""
-    from codegen.triton.attention_backward import _o_operand
+    from passes.fusion.attention_grad import forward_output_perm
     f, args = _backward_case(case)
     _g, _jf, c = _gpu_pipeline_grad(f, args)
     entry = c.module.entry.instructions
@@ -625,7 +625,7 @@ def test_backward_fusion_reads_forward_output(case):
     assert len(bwd) == 1 and len(fwd) == 1
     o = bwd[0].operands[-1]
     assert o.opcode == "get-tuple-element" and o.operands[0] is fwd[0], o
-    perm = _o_operand(bwd[0])
+    perm = forward_output_perm(bwd[0])
     assert perm is not None and sorted(perm) == list(range(o.shape.rank))
     # O's dims in that order are [batch..., rows..., dv]: the batch and row sizes of q's
     # scores and v's head dim

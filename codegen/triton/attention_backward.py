@@ -31,6 +31,8 @@ from typing import Any, Optional
 import triton
 import triton.language as tl
 
+from passes.fusion.attention_grad import forward_output_perm
+
 from .attention import (ScorePlan, Unsupported, _pick, _pow2, _zh, cached_plan, key_range,
                         zh_out)
 
@@ -498,22 +500,6 @@ def plan_for(inst) -> BackwardPlan:
 _USE_O = True       # tests turn it off to run the rowsum(P∘dP) delta kernel
 
 
-def _o_operand(inst) -> Optional[list[int]]:
-    """The permutation of the fusion's last operand, the forward's output O, into
-    [batch, rows in the scores' order..., dv] when the fusion reads O (its backend config
-    says so: passes/fusion/attention.py ``_read_forward_output``), else None."""
-    import json
-    cfg = inst.attrs.get("backend_config")
-    text = str(getattr(cfg, "text", cfg) or "")
-    try:
-        summary = json.loads(text)["fusion_backend_config"]["flash_attention_backward"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    if summary.get("o_operand") != "last":
-        return None
-    return [int(d) for d in summary["o_perm"]]
-
-
 def _fold(p: BackwardPlan) -> bool:
     """Whether every score the kernels see is q·k times a constant and every row keeps a
     key (no bias, no boolean mask, a causal mask that keeps the diagonal side): then P is
@@ -557,7 +543,7 @@ def flash_attention_backward(inst, operands: list, out: Optional[Any] = None) ->
                  IEEE=q.element_size() >= 4, FOLD=_fold(p), BD=_pow2(D), BDV=_pow2(DV),
                  **causal)
     o = None
-    o_perm = _o_operand(inst)
+    o_perm = forward_output_perm(inst)
     if o_perm is not None and _USE_O:
         o = _zh(operands[-1].permute(o_perm), nb)
         if tuple(o.shape) != (Z, H, M, DV):

@@ -98,6 +98,21 @@ def backend_config(b: BackwardMatch) -> str:
                       separators=(",", ":"))
 
 
+def forward_output_perm(inst: Instruction) -> Optional[list[int]]:
+    """The permutation of a backward fusion's last operand, the forward's output O, into
+    [batch, rows in the scores' order..., dv] when the fusion reads O (its backend config
+    says so), else None."""
+    cfg = inst.attrs.get("backend_config")
+    text = str(getattr(cfg, "text", cfg) or "")
+    try:
+        summary = json.loads(text)["fusion_backend_config"]["flash_attention_backward"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if summary.get("o_operand") != "last":
+        return None
+    return [int(d) for d in summary["o_perm"]]
+
+
 # --- helpers --------------------------------------------------------------------------------
 def _src(inst: Instruction) -> Instruction:
     return _through(inst)[0]
