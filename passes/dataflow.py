@@ -460,18 +460,31 @@ def _leaf_value(inst: Instruction, index: Index) -> tuple[Instruction, Index]:
             return inst, index
 
 
-def _copy_root_leaves(comp: Computation, needs_copy) -> bool:
-    """Rebuild ``comp``'s root so that each leaf needing it is a fresh copy."""
+def _through_views(v: Instruction, vix: Index) -> tuple[Instruction, Index]:
+    """The instruction whose buffer an array leaf views (same bytes, another shape)."""
+    while v.opcode == "bitcast" and not vix and _bitcast_is_view(v):
+        v = v.operands[0]
+    return v, vix
+
+
+def _copy_root_leaves(comp: Computation, needs_copy, through_views: bool = False) -> bool:
+    """Rebuild ``comp``'s root so that each leaf needing it is a fresh copy. With
+    ``through_views`` a leaf that is a bitcast of a fresh buffer owns that buffer (the
+    entry's outputs: a fusion computed in [n, m, 1] and returned as [n, m] needs no copy)."""
     root = comp.root
     leaves = list(array_leaves(root.shape))
     seen: dict[tuple[int, Index], int] = {}
     need: set[Index] = set()
-    for ix, _ in leaves:
+
+    def leaf(ix: Index) -> tuple[Instruction, Index]:
         v, vix = _leaf_value(root, ix)
+        return _through_views(v, vix) if through_views else (v, vix)
+    for ix, _ in leaves:
+        v, vix = leaf(ix)
         key = (id(v), vix)
         seen[key] = seen.get(key, 0) + 1
     for ix, _ in leaves:
-        v, vix = _leaf_value(root, ix)
+        v, vix = leaf(ix)
         # A leaf may stay as it is when it appears once and its buffer belongs to this
         # computation: defined here (not a parameter or constant), or the state of a loop /
         # the result of a conditional (whose own copies made them owned).
@@ -610,7 +623,7 @@ def donated_output_writer(entry: Computation, ix: Index) -> Optional[Instruction
 def _copy_entry_root(entry: Computation, aliased: dict[Index, int]) -> bool:
     """Entry outputs own their buffers: no parameter, constant or repeated value, except
     for outputs aliased with a donated parameter, which are written last into it."""
-    changed = _copy_root_leaves(entry, lambda v, ix: False)
+    changed = _copy_root_leaves(entry, lambda v, ix: False, through_views=True)
     for ix, pnum in aliased.items():
         param = entry.parameters[pnum]
         v = donated_output_writer(entry, ix)

@@ -413,3 +413,36 @@ def test_donated_parameters_alias_the_elements_of_a_multi_output_fusion():
     got = compiled(p, m, g)
     np.testing.assert_allclose(got[1], 0.9 * 2 + 3, rtol=1e-6)
     np.testing.assert_allclose(got[0], 1 - 0.1 * (0.9 * 2 + 3), rtol=1e-6)
+
+
+ROOT_VIEWS = """\
+HloModule v
+ENTRY main {
+  p = f32[4,3] parameter(0)
+  pb = f32[4,3,1] bitcast(p)
+  e = f32[4,3,1] exponential(pb)
+  b1 = f32[4,3] bitcast(e)
+  b2 = f32[12] bitcast(p)
+  b3 = f32[3,4] bitcast(e)
+  ROOT t = (f32[4,3], f32[12], f32[3,4]) tuple(b1, b2, b3)
+}
+"""
+
+
+def test_entry_output_that_is_a_bitcast_of_a_fresh_value_owns_it_without_a_copy():
+    """An output viewing a value computed here takes that buffer (no copy); a view of a
+    parameter, or a value returned twice, is copied (outputs own distinct buffers)."""
+    from passes.dataflow import insert_copies
+    once = ROOT_VIEWS.replace("(f32[4,3], f32[12], f32[3,4]) tuple(b1, b2, b3)",
+                              "(f32[4,3], f32[12]) tuple(b1, b2)")
+    for text, copies in ((once, 1), (ROOT_VIEWS, 3)):
+        m = hlo.parse_hlo(text)
+        insert_copies(m)
+        hlo.verify(m)
+        assert sum(i.opcode == "copy" for i in m.entry.instructions) == copies, m.to_text()
+    m = hlo.parse_hlo(once)
+    insert_copies(m)
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    got = hlo.evaluate(m, [x])
+    np.testing.assert_allclose(got[0], np.exp(x), rtol=1e-6)
+    np.testing.assert_array_equal(got[1], x.reshape(12))
