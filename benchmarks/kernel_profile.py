@@ -32,24 +32,32 @@ _ATTN_MARKERS = ("_fwd", "_bwd_dq", "_bwd_dkdv", "flash", "attention", "fmha")
 CALL_GAP_US = 100.0
 
 
-def _trace_kernels(run: Callable[[], Any], steps: int) -> list[dict]:
-    """Kernel (and memcpy/memset) records of ``steps`` calls of ``run`` (each followed by a
-    device synchronize), from torch.profiler's chrome trace: name, ts, dur (µs)."""
+def cuda_trace_events(run: Callable[[], Any], steps: int, sync_each: bool = True) -> list[dict]:
+    """The chrome-trace events torch.profiler records (CUPTI) over ``steps`` calls of
+    ``run``, each followed by a device synchronize when ``sync_each``."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             run()
-            torch.cuda.synchronize()
+            if sync_each:
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
         prof.export_chrome_trace(path)
         with open(path) as fh:
-            events = json.load(fh).get("traceEvents", [])
+            return json.load(fh).get("traceEvents", [])
     finally:
         os.unlink(path)
+
+
+def _trace_kernels(run: Callable[[], Any], steps: int) -> list[dict]:
+    """Kernel (and memcpy/memset) records of ``steps`` calls of ``run`` (each followed by a
+    device synchronize), from torch.profiler's chrome trace: name, ts, dur (µs)."""
+    events = cuda_trace_events(run, steps)
     return [{"name": e["name"], "ts": float(e["ts"]), "dur": float(e.get("dur", 0.0)),
              "cat": e.get("cat", "")}
             for e in events if e.get("ph") == "X"

@@ -28,23 +28,8 @@ CONFIGS = [(256, 2), (512, 4), (1024, 4), (2048, 8)]
 
 def trace(run, n: int) -> list[dict]:
     """Kernel records (name, dur µs, grid, block, registers) of ``n`` calls of ``run``."""
-    import json
-    import tempfile
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            run()
-        torch.cuda.synchronize()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            ev = json.load(f).get("traceEvents", [])
-    finally:
-        os.unlink(path)
+    from benchmarks.kernel_profile import cuda_trace_events
+    ev = cuda_trace_events(run, n, sync_each=False)
     return [{"name": e["name"], "dur": float(e.get("dur", 0.0)),
              "grid": e.get("args", {}).get("grid"), "block": e.get("args", {}).get("block"),
              "regs": e.get("args", {}).get("registers per thread")}

@@ -26,6 +26,24 @@ _F32_MAX = 3.4028234663852886e38
 
 
 @triton.jit
+def causal_keep(qq, kq, DIR: tl.constexpr):
+    """q DIR k for the compare directions of ``_DIRS`` (the causal mask's keep test)."""
+    if DIR == 0:
+        keep = qq >= kq
+    elif DIR == 1:
+        keep = qq > kq
+    elif DIR == 2:
+        keep = qq <= kq
+    elif DIR == 3:
+        keep = qq < kq
+    elif DIR == 4:
+        keep = qq == kq
+    else:
+        keep = qq != kq
+    return keep
+
+
+@triton.jit
 def _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V, Bias, Mask,
             kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn, smm, smn,
             M, N, D, DV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
@@ -69,21 +87,7 @@ def _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V, Bias, 
                         mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0)
             s = (s + BIAS_SIGN * b.to(tl.float32)) * SCALE2
         if CAUSAL and EDGE:
-            kq = offs_n[None, :] + DELTA
-            qq = qpos[:, None]
-            if DIR == 0:
-                keep = qq >= kq
-            elif DIR == 1:
-                keep = qq > kq
-            elif DIR == 2:
-                keep = qq <= kq
-            elif DIR == 3:
-                keep = qq < kq
-            elif DIR == 4:
-                keep = qq == kq
-            else:
-                keep = qq != kq
-            s = tl.where(keep, s, FILL_C)
+            s = tl.where(causal_keep(qpos[:, None], offs_n[None, :] + DELTA, DIR), s, FILL_C)
         if HAS_MASK:
             mk = tl.load(Mask + mbase + offs_m[:, None] * smm + offs_n[None, :] * smn,
                          mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0)

@@ -33,25 +33,8 @@ import triton.language as tl
 
 from passes.fusion.attention_grad import forward_output_perm
 
-from .attention import (ScorePlan, Unsupported, _pick, _pow2, _zh, cached_plan, key_range,
-                        zh_out)
-
-
-@triton.jit
-def _causal_keep(qq, kq, DIR: tl.constexpr):
-    if DIR == 0:
-        keep = qq >= kq
-    elif DIR == 1:
-        keep = qq > kq
-    elif DIR == 2:
-        keep = qq <= kq
-    elif DIR == 3:
-        keep = qq < kq
-    elif DIR == 4:
-        keep = qq == kq
-    else:
-        keep = qq != kq
-    return keep
+from .attention import (ScorePlan, Unsupported, _pick, _pow2, _zh, cached_plan, causal_keep,
+                        key_range, zh_out)
 
 
 @triton.jit
@@ -73,7 +56,7 @@ def _probs(s, qi, ki, m2, r2, Bias, Mask, bbase, mbase, sbm, sbn, smm, smn, M, N
     if FOLD:
         t = s * (SCALE1 * SCALE2 * 1.4426950408889634)
         if CAUSAL and EDGE:
-            t = tl.where(_causal_keep(qi % Q_LEN, ki + DELTA, DIR), t, float("-inf"))
+            t = tl.where(causal_keep(qi % Q_LEN, ki + DELTA, DIR), t, float("-inf"))
         if KEYS:
             t = tl.where(ki < N, t, float("-inf"))
         p = tl.exp2(t - m2) * r2
@@ -87,7 +70,7 @@ def _probs(s, qi, ki, m2, r2, Bias, Mask, bbase, mbase, sbm, sbn, smm, smn, M, N
         s = s * SCALE2
         keep = inside
         if CAUSAL and EDGE:
-            ck = _causal_keep(qi % Q_LEN, ki + DELTA, DIR)
+            ck = causal_keep(qi % Q_LEN, ki + DELTA, DIR)
             s = tl.where(ck, s, FILL_C)
             keep = keep & ck
         if HAS_MASK:
