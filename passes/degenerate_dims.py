@@ -33,7 +33,8 @@ def degenerate_map(src: tuple, dst: tuple) -> Optional[dict[int, int]]:
     return dict(zip(a, b))
 
 
-def _shape(like: Shape, dims, dtype=None) -> Shape:
+def shape_like(like: Shape, dims, dtype=None) -> Shape:
+    """A shape of ``dims`` (row-major when ``like`` has a layout) with ``like``'s type."""
     dims = tuple(dims)
     layout = Layout.row_major(len(dims)) if like.layout is not None else None
     return Shape(dtype or like.dtype, dims, layout)
@@ -83,7 +84,7 @@ def dot_size_one_dims(i: Instruction):
         keep = [d for d in range(x.shape.rank) if d not in drop[side]]
         pos.append({d: n for n, d in enumerate(keep)})
         new_ops.append(x if not drop[side] else emit(
-            i, "reshape", [x], _shape(x.shape, [x.shape.dims[d] for d in keep]), name="reshape"))
+            i, "reshape", [x], shape_like(x.shape, [x.shape.dims[d] for d in keep]), name="reshape"))
     attrs: dict = {}     # in the order XLA prints them
     for side, name in enumerate(("lhs", "rhs")):
         if batch[side]:
@@ -93,7 +94,7 @@ def dot_size_one_dims(i: Instruction):
                   if not k.endswith(("_batch_dims", "_contracting_dims")) and k != "metadata"})
     dims = [ops[0].shape.dims[d] for d in batch[0]] + \
         [ops[0].shape.dims[d] for d in free[0]] + [ops[1].shape.dims[d] for d in free[1]]
-    dot = emit(i, "dot", new_ops, _shape(i.shape, dims), name="dot", **attrs)
+    dot = emit(i, "dot", new_ops, shape_like(i.shape, dims), name="dot", **attrs)
     return emit(i, "reshape", [dot], i.shape, name="reshape")
 
 
@@ -115,9 +116,9 @@ def _at_source_shape(o: Instruction, anchor: Instruction, dims: tuple,
     if any(bdims[k] not in to_src for k in keep):
         return None
     if len(keep) < x.shape.rank:     # size-1 operand dims on size-1 result dims: dropped
-        x = emit(anchor, "reshape", [x], _shape(x.shape, [x.shape.dims[k] for k in keep]),
+        x = emit(anchor, "reshape", [x], shape_like(x.shape, [x.shape.dims[k] for k in keep]),
                  name="reshape")
-    return emit(anchor, "broadcast", [x], _shape(o.shape, dims), name="broadcast",
+    return emit(anchor, "broadcast", [x], shape_like(o.shape, dims), name="broadcast",
                 dimensions=tuple(to_src[bdims[k]] for k in keep))
 
 
@@ -141,7 +142,7 @@ def elementwise_of_degenerate_reshapes(i: Instruction):
             return None
     new_ops = [_at_source_shape(o, i, dims, to_src) for o in i.operands]
     attrs = {k: v for k, v in i.attrs.items() if k != "metadata"}
-    op = emit(i, i.opcode, new_ops, _shape(i.shape, dims), name=i.opcode.replace("-", "_"),
+    op = emit(i, i.opcode, new_ops, shape_like(i.shape, dims), name=i.opcode.replace("-", "_"),
               **attrs)
     return emit(i, "reshape", [op], i.shape, name="reshape")
 
@@ -160,7 +161,7 @@ def reduce_of_degenerate_reshape(i: Instruction):
     src_dims = tuple(sorted(to_src[d] for d in dims))
     out = [n for k, n in enumerate(x.shape.dims) if k not in src_dims]
     attrs = {k: v for k, v in i.attrs.items() if k not in ("metadata", "dimensions")}
-    red = emit(i, "reduce", [x, i.operands[1]], _shape(i.shape, out), name="reduce",
+    red = emit(i, "reduce", [x, i.operands[1]], shape_like(i.shape, out), name="reduce",
                dimensions=src_dims, **attrs)
     return emit(i, "reshape", [red], i.shape, name="reshape")
 
@@ -187,12 +188,12 @@ def transpose_of_degenerate_reshape(i: Instruction):
     src_perm = tuple(to_src[p] for p in perm if p in to_src)
     if src_perm == tuple(range(len(src_perm))):
         return emit(i, "reshape", [x], i.shape, name="reshape")
-    t = emit(i, "transpose", [x], _shape(i.shape, [x.shape.dims[p] for p in src_perm]),
+    t = emit(i, "transpose", [x], shape_like(i.shape, [x.shape.dims[p] for p in src_perm]),
              name="transpose", dimensions=src_perm)
     return emit(i, "reshape", [t], i.shape, name="reshape")
 
 
-_ELEMENTWISE = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
+ELEMENTWISE_OPCODES = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
                 "remainder", "atan2", "and", "or", "xor", "compare", "select", "clamp",
                 "convert", "negate", "abs", "exponential", "log", "sqrt", "rsqrt", "tanh",
                 "logistic", "exponential-minus-one", "log-plus-one", "sign", "not", "floor",
@@ -203,7 +204,7 @@ DEGENERATE_DIM_RULES: list[Rule] = [
     Rule("transpose-of-size-one-dims", ("transpose",), transpose_of_size_one_dims),
     Rule("transpose-of-degenerate-reshape", ("transpose",), transpose_of_degenerate_reshape),
     Rule("dot-size-one-dims", ("dot",), dot_size_one_dims),
-    Rule("elementwise-of-degenerate-reshapes", _ELEMENTWISE, elementwise_of_degenerate_reshapes),
+    Rule("elementwise-of-degenerate-reshapes", ELEMENTWISE_OPCODES, elementwise_of_degenerate_reshapes),
     Rule("reduce-of-degenerate-reshape", ("reduce",), reduce_of_degenerate_reshape),
     Rule("broadcast-of-degenerate-reshape", ("broadcast",), broadcast_of_degenerate_reshape),
 ]

@@ -17,7 +17,7 @@ from typing import Optional
 from hlo.ir import Instruction
 from hlo.shape import Shape
 
-from .degenerate_dims import _ELEMENTWISE, _shape
+from .degenerate_dims import ELEMENTWISE_OPCODES, shape_like
 from .rewrite import Rule, emit
 
 
@@ -41,9 +41,9 @@ def _rebroadcast(o: Instruction, anchor: Instruction, perm: tuple,
     targets = [perm[d] for d in o.attrs.get("dimensions", ())]
     order = sorted(range(len(targets)), key=targets.__getitem__)
     if order != list(range(len(targets))):      # keep broadcast dims increasing
-        x = emit(anchor, "transpose", [x], _shape(x.shape, [x.shape.dims[k] for k in order]),
+        x = emit(anchor, "transpose", [x], shape_like(x.shape, [x.shape.dims[k] for k in order]),
                  name="transpose", dimensions=tuple(order))
-    return emit(anchor, "broadcast", [x], _shape(o.shape, src_dims), name="broadcast",
+    return emit(anchor, "broadcast", [x], shape_like(o.shape, src_dims), name="broadcast",
                 dimensions=tuple(sorted(targets)))
 
 
@@ -73,7 +73,7 @@ def elementwise_of_transposes(i: Instruction):
         else:
             new_ops.append(_rebroadcast(o, i, perm, src.shape.dims))
     attrs = {k: v for k, v in i.attrs.items() if k != "metadata"}
-    op = emit(i, i.opcode, new_ops, _shape(i.shape, src.shape.dims),
+    op = emit(i, i.opcode, new_ops, shape_like(i.shape, src.shape.dims),
               name=i.opcode.replace("-", "_"), **attrs)
     return emit(i, "transpose", [op], i.shape, name="transpose", dimensions=perm)
 
@@ -92,7 +92,7 @@ def reduce_of_transpose(i: Instruction):
     wanted = [perm[j] for j in range(len(perm)) if j not in dims]       # old result's order
     residual = tuple(kept.index(k) for k in wanted)
     attrs = {k: v for k, v in i.attrs.items() if k not in ("metadata", "dimensions")}
-    red = emit(i, "reduce", [x, i.operands[1]], _shape(i.shape, [x.shape.dims[k] for k in kept]),
+    red = emit(i, "reduce", [x, i.operands[1]], shape_like(i.shape, [x.shape.dims[k] for k in kept]),
                name="reduce", dimensions=src_dims, **attrs)
     if residual == tuple(range(len(residual))):
         return red
@@ -133,13 +133,13 @@ def dot_of_transpose_reordering_free_dims(i: Instruction):
         dims = [i.shape.dims[k] for k in range(i.shape.rank)]
         for j, d in enumerate(new_free):
             dims[start + sorted_free.index(d)] = i.shape.dims[start + j]
-        dot = emit(i, "dot", operands, _shape(i.shape, dims), name="dot", **attrs)
+        dot = emit(i, "dot", operands, shape_like(i.shape, dims), name="dot", **attrs)
         return emit(i, "transpose", [dot], i.shape, name="transpose", dimensions=tuple(out_perm))
     return None
 
 
 TRANSPOSE_RULES: list[Rule] = [
-    Rule("elementwise-of-transposes", _ELEMENTWISE, elementwise_of_transposes),
+    Rule("elementwise-of-transposes", ELEMENTWISE_OPCODES, elementwise_of_transposes),
     Rule("reduce-of-transpose", ("reduce",), reduce_of_transpose),
     Rule("dot-of-transpose-reordering-free-dims", ("dot",), dot_of_transpose_reordering_free_dims),
 ]
