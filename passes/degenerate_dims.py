@@ -84,7 +84,8 @@ def dot_size_one_dims(i: Instruction):
         keep = [d for d in range(x.shape.rank) if d not in drop[side]]
         pos.append({d: n for n, d in enumerate(keep)})
         new_ops.append(x if not drop[side] else emit(
-            i, "reshape", [x], shape_like(x.shape, [x.shape.dims[d] for d in keep]), name="reshape"))
+            i, "reshape", [x], shape_like(x.shape, [x.shape.dims[d] for d in keep]),
+            name="reshape"))
     attrs: dict = {}     # in the order XLA prints them
     for side, name in enumerate(("lhs", "rhs")):
         if batch[side]:
@@ -204,7 +205,8 @@ DEGENERATE_DIM_RULES: list[Rule] = [
     Rule("transpose-of-size-one-dims", ("transpose",), transpose_of_size_one_dims),
     Rule("transpose-of-degenerate-reshape", ("transpose",), transpose_of_degenerate_reshape),
     Rule("dot-size-one-dims", ("dot",), dot_size_one_dims),
-    Rule("elementwise-of-degenerate-reshapes", ELEMENTWISE_OPCODES, elementwise_of_degenerate_reshapes),
+    Rule("elementwise-of-degenerate-reshapes", ELEMENTWISE_OPCODES,
+         elementwise_of_degenerate_reshapes),
     Rule("reduce-of-degenerate-reshape", ("reduce",), reduce_of_degenerate_reshape),
     Rule("broadcast-of-degenerate-reshape", ("broadcast",), broadcast_of_degenerate_reshape),
 ]

@@ -92,8 +92,9 @@ def reduce_of_transpose(i: Instruction):
     wanted = [perm[j] for j in range(len(perm)) if j not in dims]       # old result's order
     residual = tuple(kept.index(k) for k in wanted)
     attrs = {k: v for k, v in i.attrs.items() if k not in ("metadata", "dimensions")}
-    red = emit(i, "reduce", [x, i.operands[1]], shape_like(i.shape, [x.shape.dims[k] for k in kept]),
-               name="reduce", dimensions=src_dims, **attrs)
+    red = emit(i, "reduce", [x, i.operands[1]],
+               shape_like(i.shape, [x.shape.dims[k] for k in kept]), name="reduce",
+               dimensions=src_dims, **attrs)
     if residual == tuple(range(len(residual))):
         return red
     return emit(i, "transpose", [red], i.shape, name="transpose", dimensions=residual)
