@@ -731,3 +731,12 @@ def test_hand_written_softmax_gradient_through_its_max_fuses():
     g, jf, c = _gpu_pipeline_grad(_hand_softmax_attention, args)
     for a, want in zip(jf(*args), jax.jit(g)(*args)):
         np.testing.assert_allclose(a, want, rtol=5e-5, atol=5e-5)
+
+
+def test_attention_forms_benchmark_reports_the_jax_nn_form_fused():
+    """benchmarks/attention_forms.py (deviceless): jax.nn.dot_product_attention's forward is
+    one attention fusion with no buffer as large as the bf16 scores."""
+    from benchmarks.attention_forms import _forms, measure
+    fn, qs, kvs = _forms()["jax.nn.dot_product_attention causal"]
+    r = measure(fn, qs, kvs, grad=False)
+    assert r["fwd"] == 1 and r["scores_in_memory"] is False, r
