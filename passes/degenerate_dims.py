@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Optional
 
 from hlo.ir import Instruction
+from hlo.ops import OPS
 from hlo.shape import Layout, Shape
 
 from .rewrite import Rule, emit
@@ -194,12 +195,11 @@ def transpose_of_degenerate_reshape(i: Instruction):
     return emit(i, "reshape", [t], i.shape, name="reshape")
 
 
-ELEMENTWISE_OPCODES = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
-                "remainder", "atan2", "and", "or", "xor", "compare", "select", "clamp",
-                "convert", "negate", "abs", "exponential", "log", "sqrt", "rsqrt", "tanh",
-                "logistic", "exponential-minus-one", "log-plus-one", "sign", "not", "floor",
-                "ceil", "cosine", "sine", "erf", "is-finite", "round-nearest-even",
-                "round-nearest-afz", "cbrt", "tan")
+# The op table's elementwise ops, less those whose shape is not their operands' (a
+# bitcast-convert between widths), that call a computation (map) or that only set a
+# layout (copy).
+ELEMENTWISE_OPCODES = tuple(sorted(n for n, d in OPS.items() if d.elementwise
+                                   and n not in ("bitcast-convert", "map", "copy")))
 
 DEGENERATE_DIM_RULES: list[Rule] = [
     Rule("transpose-of-size-one-dims", ("transpose",), transpose_of_size_one_dims),
