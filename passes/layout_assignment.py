@@ -413,6 +413,12 @@ class _Assigner:
                 src = original[id(inst.operands[0])]
                 wish(inst.operands[0], lu.layout_of(src), mandatory=True)
             w = wants.get(id(inst)) or self.rules.result_layout(inst)
+            if w is None and inst.opcode == "reshape" and inst.shape.rank:
+                # A reshape nobody constrains is produced row-major: ask its operand for the
+                # layout that makes it a bitcast, so that a producer free to write any layout
+                # (a flash-attention dot, a cuBLAS dot writing its free dims swapped) does,
+                # instead of the reshape becoming a copy.
+                w = lu.default_layout(inst.shape.rank)
             if w is None:
                 continue
             if _is_elementwise(inst) or inst.opcode in _LAYOUT_PRESERVING:

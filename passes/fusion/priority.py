@@ -49,5 +49,11 @@ class PriorityPolicy:
 
 
 def _free(c: Candidate) -> bool:
+    """Views (bitcasts, row-major reshapes) folded for free into their consumer, unless the
+    consumer is a dot alone: that runs as a library GEMM reading the view as a strided
+    operand, and the fold would only turn it into a generated GEMM."""
     from .cost_model import is_free
+    consumer = c.consumer.instances()
+    if len(consumer) == 1 and consumer[0].opcode == "dot":
+        return False
     return c.action != "sibling" and all(is_free(i) for i in c.producer.instances())
