@@ -7,7 +7,8 @@ contracts batch and sequence) runs split (runtime/cuda/split.py):
 
     one prologue kernel per dot operand computed inside the fusion (written out)
     -> cuBLAS on the materialized operands
-    -> one epilogue kernel for the fused computation after the dot (if any).
+    -> one epilogue kernel for the fused computation after the dot (if any), or none when
+       the library applies it itself (GELU, gemm_epilogue.py).
 
 Fusing a producer into such a GEMM therefore saves nothing: its value is written out and
 read back either way, and duplicating it into several such GEMMs computes and writes it
@@ -26,6 +27,7 @@ from hlo.dots import dot_dims
 from hlo.ir import Instruction
 
 from .cost_model import ZERO, DeviceSpec, Estimate, array_bytes, estimate_kernel, is_free
+from .gemm_epilogue import library_epilogue
 
 
 def untiled_reason(dot: Instruction) -> Optional[str]:
@@ -108,6 +110,10 @@ def split_estimate(instances: Sequence[Instruction], outputs: Sequence[Instructi
         return total + Estimate(spec.kernel_launch_us + 2 * copied / spec.bytes_per_us,
                                 copied, copied, 0.0, 1, 2 * copied / spec.bytes_per_us, 0.0)
     e = estimate_kernel(epilogue, outputs, spec, small_constant_elements)
+    if not copied and library_epilogue(dot, epilogue, outputs) is not None:
+        # The GEMM applies it to each tile before storing (gemm_epilogue.py): its arithmetic
+        # only, no kernel, no bytes.
+        return total + Estimate(e.compute_us, 0, 0, e.flops, 0, 0.0, e.compute_us)
     if copied:
         extra = copied / spec.bytes_per_us
         e = Estimate(e.time_us + extra, e.bytes_read + copied, e.bytes_written, e.flops,

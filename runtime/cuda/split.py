@@ -64,11 +64,13 @@ def extract(comp: Computation, roots: list[Instruction], known: dict[int, Slot],
 
 def split_gemm_fusion(inst: Instruction, operand_slots: list[Slot], output_slots: list[Slot],
                       scratch: Callable[[Any], Slot], kernel: Callable[[Instruction, list[Slot], list[Slot]], Any],
-                      library: Callable[[Instruction, list[Slot], list[Slot]], Any]) -> Optional[list]:
+                      library: Callable[..., Any]) -> Optional[list]:
     """Thunks running fusion ``inst`` as prologue kernels + cuBLAS + an epilogue kernel, or
     None when it has no single dot cuBLAS takes. ``scratch(shape)`` makes a buffer;
-    ``kernel(fusion, ins, outs)`` / ``library(dot, ins, outs)`` make thunks."""
-    from codegen.library.cublas import plan
+    ``kernel(fusion, ins, outs)`` / ``library(dot, ins, outs[, epilogue])`` make thunks (an
+    epilogue the library applies: ``"gelu_tanh"``)."""
+    from codegen.library.cublas import gelu_supports, plan
+    from passes.fusion.gemm_epilogue import library_epilogue
     comp: Computation = inst.attrs["calls"]
     dots = [i for i in comp.instructions if i.opcode == "dot"]
     if len(dots) != 1 or plan(dots[0]) is None:
@@ -98,9 +100,33 @@ def split_gemm_fusion(inst: Instruction, operand_slots: list[Slot], output_slots
     if outs == [dot] and output_slots[0].shape.layout == dot.shape.layout:
         thunks.append(library(dot, [known[id(x)] for x in dot.operands], [output_slots[0]]))
         return thunks
+    if len(outs) == 1 and output_slots[0].shape.layout == dot.shape.layout and \
+            gelu_supports(dot) and library_epilogue(
+                dot, _after(comp, dot, outs), outs) == "gelu_tanh":
+        # The GELU is cuBLASLt's epilogue: one GEMM, no scratch, no epilogue kernel.
+        thunks.append(library(dot, [known[id(x)] for x in dot.operands], [output_slots[0]],
+                              "gelu_tanh"))
+        return thunks
     dslot = scratch(dot.shape)
     thunks.append(library(dot, [known[id(x)] for x in dot.operands], [dslot]))
     known[id(dot)] = dslot
     f, ins = extract(comp, outs, known, f"{inst.name}.epilogue")
     thunks.append(kernel(f, ins, output_slots))
     return thunks
+
+
+def _after(comp: Computation, dot: Instruction, outs: list[Instruction]) -> list[Instruction]:
+    """The instructions of ``comp`` that ``outs`` need, above ``dot`` (the epilogue)."""
+    seen: set[int] = set()
+    order: list[Instruction] = []
+
+    def visit(v: Instruction) -> None:
+        if id(v) in seen or v is dot or v.opcode == "parameter":
+            return
+        seen.add(id(v))
+        for o in v.operands:
+            visit(o)
+        order.append(v)
+    for r in outs:
+        visit(r)
+    return order

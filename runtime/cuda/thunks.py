@@ -180,7 +180,8 @@ class LibraryThunk(SlotThunk):
     def label(self) -> str:
         plan = getattr(self.call, "plan", None)
         p = plan(self.inst) if plan is not None else None
-        return f"%{self.inst.name} {p.name if p is not None else getattr(self.call, '__name__', '')}"
+        return (f"%{self.inst.name} {p.name if p is not None else getattr(self.call, '__name__', '')}"
+                + getattr(self.call, "label_suffix", ""))
 
 
 class CopyThunk(SlotThunk):
