@@ -168,6 +168,19 @@ def cupti(calls: dict, n: int = 8) -> dict:
 SLOTS_VARIANT = [("hlotk 1 slot", {"HLOTK_NATIVE_SLOTS": "1"})]
 
 
+def wrapper_text(name: str, compiled, dev) -> None:
+    """XLA's compiled HLO of the jax.jit wrapper around the native call, and its memory
+    analysis, to $OUT/wrapper_<name>.txt: what XLA runs per call besides the FFI call."""
+    fast = getattr(compiled, "_native_jit", None)
+    if fast is None:
+        return
+    xc = fast.lower(*dev).compile()
+    path = os.path.join(os.environ.get("OUT", "/tmp"), f"wrapper_{name}.txt")
+    with open(path, "w") as f:
+        f.write(f"{xc.memory_analysis()}\n\n{xc.as_text()}")
+    print(f"{name}: XLA's wrapper HLO in {path}", flush=True)
+
+
 def measure(name: str, fn, args, reps: int, rounds: int, profile_on: bool,
             variants: list = SLOTS_VARIANT) -> tuple[str, dict]:
     import jax
@@ -197,6 +210,8 @@ def measure(name: str, fn, args, reps: int, rounds: int, profile_on: bool,
             print(f"{name} ({label}): err {err:.1e}; {exe.report()}", flush=True)
             who[label] = lambda hc=hc: hc(*dev)
             graphs[label] = exe.native
+            if label == "hlotk":
+                wrapper_text(name, hc, dev)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     res: dict = {}
     waits = ("block_until_ready", "is_ready", "torch.cuda.synchronize")
