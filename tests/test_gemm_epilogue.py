@@ -1,7 +1,8 @@
-"""GELU (tanh form) after a GEMM runs as cuBLASLt's epilogue (passes/fusion/gemm_epilogue.py):
-the matcher reads the computation after the dot by value, the fusion pass prices the
-GEMM + GELU fusion as one GEMM (split_gemm.py) and fuses it, the CPU backend's result equals
-jax.jit's, and on a GPU the fusion is one library call with no epilogue kernel."""
+"""A bias, GELU (tanh form) or ReLU after a GEMM runs as cuBLASLt's epilogue
+(passes/fusion/gemm_epilogue.py): the matcher reads the computation after the dot (GELU by
+value), the fusion pass prices the GEMM + epilogue fusion as one GEMM (split_gemm.py) and
+fuses it, the CPU backend's result equals jax.jit's, and on a GPU the fusion is one library
+call with no epilogue kernel."""
 from __future__ import annotations
 
 import math
@@ -55,11 +56,9 @@ def _not_gelu_squared(x):           # tanh twice
     return 0.5 * x * (1.0 + t * t)
 
 
-def _epilogue_of(act, dtype):
-    """library_epilogue's answer for ``act(a @ w)`` after simplification."""
-    a = jnp.zeros((64, 32), dtype)
-    w = jnp.zeros((32, 48), dtype)
-    module = runtime.jit(lambda a, w: act(a @ w), pipeline="none").lower(a, w).module
+def _epilogue_of(f, *args):
+    """library_epilogue's answer for ``f(*args)`` (one dot) after simplification."""
+    module = runtime.jit(f, pipeline="none").lower(*args).module
     run_pipeline(module, f"inline,{SIMPLIFY}")
     comp = module.entry
     dot = next(i for i in comp.instructions if i.opcode == "dot")
@@ -68,33 +67,62 @@ def _epilogue_of(act, dtype):
     for inst in order:
         if inst is dot or any(id(o) in above or o is dot for o in inst.operands):
             above.add(id(inst))
-    epilogue = [i for i in order if id(i) in above and i is not dot]
-    constants = [i for i in order if id(i) not in above and i.opcode in ("constant", "broadcast")]
-    return library_epilogue(dot, constants + epilogue, [comp.root])
+    # The epilogue as a fusion holds it: what is above the dot, constants and the bias's
+    # broadcast (not the parameters).
+    needed = set(above)
+    for inst in reversed(order):
+        if id(inst) in needed and inst is not dot:
+            needed.update(id(o) for o in inst.operands if o.opcode != "parameter" and o is not dot)
+    epilogue = [i for i in order if id(i) in needed and i is not dot]
+    return library_epilogue(dot, epilogue, [comp.root])
+
+
+def _act_of(act, dtype):
+    a, w = jnp.zeros((64, 32), dtype), jnp.zeros((32, 48), dtype)
+    return _epilogue_of(lambda a, w: act(a @ w), a, w)
 
 
 @pytest.mark.parametrize("act", [_gelu_jax, _gelu_flax_order, _gelu_expanded, _gelu_upcast])
 @pytest.mark.parametrize("dtype", [bf16, jnp.float32, jnp.float16])
 def test_gelu_forms_match(act, dtype):
-    assert _epilogue_of(act, dtype) == "gelu_tanh"
+    got = _act_of(act, dtype)
+    assert got is not None and (got.activation, got.bias) == ("gelu_tanh", None)
 
 
 @pytest.mark.parametrize("act", [_not_gelu_erf, _not_gelu_constant, _not_gelu_tanh_only,
-                                 _not_gelu_squared, lambda x: x * jax.nn.sigmoid(1.702 * x)])
+                                 _not_gelu_squared, lambda x: x * jax.nn.sigmoid(1.702 * x),
+                                 lambda x: jnp.maximum(x, 0.5), lambda x: x * 2.0])
 @pytest.mark.parametrize("dtype", [bf16, jnp.float32])
 def test_other_activations_do_not_match(act, dtype):
-    assert _epilogue_of(act, dtype) is None
+    assert _act_of(act, dtype) is None
+
+
+@pytest.mark.parametrize("act,want", [(jax.nn.relu, "relu"), (lambda x: jnp.maximum(0.0, x), "relu"),
+                                      (_gelu_jax, "gelu_tanh"), (lambda x: x, "none")])
+@pytest.mark.parametrize("dtype", [bf16, jnp.float32])
+def test_bias_then_activation(act, want, dtype):
+    a, w, b = jnp.zeros((64, 32), dtype), jnp.zeros((32, 48), dtype), jnp.zeros((48,), dtype)
+    got = _epilogue_of(lambda a, w, b: act(a @ w + b), a, w, b)
+    assert got is not None and got.activation == want
+    assert got.bias is not None and got.bias.opcode == "parameter" and got.bias.shape.dims == (48,)
+
+
+def test_relu_without_bias():
+    got = _act_of(jax.nn.relu, bf16)
+    assert got is not None and (got.activation, got.bias) == ("relu", None)
+
+
+def test_bias_over_rows_or_of_another_type_does_not_match():
+    a, w = jnp.zeros((64, 32), bf16), jnp.zeros((32, 48), bf16)
+    rows = jnp.zeros((64,), bf16)
+    assert _epilogue_of(lambda a, w, r: jax.nn.relu(a @ w + r[:, None]), a, w, rows) is None
+    wide = jnp.zeros((48,), jnp.float32)   # promotes the sum to f32: not the dot's type
+    assert _epilogue_of(lambda a, w, b: jax.nn.relu(a @ w + b), a, w, wide) is None
 
 
 def test_epilogue_reading_another_array_does_not_match():
-    a, w, bias = jnp.zeros((64, 32), bf16), jnp.zeros((32, 48), bf16), jnp.zeros((48,), bf16)
-    module = runtime.jit(lambda a, w, b: _gelu_jax(a @ w + b), pipeline="none") \
-        .lower(a, w, bias).module
-    run_pipeline(module, f"inline,{SIMPLIFY}")
-    comp = module.entry
-    dot = next(i for i in comp.instructions if i.opcode == "dot")
-    rest = [i for i in comp.post_order() if i.opcode not in ("parameter", "dot")]
-    assert library_epilogue(dot, rest, [comp.root]) is None
+    a, w, r = jnp.zeros((64, 32), bf16), jnp.zeros((32, 48), bf16), jnp.zeros((64, 48), bf16)
+    assert _epilogue_of(lambda a, w, r: _gelu_jax(a @ w + r), a, w, r) is None
 
 
 def _mlp(x, w1, w2):
@@ -102,27 +130,42 @@ def _mlp(x, w1, w2):
     return jax.nn.gelu(x @ w1, approximate=True) @ w2
 
 
-def _mlp_args(b=2, s=64, d=64, f=256, seed=0):
+def _mlp_bias(x, w1, b1, w2, b2):
+    """GPT-2 style: bias + GELU, then bias + residual-free ReLU."""
+    return jax.nn.relu(jax.nn.gelu(x @ w1 + b1, approximate=True) @ w2 + b2)
+
+
+def _mlp_args(b=2, s=64, d=64, f=256, seed=0, bias=False):
     r = np.random.default_rng(seed)
-    return (r.standard_normal((b, s, d)).astype(ml_dtypes.bfloat16),
-            (r.standard_normal((d, f)) / np.sqrt(d)).astype(ml_dtypes.bfloat16),
-            (r.standard_normal((f, d)) / np.sqrt(f)).astype(ml_dtypes.bfloat16))
+    bf = ml_dtypes.bfloat16
+    x = r.standard_normal((b, s, d)).astype(bf)
+    w1 = (r.standard_normal((d, f)) / np.sqrt(d)).astype(bf)
+    w2 = (r.standard_normal((f, d)) / np.sqrt(f)).astype(bf)
+    if not bias:
+        return x, w1, w2
+    return x, w1, (0.1 * r.standard_normal(f)).astype(bf), w2, (0.1 * r.standard_normal(d)).astype(bf)
 
 
-def test_gelu_fuses_into_the_split_gemm_and_matches_jax():
-    args = _mlp_args()
-    jf = runtime.jit(_mlp, target="h200", pipeline=PIPELINES["default"]["cuda"])
+def _epilogue_fusions(entry):
+    """Fusions holding a dot and something after it (not a bare dot)."""
+    return [i for i in entry.instructions if i.opcode == "fusion" and
+            any(j.opcode == "dot" for j in i.attrs["calls"].instructions) and
+            i.attrs["calls"].root.opcode != "dot"]
+
+
+@pytest.mark.parametrize("fn,bias,fused", [(_mlp, False, 1), (_mlp_bias, True, 2)])
+def test_epilogues_fuse_into_the_split_gemms_and_match_jax(fn, bias, fused):
+    args = _mlp_args(bias=bias)
+    jf = runtime.jit(fn, target="h200", pipeline=PIPELINES["default"]["cuda"])
     compiled = jf.lower(*args).compile()
     entry = compiled.module.entry
-    gelu_fusions = [i for i in entry.instructions if i.opcode == "fusion" and
-                    any(j.opcode == "dot" for j in i.attrs["calls"].instructions) and
-                    any(j.opcode == "tanh" for j in i.attrs["calls"].instructions)]
-    assert len(gelu_fusions) == 1, compiled.as_text()
-    # No fusion computes the GELU apart from its GEMM.
-    assert not [i for i in entry.instructions if i.opcode == "fusion" and i not in gelu_fusions
-                and any(j.opcode == "tanh" for j in i.attrs["calls"].instructions)]
+    assert len(_epilogue_fusions(entry)) == fused, compiled.as_text()
+    # Nothing computes an activation apart from its GEMM.
+    loops = [i for i in entry.instructions if i.opcode == "fusion" and
+             not any(j.opcode == "dot" for j in i.attrs["calls"].instructions)]
+    assert not loops, compiled.as_text()
     got = np.asarray(compiled(*args), np.float32)
-    want = np.asarray(jax.jit(_mlp)(*args), np.float32)
+    want = np.asarray(jax.jit(fn)(*args), np.float32)
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
 
 
@@ -136,13 +179,17 @@ def _cuda():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
-def test_gpu_gelu_is_one_cublaslt_call():
+@pytest.mark.parametrize("fn,bias,labels", [(_mlp, False, ["GELU epilogue"]),
+                                            (_mlp_bias, True, ["bias + GELU epilogue",
+                                                               "bias + RELU epilogue"])])
+def test_gpu_epilogues_are_cublaslt_calls(fn, bias, labels):
     from runtime.cuda import executable_of
-    args = _mlp_args(b=4, s=256, d=256, f=1024)
-    compiled = runtime.jit(_mlp, backend="cuda").lower(*args).compile()
+    args = _mlp_args(b=4, s=256, d=256, f=1024, bias=bias)
+    compiled = runtime.jit(fn, backend="cuda").lower(*args).compile()
     got = np.asarray(compiled(*args), np.float32)
-    want = np.asarray(jax.jit(_mlp)(*args), np.float32)
+    want = np.asarray(jax.jit(fn)(*args), np.float32)
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
     described = executable_of(compiled).describe()
-    assert "GELU epilogue" in described, described
-    assert "epilogue [" not in described and ".epilogue" not in described, described
+    for label in labels:
+        assert label in described, described
+    assert ".epilogue" not in described, described

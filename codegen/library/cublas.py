@@ -198,21 +198,21 @@ cublas_dot.supports = supports  # type: ignore[attr-defined]
 cublas_dot.plan = plan          # type: ignore[attr-defined]
 
 
-# --- GEMM + GELU (tanh form) in one cuBLASLt call ------------------------------------------
+# --- GEMM + bias + activation in one cuBLASLt call -----------------------------------------
 _ZERO_BIAS: dict[tuple, Any] = {}
 
 
-def gelu_supports(inst: Instruction) -> bool:
-    """A 2-D product (after flattening) of one float type: what cuBLASLt's GELU epilogue
-    takes through ``torch._addmm_activation``."""
+def epilogue_supports(inst: Instruction) -> bool:
+    """A 2-D product (after flattening) of one float type: what cuBLASLt's epilogues take
+    through ``torch.addmm`` / ``torch._addmm_activation``."""
     p = plan(inst)
     return p is not None and p.mode == "mm" and p.B == 1 and \
         inst.shape.dtype.name in ("bf16", "f16", "f32")
 
 
 def _zero_bias(n: int, dtype: Any, device: Any) -> Any:
-    """A zero bias of n elements (the epilogue is GELU_BIAS), made once per (n, type,
-    device) on its first (eager) call, so captured graphs read one fixed buffer."""
+    """A zero bias of n elements (the epilogues with an activation add one), made once per
+    (n, type, device) on its first (eager) call, so captured graphs read one fixed buffer."""
     import torch
     key = (n, dtype, str(device))
     t = _ZERO_BIAS.get(key)
@@ -221,33 +221,43 @@ def _zero_bias(n: int, dtype: Any, device: Any) -> Any:
     return t
 
 
-def cublas_dot_gelu(inst: Instruction, operands: Sequence[Any], out: Optional[Any] = None) -> Any:
-    """GELU (tanh form) of ``inst``'s dot, as one cuBLASLt GEMM with the GELU epilogue
-    (``passes/fusion/gemm_epilogue.py`` says when a fusion computes exactly that)."""
-    import torch
-    p = plan(inst)
-    if p is None or not gelu_supports(inst):
-        raise ValueError(f"cublas: dot %{inst.name} is not a 2-D float GEMM for the GELU "
-                         "epilogue (see gelu_supports)")
-    lhs, rhs = operands
-    a = _as_bmk(lhs, p.lhs_perm, (1, p.M, p.K))[0]
-    b = _as_bmk(rhs, p.rhs_perm, (1, p.K, p.N))[0]
-    from runtime.cuda.arena import torch_dtype
-    odt = torch_dtype(inst.shape.dtype)
-    if out is None:
-        out = torch.empty(tuple(inst.shape.dims), dtype=odt, device=lhs.device)
-    o3 = _out_view(out, 1, p.M, p.N)
-    target = o3[0] if o3 is not None else torch.empty((p.M, p.N), dtype=odt, device=lhs.device)
-    with _fp32_precision(p.tf32):
-        # torch runs this as cuBLASLt's GELU_BIAS epilogue; where it cannot (a layout
-        # cuBLASLt refuses) it runs the GEMM, then its own tanh-form GELU: same function.
-        torch._addmm_activation(_zero_bias(p.N, odt, lhs.device), a, b, use_gelu=True,
-                                out=target)
-    if o3 is None:
-        out.copy_(target.view(out.shape))
-    return out
+def cublas_epilogue_call(epilogue: Any) -> Any:
+    """The library call for a dot with ``epilogue`` (a ``LibraryEpilogue``:
+    passes/fusion/gemm_epilogue.py): ``call(inst, [lhs, rhs(, bias)], out=)``."""
 
+    def call(inst: Instruction, operands: Sequence[Any], out: Optional[Any] = None) -> Any:
+        import torch
+        p = plan(inst)
+        if p is None or not epilogue_supports(inst):
+            raise ValueError(f"cublas: dot %{inst.name} is not a 2-D float GEMM for a "
+                             "cuBLASLt epilogue (see epilogue_supports)")
+        lhs, rhs = operands[0], operands[1]
+        a = _as_bmk(lhs, p.lhs_perm, (1, p.M, p.K))[0]
+        b = _as_bmk(rhs, p.rhs_perm, (1, p.K, p.N))[0]
+        from runtime.cuda.arena import torch_dtype
+        odt = torch_dtype(inst.shape.dtype)
+        if out is None:
+            out = torch.empty(tuple(inst.shape.dims), dtype=odt, device=lhs.device)
+        o3 = _out_view(out, 1, p.M, p.N)
+        target = o3[0] if o3 is not None else torch.empty((p.M, p.N), dtype=odt,
+                                                          device=lhs.device)
+        bias = operands[2].contiguous() if len(operands) > 2 else \
+            _zero_bias(p.N, odt, lhs.device)
+        with _fp32_precision(p.tf32):
+            # torch runs these as cuBLASLt's BIAS / RELU_BIAS / GELU_BIAS epilogues; where
+            # cuBLASLt cannot (a layout it refuses) it runs the GEMM, then its own ReLU or
+            # tanh-form GELU: the same function.
+            if epilogue.activation == "none":
+                torch.addmm(bias, a, b, out=target)
+            else:
+                torch._addmm_activation(bias, a, b, use_gelu=epilogue.activation == "gelu_tanh",
+                                        out=target)
+        if o3 is None:
+            out.copy_(target.view(out.shape))
+        return out
 
-cublas_dot_gelu.supports = gelu_supports  # type: ignore[attr-defined]
-cublas_dot_gelu.plan = plan               # type: ignore[attr-defined]
-cublas_dot_gelu.label_suffix = " + GELU epilogue"  # type: ignore[attr-defined]
+    call.supports = epilogue_supports      # type: ignore[attr-defined]
+    call.plan = plan                       # type: ignore[attr-defined]
+    call.label_suffix = f" + {epilogue.label} epilogue"  # type: ignore[attr-defined]
+    call.__name__ = "cublas_epilogue"
+    return call

@@ -1,13 +1,14 @@
-"""Epilogues a library GEMM applies itself: GELU (tanh form) on the dot's result.
+"""Epilogues a library GEMM applies itself: a bias vector, then GELU (tanh form) or ReLU.
 
-cuBLASLt runs ``act(A @ B)`` as one GEMM whose epilogue transforms each accumulator tile
-before it is stored; the tanh approximation of GELU is one of its epilogues (XLA's GEMM
-rewriter hands the same pattern to cuBLASLt). A GEMM fusion whose computation after the
-dot is exactly that GELU then costs one GEMM, not a GEMM plus a loop kernel that reads the
-product back (on the H200, bf16 8192x1024x4096: 139 -> 111 µs, benchmarks/NOTES.md).
+cuBLASLt runs ``act(A @ B + bias)`` as one GEMM whose epilogue transforms each accumulator
+tile before it is stored; a bias over the output columns, ReLU and the tanh approximation
+of GELU are among its epilogues (XLA's GEMM rewriter hands the same patterns to cuBLASLt).
+A GEMM fusion whose computation after the dot is exactly one of them then costs one GEMM,
+not a GEMM plus a loop kernel that reads the product back (on the H200, bf16
+8192x1024x4096 + GELU: 139 -> 111 µs, benchmarks/NOTES.md).
 
-The match is by value, not by the shape of the expression tree: each node after the dot is
-read as ``A(x) + B(x) * tanh(T(x))`` with A, B, T polynomials in the dot's result x
+GELU is matched by value, not by the shape of the expression tree: each node after the dot
+(or after the bias add) is read as ``A(x) + B(x) * tanh(T(x))`` with A, B, T polynomials in x
 (constants folded, converts between float types seen through). GELU's tanh form is
 ``0.5 x + 0.5 x * tanh(k x + k c x^3)`` with k = sqrt(2/pi), c = 0.044715, so any way of
 writing it (``x * 0.5 * (1 + tanh(...))``, ``0.5 * x * ...``, ``x**3`` as ``x * x * x``)
@@ -17,6 +18,7 @@ epilogue computes in (bf16 constants are rounded: 0.044715 is stored as 0.04468)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from hlo.ir import Instruction
@@ -128,34 +130,82 @@ def _close(poly: Poly, want: Poly, tol: float) -> bool:
     return all(abs(poly[e] - want[e]) <= tol * abs(want[e]) for e in want)
 
 
+@dataclass(frozen=True)
+class LibraryEpilogue:
+    """What the GEMM applies before storing: ``activation(dot + bias)``."""
+    activation: str                 # "gelu_tanh" | "relu" | "none"
+    bias: Optional[Instruction]     # a vector over the last output dim, read from outside
+
+    @property
+    def label(self) -> str:
+        parts = (["bias"] if self.bias is not None else []) + \
+            ([] if self.activation == "none" else [self.activation.split("_")[0].upper()])
+        return " + ".join(parts)
+
+
+def _bias_of(add: Instruction, dot: Instruction, inside: set[int]) -> Optional[Instruction]:
+    """The vector of ``add(dot, broadcast(vector))`` (either order) when it lies outside the
+    epilogue and spans the dot's last dim, in the dot's type; else None."""
+    if add.opcode != "add" or dot not in add.operands:
+        return None
+    other = add.operands[1] if add.operands[0] is dot else add.operands[0]
+    if other.opcode != "broadcast" or id(other) not in inside:
+        return None
+    vec = other.operands[0]
+    rank = dot.shape.rank
+    if id(vec) in inside or vec.shape.rank != 1 or tuple(other.attrs.get("dimensions", ())) != \
+            (rank - 1,) or vec.shape.dtype != dot.shape.dtype:
+        return None
+    return vec
+
+
+def _is_relu_of(out: Instruction, v: Instruction) -> bool:
+    if out.opcode != "maximum":
+        return False
+    a, b = out.operands
+    return (a is v and _scalar_constant(b) == 0.0) or (b is v and _scalar_constant(a) == 0.0)
+
+
+def _is_gelu_tanh_of(out: Instruction, v: Instruction, tol: float) -> bool:
+    reader = _Reader(v)
+    try:
+        a, b = reader.read(out)
+    except _NoMatch:
+        return False
+    if reader.tanh_arg is None:
+        return False
+    k = _SQRT_2_OVER_PI
+    return _close(a, {1: 0.5}, tol) and _close(b, {1: 0.5}, tol) and \
+        _close(reader.tanh_arg, {1: k, 3: k * _GELU_CUBIC}, 2 * tol)
+
+
 def library_epilogue(dot: Instruction, epilogue: Sequence[Instruction],
-                     outputs: Sequence[Instruction]) -> Optional[str]:
-    """``"gelu_tanh"`` when ``epilogue`` (the instructions after ``dot`` in a GEMM fusion)
-    computes exactly GELU's tanh form of the dot's result as the group's one output, of the
-    dot's shape and type; else None."""
+                     outputs: Sequence[Instruction]) -> Optional[LibraryEpilogue]:
+    """The epilogue cuBLASLt can apply when ``epilogue`` (the instructions after ``dot`` in a
+    GEMM fusion, constants included) computes the group's one output, of the dot's shape
+    and type, as GELU (tanh form), ReLU or nothing of ``dot`` or of ``dot + bias`` (a vector
+    broadcast over the last dim); else None."""
     if len(outputs) != 1 or not epilogue:
         return None
     out = outputs[0]
     if not out.shape.is_array or out.shape.dims != dot.shape.dims or \
-            out.shape.dtype != dot.shape.dtype:
+            out.shape.dtype != dot.shape.dtype or not dot.shape.dtype.is_float:
         return None
     inside = {id(i) for i in epilogue}
-    if any(id(o) not in inside and o is not dot and _scalar_constant(o) is None
+    biased = [(i, b) for i in epilogue if (b := _bias_of(i, dot, inside)) is not None]
+    v, bias = biased[0] if len(biased) == 1 else (dot, None)
+    allowed = {id(dot)} | ({id(bias)} if bias is not None else set())
+    if any(id(o) not in inside and id(o) not in allowed and _scalar_constant(o) is None
            for i in epilogue for o in i.operands):
-        return None                     # reads another array than the dot's result
+        return None                     # reads another array than the dot's result and bias
+    if bias is not None and any(dot in i.operands for i in epilogue if i is not v):
+        return None                     # the product is also read without its bias
+    if out is v:
+        return LibraryEpilogue("none", bias) if bias is not None else None
+    if _is_relu_of(out, v):
+        return LibraryEpilogue("relu", bias)
     compute = {i.shape.dtype.name for i in epilogue if i.shape.is_array}
     tol = max(_REL_TOL.get(t, 0.0) for t in compute | {dot.shape.dtype.name})
-    if tol == 0.0:
-        return None
-    reader = _Reader(dot)
-    try:
-        a, b = reader.read(out)
-    except _NoMatch:
-        return None
-    if reader.tanh_arg is None:
-        return None
-    k = _SQRT_2_OVER_PI
-    if _close(a, {1: 0.5}, tol) and _close(b, {1: 0.5}, tol) and \
-            _close(reader.tanh_arg, {1: k, 3: k * _GELU_CUBIC}, 2 * tol):
-        return "gelu_tanh"
+    if tol > 0.0 and _is_gelu_tanh_of(out, v, tol):
+        return LibraryEpilogue("gelu_tanh", bias)
     return None

@@ -8,7 +8,7 @@ contracts batch and sequence) runs split (runtime/cuda/split.py):
     one prologue kernel per dot operand computed inside the fusion (written out)
     -> cuBLAS on the materialized operands
     -> one epilogue kernel for the fused computation after the dot (if any), or none when
-       the library applies it itself (GELU, gemm_epilogue.py).
+       the library applies it itself (bias, GELU, ReLU: gemm_epilogue.py).
 
 Fusing a producer into such a GEMM therefore saves nothing: its value is written out and
 read back either way, and duplicating it into several such GEMMs computes and writes it
@@ -110,10 +110,12 @@ def split_estimate(instances: Sequence[Instruction], outputs: Sequence[Instructi
         return total + Estimate(spec.kernel_launch_us + 2 * copied / spec.bytes_per_us,
                                 copied, copied, 0.0, 1, 2 * copied / spec.bytes_per_us, 0.0)
     e = estimate_kernel(epilogue, outputs, spec, small_constant_elements)
-    if not copied and library_epilogue(dot, epilogue, outputs) is not None:
+    lib = None if copied else library_epilogue(dot, epilogue, outputs)
+    if lib is not None:
         # The GEMM applies it to each tile before storing (gemm_epilogue.py): its arithmetic
-        # only, no kernel, no bytes.
-        return total + Estimate(e.compute_us, 0, 0, e.flops, 0, 0.0, e.compute_us)
+        # and the bias vector only, no kernel.
+        bias = array_bytes(lib.bias.shape) if lib.bias is not None else 0
+        return total + Estimate(e.compute_us, bias, 0, e.flops, 0, 0.0, e.compute_us)
     if copied:
         extra = copied / spec.bytes_per_us
         e = Estimate(e.time_us + extra, e.bytes_read + copied, e.bytes_written, e.flops,

@@ -410,7 +410,7 @@ class CudaExecutable:
     def _split(self, inst: Instruction, ins: list[Slot], outs: list[Slot]) -> Optional[Any]:
         """The GEMM fusion as prologue kernels + cuBLAS + epilogue kernel (split.py), as one
         SequenceThunk, or None."""
-        from codegen.library.cublas import cublas_dot, cublas_dot_gelu
+        from codegen.library.cublas import cublas_dot, cublas_epilogue_call
         from codegen.triton import TritonCodegenError, compile_fusion
         from .split import split_gemm_fusion
         n_scratch = len(self.scratch_sizes)
@@ -426,9 +426,9 @@ class CudaExecutable:
             return KernelThunk(f, k, fins, fouts, f)
 
         def library(dot: Instruction, dins: list[Slot], douts: list[Slot],
-                    epilogue: Optional[str] = None) -> Thunk:
-            return LibraryThunk(dot, cublas_dot_gelu if epilogue == "gelu_tanh" else cublas_dot,
-                                dins, douts)
+                    epilogue: Optional[Any] = None) -> Thunk:
+            call = cublas_dot if epilogue is None else cublas_epilogue_call(epilogue)
+            return LibraryThunk(dot, call, dins, douts)
         try:
             thunks = split_gemm_fusion(inst, ins, outs, scratch, kernel, library)
         except (TritonCodegenError, KeyError):

@@ -68,8 +68,8 @@ def split_gemm_fusion(inst: Instruction, operand_slots: list[Slot], output_slots
     """Thunks running fusion ``inst`` as prologue kernels + cuBLAS + an epilogue kernel, or
     None when it has no single dot cuBLAS takes. ``scratch(shape)`` makes a buffer;
     ``kernel(fusion, ins, outs)`` / ``library(dot, ins, outs[, epilogue])`` make thunks (an
-    epilogue the library applies: ``"gelu_tanh"``)."""
-    from codegen.library.cublas import gelu_supports, plan
+    epilogue the library applies, a ``LibraryEpilogue``, the bias its third input)."""
+    from codegen.library.cublas import epilogue_supports, plan
     from passes.fusion.gemm_epilogue import library_epilogue
     comp: Computation = inst.attrs["calls"]
     dots = [i for i in comp.instructions if i.opcode == "dot"]
@@ -100,12 +100,13 @@ def split_gemm_fusion(inst: Instruction, operand_slots: list[Slot], output_slots
     if outs == [dot] and output_slots[0].shape.layout == dot.shape.layout:
         thunks.append(library(dot, [known[id(x)] for x in dot.operands], [output_slots[0]]))
         return thunks
-    if len(outs) == 1 and output_slots[0].shape.layout == dot.shape.layout and \
-            gelu_supports(dot) and library_epilogue(
-                dot, _after(comp, dot, outs), outs) == "gelu_tanh":
-        # The GELU is cuBLASLt's epilogue: one GEMM, no scratch, no epilogue kernel.
-        thunks.append(library(dot, [known[id(x)] for x in dot.operands], [output_slots[0]],
-                              "gelu_tanh"))
+    lib = library_epilogue(dot, _after(comp, dot, outs), outs) if len(outs) == 1 else None
+    if lib is not None and output_slots[0].shape.layout == dot.shape.layout and \
+            epilogue_supports(dot) and (lib.bias is None or id(lib.bias) in known):
+        # The bias and activation are cuBLASLt's epilogue: one GEMM, no epilogue kernel.
+        dins = [known[id(x)] for x in dot.operands] + \
+            ([known[id(lib.bias)]] if lib.bias is not None else [])
+        thunks.append(library(dot, dins, [output_slots[0]], lib))
         return thunks
     dslot = scratch(dot.shape)
     thunks.append(library(dot, [known[id(x)] for x in dot.operands], [dslot]))
