@@ -193,3 +193,47 @@ def test_gpu_epilogues_are_cublaslt_calls(fn, bias, labels):
     for label in labels:
         assert label in described, described
     assert ".epilogue" not in described, described
+
+
+def _gelu_mlp_2d(x, w1, b1):
+    return jax.nn.gelu(x @ w1 + b1, approximate=True)
+
+
+def test_tileable_gemm_with_a_library_epilogue_is_priced_and_run_split():
+    """A 2-D GEMM the Triton template could tile, with a bias + GELU after it: the fusion
+    pass prices it as cuBLASLt + epilogue and the CUDA backend runs it so (a fused
+    computation's bias is a parameter: still the epilogue's bias)."""
+    from passes.fusion.split_gemm import epilogue_of_group, split_reason
+    r = np.random.default_rng(3)
+    bf = ml_dtypes.bfloat16
+    args = (r.standard_normal((128, 64)).astype(bf), (r.standard_normal((64, 256)) / 8).astype(bf),
+            (0.1 * r.standard_normal(256)).astype(bf))
+    compiled = runtime.jit(_gelu_mlp_2d, target="h200",
+                           pipeline=PIPELINES["default"]["cuda"]).lower(*args).compile()
+    fusions = _epilogue_fusions(compiled.module.entry)
+    assert len(fusions) == 1, compiled.as_text()
+    comp = fusions[0].attrs["calls"]
+    lib = epilogue_of_group(list(comp.instructions), [comp.root])
+    assert lib is not None and lib.activation == "gelu_tanh" and lib.bias is not None
+    assert "cuBLASLt applies the bias + GELU" in split_reason(list(comp.instructions), [comp.root])
+    got = np.asarray(compiled(*args), np.float32)
+    want = np.asarray(jax.jit(_gelu_mlp_2d)(*args), np.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+def test_gpu_tileable_gemm_with_epilogue_is_one_cublaslt_call():
+    from runtime.cuda import executable_of
+    r = np.random.default_rng(4)
+    bf = ml_dtypes.bfloat16
+    args = (r.standard_normal((1024, 512)).astype(bf),
+            (r.standard_normal((512, 2048)) / 24).astype(bf),
+            (0.1 * r.standard_normal(2048)).astype(bf))
+    compiled = runtime.jit(_gelu_mlp_2d, backend="cuda").lower(*args).compile()
+    got = np.asarray(compiled(*args), np.float32)
+    want = np.asarray(jax.jit(_gelu_mlp_2d)(*args), np.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+    exe = executable_of(compiled)
+    assert [t.kind for t in exe.thunks()] == ["library-call"], exe.describe()
+    assert "bias + GELU epilogue" in exe.describe()

@@ -26,8 +26,9 @@ from typing import Optional, Sequence
 from hlo.dots import dot_dims
 from hlo.ir import Instruction
 
-from .cost_model import ZERO, DeviceSpec, Estimate, array_bytes, estimate_kernel, is_free
-from .gemm_epilogue import library_epilogue
+from .cost_model import (TRANSCENDENTAL, ZERO, DeviceSpec, Estimate, array_bytes, estimate_kernel,
+                         is_free)
+from .gemm_epilogue import LibraryEpilogue, library_epilogue
 
 
 def untiled_reason(dot: Instruction) -> Optional[str]:
@@ -78,7 +79,46 @@ def split_reason(instances: Sequence[Instruction], outputs: Sequence[Instruction
         bad = [o for o in outputs if o.shape.is_array and o.shape.dims != dot.shape.dims]
         if bad:
             why = f"output %{bad[0].name} {list(bad[0].shape.dims)} is not the dot's shape"
+    if why is None:
+        why = transcendental_prologue(dot, {id(i) for i in instances})
+    if why is None:
+        lib = epilogue_of_group(instances, outputs)
+        if lib is not None:
+            why = f"cuBLASLt applies the {lib.label} after %{dot.name} as its epilogue"
     return why
+
+
+def transcendental_prologue(dot: Instruction, inside: set[int]) -> Optional[str]:
+    """Why a GEMM fusion computing a dot operand with transcendental functions runs split
+    (GELU's tanh before an MLP's second matmul): the template would recompute each operand
+    tile for every output tile reading it (N / BLOCK_N times), which costs more than writing
+    the operand once and reading it back. None when no operand is. ``inside``: ids of the
+    group's instructions (every instruction of a fused computation)."""
+    for x in dot.operands:
+        hot = [i for i in _cone([x], inside, set()) if i.opcode in TRANSCENDENTAL]
+        if hot:
+            return (f"%{dot.name}'s operand %{x.name} is computed with {hot[0].opcode}: the "
+                    "template would recompute it for every output tile")
+    return None
+
+
+def epilogue_of_group(instances: Sequence[Instruction],
+                      outputs: Sequence[Instruction]) -> Optional[LibraryEpilogue]:
+    """The library epilogue of a group holding one dot whose operands come from outside
+    (or are views of what does) and whose rest is such an epilogue; else None. The CUDA
+    backend runs these as one cuBLASLt call even where the Triton template could tile them
+    (runtime/cuda/backend.py)."""
+    dots = [i for i in instances if i.opcode == "dot"]
+    if len(dots) != 1:
+        return None
+    dot = dots[0]
+    inside = {id(i) for i in instances}
+    for x in dot.operands:
+        if id(x) in inside and not all(is_free(i) for i in _cone([x], inside, set())):
+            return None                 # a computed operand: the template fuses it
+    # Parameters (a fused computation's inputs: the bias) are read, not computed.
+    epilogue = [i for i in _cone(outputs, inside, {id(dot)}) if i.opcode != "parameter"]
+    return library_epilogue(dot, epilogue, outputs)
 
 
 def split_estimate(instances: Sequence[Instruction], outputs: Sequence[Instruction],

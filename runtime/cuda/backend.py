@@ -371,6 +371,12 @@ class CudaExecutable:
         split = self._split_reduction(inst, fusion, ins, outs)   # type: ignore[arg-type]
         if split is not None:
             return split
+        if not wrapped and _library_epilogue(fusion):
+            # One cuBLASLt call with the epilogue, as the fusion pass priced it (split_gemm.py),
+            # where the Triton template could also tile it.
+            split = self._split(inst, ins, outs)   # type: ignore[arg-type]
+            if split is not None:
+                return split
         try:
             kernel = compile_fusion(fusion, target=self.target, autotune=self.autotune)
         except TritonCodegenError as e:
@@ -831,6 +837,16 @@ def _f32_dot(fusion: Instruction) -> bool:
     H200 where cuBLAS reaches 390 (benchmarks/NOTES.md), so these run as cuBLAS + loops."""
     dots = [i for i in fusion.attrs["calls"].instructions if i.opcode == "dot"]
     return len(dots) == 1 and all(o.shape.dtype.name == "f32" for o in dots[0].operands)
+
+
+def _library_epilogue(fusion: Instruction) -> bool:
+    """A GEMM fusion of one dot on its parameters (or views of them) followed by an epilogue
+    cuBLASLt applies itself (bias, GELU, ReLU: passes/fusion/split_gemm.epilogue_of_group)."""
+    from passes.fusion.split_gemm import epilogue_of_group
+    comp = fusion.attrs["calls"]
+    root = comp.root
+    outs = list(root.operands) if root.opcode == "tuple" else [root]
+    return epilogue_of_group(list(comp.instructions), outs) is not None
 
 
 def _expensive_prologue(fusion: Instruction) -> bool:
