@@ -237,3 +237,27 @@ def test_gpu_tileable_gemm_with_epilogue_is_one_cublaslt_call():
     exe = executable_of(compiled)
     assert [t.kind for t in exe.thunks()] == ["library-call"], exe.describe()
     assert "bias + GELU epilogue" in exe.describe()
+
+
+def test_gelu_between_two_2d_matmuls_is_the_first_ones_epilogue():
+    """gelu(x @ w1) @ w2 on 2-D operands (the GPU suite's gelu MLP): the GELU joins the
+    first GEMM as its cuBLASLt epilogue, not the second one as a prologue kernel."""
+    from passes.fusion.split_gemm import epilogue_of_group
+    r = np.random.default_rng(5)
+    bf = ml_dtypes.bfloat16
+    args = (r.standard_normal((128, 64)).astype(bf), (r.standard_normal((64, 256)) / 8).astype(bf),
+            (r.standard_normal((256, 64)) / 16).astype(bf))
+
+    def f(x, w1, w2):
+        return jax.nn.gelu(x @ w1, approximate=True) @ w2
+    compiled = runtime.jit(f, target="h200", pipeline=PIPELINES["default"]["cuda"]) \
+        .lower(*args).compile()
+    entry = compiled.module.entry
+    fusions = _epilogue_fusions(entry)
+    assert len(fusions) == 1, compiled.as_text()
+    comp = fusions[0].attrs["calls"]
+    assert epilogue_of_group(list(comp.instructions), [comp.root]).activation == "gelu_tanh"
+    assert entry.root.opcode == "dot"       # the second matmul reads the GELU from memory
+    got = np.asarray(compiled(*args), np.float32)
+    np.testing.assert_allclose(got, np.asarray(jax.jit(f)(*args), np.float32), rtol=2e-2,
+                               atol=2e-2)

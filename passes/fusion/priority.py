@@ -37,6 +37,12 @@ class PriorityPolicy:
         b = benefit_us(c, state)
         if b == 0.0 and _free(c):
             b = 1e-3        # fold views (reshape/bitcast) into their consumer
+        elif b > 0.0 and _into_gemm(c, state):
+            # Ops join a GEMM after they have merged with their elementwise neighbours: a
+            # GELU between two matmuls then becomes whole before either GEMM takes it, and
+            # the first one's cuBLASLt epilogue (gemm_epilogue.py) can win over the second
+            # one's prologue, which runs split as a kernel of its own (transcendental).
+            b *= 0.5
         return b - SIBLING_PENALTY if c.action == "sibling" else b
 
     def should_fuse(self, c: Candidate, state: FusionState) -> Decision:
@@ -46,6 +52,19 @@ class PriorityPolicy:
         if b <= self.min_benefit_us:
             return no(f"not profitable: benefit {b:.2f} us{split_note(c, state)}")
         return YES
+
+
+def _into_gemm(c: Candidate, state: FusionState) -> bool:
+    """A merge of ops without a dot into a GEMM group (a prologue, or an input of its
+    epilogue), under split-GEMM pricing."""
+    if c.action != "merge" or not state.split_gemms:
+        return False
+    known = state.gemm_merges.get(c.key)
+    if known is None:
+        known = state.gemm_merges[c.key] = \
+            any(i.opcode == "dot" for i in c.consumer.instances()) and \
+            not any(i.opcode == "dot" for i in c.producer.instances())
+    return known
 
 
 def _free(c: Candidate) -> bool:

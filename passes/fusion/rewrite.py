@@ -87,6 +87,8 @@ class FusionState:
         # Price groups whose dot the backend runs as library GEMM + loop kernels that way
         # (split_gemm.py; the Fusion pass's ``split_gemms`` option).
         self.split_gemms = False
+        # candidate key -> whether it merges ops into a GEMM group (priority.py)
+        self.gemm_merges: dict[tuple, bool] = {}
         for inst in comp.instructions:
             if fusible is None or fusible(inst):
                 self._add(Group([inst]))
