@@ -49,17 +49,19 @@ def test_softmax_is_one_kernel_on_both_sides(suite):
 
 
 @requires_shared
-def test_mlp_hlotk_fuses_the_gelu_into_the_second_gemm(suite):
+def test_mlp_hlotk_fuses_the_gelu_into_the_first_gemm(suite):
+    """hlotk runs the GELU as the first GEMM's cuBLASLt epilogue (gemm_epilogue.py); XLA
+    (this dump) runs it as a loop fusion between the two cuBLAS calls."""
     xla = cx.read_xla_dump(str(ANCHORS / "xla_mlp_bf16.hlo.txt"))
     ours, _, _ = cx.hlotk_module_for(suite + ":_mlp", MLP_ARGS, "h200")
     c = cx.compare(xla, ours, "h200")
     assert sorted(g.verdict for g in c.groups) == ["hlotk fused, XLA split", "same"]
     same = next(g for g in c.groups if g.verdict == "same")
     split = next(g for g in c.groups if g.verdict != "same")
-    assert same.xla[0].name == "custom-call.0"
-    assert sorted(k.name for k in split.xla) == ["custom-call.1", "loop_multiply_fusion"]
-    # x @ w1 on cuBLAS: reads x (32 MiB) and w1 (128 MiB), writes 128 MiB; its 32 MiB
-    # workspace is not data moved. Time: 2*M*N*K flops at the H200's bf16 tensor rate.
+    assert same.xla[0].name == "custom-call.1"
+    assert sorted(k.name for k in split.xla) == ["custom-call.0", "loop_multiply_fusion"]
+    # gelu(...) @ w2 on cuBLAS: reads the GELU (128 MiB) and w2 (128 MiB), writes 32 MiB;
+    # its 32 MiB workspace is not data moved. Time: 2*M*N*K flops at the bf16 tensor rate.
     gemm = same.xla[0]
     assert gemm.bytes_moved == (4096 * 4096 + 2 * 4096 * 16384) * 2
     spec = get_device("h200")
@@ -87,7 +89,7 @@ def test_cli_reads_an_xla_dump_directory_and_writes_the_side_by_side_viewer(suit
     (pair,) = data["pairs"]
     # the XLA GEMM and the hlotk fusion it went into are in one group: selecting one
     # selects the other
-    assert pair["groupsL"]["custom-call.1"] == pair["groupsR"]["fusion"]
+    assert pair["groupsL"]["custom-call.0"] == pair["groupsR"]["fusion"]
     assert pair["marksL"]["loop_multiply_fusion"] == "changed"
 
 

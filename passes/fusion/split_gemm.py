@@ -49,7 +49,7 @@ def untiled_reason(dot: Instruction) -> Optional[str]:
     return f"%{dot.name} multiplies {lt.name} by {rt.name}"
 
 
-def _cone(roots: Sequence[Instruction], inside: set[int], stop: set[int]) -> list[Instruction]:
+def cone(roots: Sequence[Instruction], inside: set[int], stop: set[int]) -> list[Instruction]:
     """Instructions of ``inside`` (ids) that ``roots`` need, not crossing ``stop`` (ids),
     in an order with operands first."""
     out: list[Instruction] = []
@@ -95,7 +95,7 @@ def transcendental_prologue(dot: Instruction, inside: set[int]) -> Optional[str]
     the operand once and reading it back. None when no operand is. ``inside``: ids of the
     group's instructions (every instruction of a fused computation)."""
     for x in dot.operands:
-        hot = [i for i in _cone([x], inside, set()) if i.opcode in TRANSCENDENTAL]
+        hot = [i for i in cone([x], inside, set()) if i.opcode in TRANSCENDENTAL]
         if hot:
             return (f"%{dot.name}'s operand %{x.name} is computed with {hot[0].opcode}: the "
                     "template would recompute it for every output tile")
@@ -114,11 +114,16 @@ def epilogue_of_group(instances: Sequence[Instruction],
     dot = dots[0]
     inside = {id(i) for i in instances}
     for x in dot.operands:
-        if id(x) in inside and not all(is_free(i) for i in _cone([x], inside, set())):
+        if id(x) in inside and not all(is_free(i) for i in cone([x], inside, set())):
             return None                 # a computed operand: the template fuses it
-    # Parameters (a fused computation's inputs: the bias) are read, not computed.
-    epilogue = [i for i in _cone(outputs, inside, {id(dot)}) if i.opcode != "parameter"]
-    return library_epilogue(dot, epilogue, outputs)
+    return library_epilogue(dot, epilogue_after(dot, outputs, inside), outputs)
+
+
+def epilogue_after(dot: Instruction, outputs: Sequence[Instruction],
+                   inside: set[int]) -> list[Instruction]:
+    """What of ``inside`` (ids) ``outputs`` compute from ``dot``'s result, operands first;
+    parameters (a fused computation's inputs, such as a bias) are read, not computed."""
+    return [i for i in cone(outputs, inside, {id(dot)}) if i.opcode != "parameter"]
 
 
 def split_estimate(instances: Sequence[Instruction], outputs: Sequence[Instruction],
@@ -133,7 +138,7 @@ def split_estimate(instances: Sequence[Instruction], outputs: Sequence[Instructi
     for x in dot.operands:
         if id(x) not in inside:
             continue
-        body = _cone([x], inside, set())
+        body = cone([x], inside, set())
         if all(is_free(i) for i in body):
             continue        # a view of an input: cuBLAS reads the input itself
         total = total + estimate_kernel(body, [x], spec, small_constant_elements)
@@ -142,7 +147,7 @@ def split_estimate(instances: Sequence[Instruction], outputs: Sequence[Instructi
     if list(outputs) == [dot]:
         return total
     stop = {id(dot)} | materialized
-    epilogue = _cone(outputs, inside, stop)
+    epilogue = cone(outputs, inside, stop)
     # Outputs that are the dot or a prologue's value are copied out of scratch by the
     # epilogue (split.py extracts them as parameters of its kernel).
     copied = sum(array_bytes(o.shape) for o in outputs if id(o) in stop)

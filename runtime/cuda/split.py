@@ -71,6 +71,7 @@ def split_gemm_fusion(inst: Instruction, operand_slots: list[Slot], output_slots
     epilogue the library applies, a ``LibraryEpilogue``, the bias its third input)."""
     from codegen.library.cublas import epilogue_supports, plan
     from passes.fusion.gemm_epilogue import library_epilogue
+    from passes.fusion.split_gemm import epilogue_after
     comp: Computation = inst.attrs["calls"]
     dots = [i for i in comp.instructions if i.opcode == "dot"]
     if len(dots) != 1 or plan(dots[0]) is None:
@@ -100,7 +101,8 @@ def split_gemm_fusion(inst: Instruction, operand_slots: list[Slot], output_slots
     if outs == [dot] and output_slots[0].shape.layout == dot.shape.layout:
         thunks.append(library(dot, [known[id(x)] for x in dot.operands], [output_slots[0]]))
         return thunks
-    lib = library_epilogue(dot, _after(comp, dot, outs), outs) if len(outs) == 1 else None
+    lib = library_epilogue(dot, epilogue_after(dot, outs, {id(i) for i in comp.instructions}),
+                           outs) if len(outs) == 1 else None
     if lib is not None and output_slots[0].shape.layout == dot.shape.layout and \
             epilogue_supports(dot) and (lib.bias is None or id(lib.bias) in known):
         # The bias and activation are cuBLASLt's epilogue: one GEMM, no epilogue kernel.
@@ -115,19 +117,3 @@ def split_gemm_fusion(inst: Instruction, operand_slots: list[Slot], output_slots
     thunks.append(kernel(f, ins, output_slots))
     return thunks
 
-
-def _after(comp: Computation, dot: Instruction, outs: list[Instruction]) -> list[Instruction]:
-    """The instructions of ``comp`` that ``outs`` need, above ``dot`` (the epilogue)."""
-    seen: set[int] = set()
-    order: list[Instruction] = []
-
-    def visit(v: Instruction) -> None:
-        if id(v) in seen or v is dot or v.opcode == "parameter":
-            return
-        seen.add(id(v))
-        for o in v.operands:
-            visit(o)
-        order.append(v)
-    for r in outs:
-        visit(r)
-    return order
