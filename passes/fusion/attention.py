@@ -399,11 +399,13 @@ def _score_steps(x: Instruction, qk: Instruction) -> tuple[list[ScoreStep], list
     return steps, insts
 
 
-def score_dims(x: Instruction, qk: Instruction) -> tuple:
-    """Score dim -> q·k output dim, through the transposes between them."""
+def score_dims(x: Instruction, qk: Instruction, to: Optional[Instruction] = None) -> tuple:
+    """Score dim -> q·k output dim, through the transposes between them (-> the dim of
+    ``to``, an instruction of the score function, when given)."""
     where = tuple(range(x.shape.rank))
     cur = x
-    while cur is not qk:
+    stop = qk if to is None else to
+    while cur is not stop:
         if _row_transpose(cur):
             step = _permutation(cur)
             assert step is not None
@@ -615,8 +617,12 @@ def _checked_backward(pv: Instruction):
     # Forward views the backward also reads (the row sum broadcast) are recomputed.
     b.nodes = [i for i in b.nodes if id(i) not in core_ids]
     # Broadcast constants (the scale) that the forward also reads: the backward gets a copy.
+    # (Only those read outside the backward: a copy of one the backward alone reads would
+    # leave the original, maybe a broadcast plus its layout copy, dead in the graph.)
+    nodes = {id(i) for i in b.nodes}
     shared_constants = [i for i in b.nodes if _scalar_constant(i) is not None
-                        and i not in b.outputs and i.opcode != "constant"]
+                        and i not in b.outputs and i.opcode != "constant"
+                        and any(id(u) not in nodes for u in i.users)]
     b.nodes = [i for i in b.nodes if i not in shared_constants]
     bwd = {id(i) for i in b.nodes}
     outs = {id(i) for i in b.outputs}
@@ -730,10 +736,20 @@ REASON = ("flash attention: q·k, softmax and ·v in one kernel with an online s
           "scores never leave the chip")
 
 
-def grouped_rows(scores: tuple, nb: int) -> int:
-    """How many query heads share one K/V head: the product of the scores' row dims before
-    the sequence (a grouped-query einsum's [kv head, group, q] rows); 1 for plain rows."""
-    return int(np.prod(scores[nb:-2], dtype=np.int64))
+def grouped_rows(scores: tuple, nb: int, steps: list) -> int:
+    """How many query heads share one K/V head: the product of the scores' row dims other
+    than the query position, 1 for plain rows. The position is the causal compare's row
+    dim (jax.nn's grouped form has rows [q, g]); without one, the one row dim as long as
+    the keys if there is exactly one, else the last (a grouped einsum's [kv head, group,
+    q] rows)."""
+    rows = list(scores[nb:-1])
+    causal = next((s for s in steps if s.kind == "causal"), None)
+    if causal is not None and causal.q_dim >= nb:
+        at = causal.q_dim - nb
+    else:
+        same = [i for i, n in enumerate(rows) if n == scores[-1]]
+        at = same[0] if len(same) == 1 else len(rows) - 1
+    return int(np.prod(rows[:at] + rows[at + 1:], dtype=np.int64))
 
 
 def reason_for(m) -> str:
@@ -741,7 +757,7 @@ def reason_for(m) -> str:
     from .attention_grad import BackwardMatch
     nb = len(m.qk.attrs.get("lhs_batch_dims", ()))
     scores = (m.x if isinstance(m, BackwardMatch) else m.logits).shape.dims
-    group = grouped_rows(scores, nb)
+    group = grouped_rows(scores, nb, m.steps)
     if isinstance(m, BackwardMatch):
         why = ("flash-attention backward (jax.grad's): dV = P^T.dO, dP = dO.V^T, the softmax "
                "gradient dS = P*(dP - rowsum(P*dP)), dQ = dS.K, dK = dS^T.Q in one fusion; P "

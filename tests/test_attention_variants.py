@@ -1,0 +1,126 @@
+"""Attention variants whose gradient fuses since issue 14's variants branch: jax.nn's
+grouped-query form (scores [b, kv, t, g, s] with the causal compare on t, dP and dS in
+other row orders), checked against jax.jit deviceless (the CPU backend's reference kernels
+on the CUDA pipeline), through the Triton kernels in the interpreter, and on a GPU.
+
+Tolerances: f32 2e-5 (blocked online softmax against XLA's one-pass softmax), bf16 3e-2
+relative (the kernels round P and dS to bf16 where the unfused program does, but in
+another summation order).
+"""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import runtime  # noqa: E402
+from passes.fusion import fusion_kind, report_for  # noqa: E402
+from tests.test_fusion_attention import (_gpu_pipeline_grad, _loss_grad,  # noqa: E402,F401
+                                         small_backward_blocks, triton_attention_on_cpu)
+
+
+@pytest.fixture(autouse=True)
+def small_forward_blocks(monkeypatch):
+    # several key blocks, the last one partial, on small shapes
+    from codegen.cpu import attention
+    monkeypatch.setattr(attention, "BLOCK_K", 16)
+
+
+def _jax_nn(causal: bool = True):
+    def f(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla")
+    return f
+
+
+def _gqa_inputs(s: int, heads: int, kv: int, d: int = 16, batch: int = 1, dtype=np.float32):
+    rng = np.random.default_rng(100 + heads + kv + s)
+    q = rng.standard_normal((batch, s, heads, d)).astype(dtype)
+    k, v = (rng.standard_normal((batch, s, kv, d)).astype(dtype) for _ in range(2))
+    return q, k, v
+
+
+def _kinds(c) -> list:
+    return [fusion_kind(i) for i in c.module.entry.instructions if i.opcode == "fusion"]
+
+
+def _assert_close(got, want, tol):
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                   rtol=tol, atol=tol)
+
+
+# --- jax.nn.dot_product_attention with grouped kv heads: the gradient -----------------------
+@pytest.mark.usefixtures("small_backward_blocks")
+@pytest.mark.parametrize("heads,kv,s,causal", [(6, 2, 37, True), (8, 2, 40, True),
+                                               (4, 2, 33, False)])
+def test_jax_nn_gqa_gradient_fuses_on_the_cuda_pipeline(heads, kv, s, causal):
+    """jax.grad of jax.nn.dot_product_attention with fewer kv heads than q heads: one
+    forward and one backward attention fusion (dP is written [b, kv, g, t, s] and dS
+    [g, b, kv, t, s] against scores [b, kv, t, g, s]), no buffer as large as the f32
+    B·H·S·S scores, gradients equal jax.jit's (keys in blocks of 16, the last partial)."""
+    args = _gqa_inputs(s, heads, kv)
+    g, jf, c = _gpu_pipeline_grad(_jax_nn(causal), args)
+    assert max(bf.size for bf in c.buffer_assignment().buffers) < heads * s * s * 4
+    _assert_close(jf(*args), jax.jit(g)(*args), 2e-5)
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+def test_jax_nn_gqa_gradient_fuses_on_the_cpu_pipeline_bf16():
+    """The CPU backend's own pipeline (its layouts) fuses the same gradient; bf16 inputs
+    (P and dS rounded to bf16 as jax.jit rounds them)."""
+    import ml_dtypes
+    args = _gqa_inputs(40, 6, 2, batch=2, dtype=ml_dtypes.bfloat16)
+    g = _loss_grad(_jax_nn(True), args)
+    jf = runtime.jit(g)
+    kinds = _kinds(jf.lower(*args).compile())
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
+    for a, b in zip(jf(*args), jax.jit(g)(*args)):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.linalg.norm(a - b) / np.linalg.norm(b) < 3e-2
+
+
+def test_explain_fusion_names_the_grouped_rows_of_the_jax_nn_backward():
+    """The report says what was fused: the backward with grouped-query heads (dK and dV
+    summed over the group inside the kernel)."""
+    args = _gqa_inputs(24, 6, 2)
+    _g, _jf, c = _gpu_pipeline_grad(_jax_nn(True), args)
+    reasons = [d.reason for d in report_for(c.module).decisions if d.fused]
+    assert any("flash-attention backward" in r and "3 query heads share each K/V head" in r
+               for r in reasons), reasons
+
+
+@pytest.mark.usefixtures("triton_attention_on_cpu")
+@pytest.mark.parametrize("heads,kv,s,causal", [(6, 2, 40, True), (8, 2, 70, True),
+                                               (4, 2, 40, False)])
+def test_jax_nn_gqa_gradient_triton_kernels(heads, kv, s, causal):
+    """The forward and backward Triton kernels (TRITON_INTERPRET=1, f32) on jax.nn's grouped
+    form: rows [t, g] per kv head, the causal test counting the query position every
+    Q_DIV = g rows; gradients equal jax.jit's."""
+    args = _gqa_inputs(s, heads, kv)
+    g, jf, _ = _gpu_pipeline_grad(_jax_nn(causal), args)
+    _assert_close(jf(*args), jax.jit(g)(*args), 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,d,s,heads,kv", [("bf16", 128, 200, 8, 2), ("f32", 32, 70, 6, 2),
+                                                ("bf16", 64, 129, 16, 4)])
+def test_jax_nn_gqa_gradient_cuda_kernels(dtype, d, s, heads, kv):
+    """runtime.jit(jax.grad(loss), backend="cuda") of jax.nn's grouped form: both attention
+    fusions run as Triton kernels (no host fallback), gradients equal jax.jit's (relative
+    Frobenius error; jax.jit at full f32 precision)."""
+    import ml_dtypes
+    from runtime.cuda import executable_of
+    dt = {"bf16": ml_dtypes.bfloat16, "f32": np.float32}[dtype]
+    args = _gqa_inputs(s, heads, kv, d=d, batch=2, dtype=dt)
+    g = _loss_grad(_jax_nn(True), args)
+    jf = runtime.jit(g, backend="cuda")
+    c = jf.lower(*args).compile()
+    kinds = _kinds(c)
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
+    assert not [t for t in executable_of(c).host_fallbacks() if "attention" in t.reason]
+    tol = 1e-4 if dtype == "f32" else 3e-2
+    with jax.default_matmul_precision("highest"):
+        wants = jax.jit(g)(*args)
+    for a, want in zip(jf(*args), wants):
+        a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
+        assert np.linalg.norm(a - want) / np.linalg.norm(want) < tol, (dtype, heads, kv)
