@@ -124,3 +124,81 @@ def test_jax_nn_gqa_gradient_cuda_kernels(dtype, d, s, heads, kv):
     for a, want in zip(jf(*args), wants):
         a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
         assert np.linalg.norm(a - want) / np.linalg.norm(want) < tol, (dtype, heads, kv)
+
+
+# --- a sliding window (two iota compares): the mask is an operand of both fusions ------------
+def _window(width: int, dtype_softmax=jnp.float32):
+    def f(q, k, v):
+        pos = jnp.arange(q.shape[1])
+        keep = (pos[:, None] >= pos[None, :]) & (pos[:, None] - pos[None, :] < width)
+        s = jnp.where(keep, jnp.einsum("bqhd,bkhd->bhqk", q, k) * 0.3, -jnp.inf)
+        p = jax.nn.softmax(s.astype(dtype_softmax), axis=-1).astype(v.dtype)
+        return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+    return f
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+@pytest.mark.parametrize("target", ["cuda", "cpu"])
+def test_sliding_window_gradient_fuses(target):
+    """jax.grad of attention over the last 16 keys: forward and backward fused, the [q, k]
+    window mask computed outside and read by both (no B·H·S·S buffer); the gradients equal
+    jax.jit's, on the CUDA pipeline and on the CPU backend's own."""
+    args = [np.random.default_rng(s).standard_normal((2, 45, 2, 16)).astype(np.float32)
+            for s in range(3)]
+    if target == "cuda":
+        g, jf, c = _gpu_pipeline_grad(_window(16), args)
+        assert max(bf.size for bf in c.buffer_assignment().buffers) < 2 * 2 * 45 * 45 * 4
+    else:
+        g = _loss_grad(_window(16), args)
+        jf = runtime.jit(g)
+        c = jf.lower(*args).compile()
+        kinds = _kinds(c)
+        assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
+    bwd = [i for i in c.module.entry.instructions if i.opcode == "fusion"
+           and fusion_kind(i) == "attention_backward"]
+    assert [o for o in bwd[0].operands if o.shape.dtype.name == "pred"], \
+        "the backward reads the window mask as an operand"
+    _assert_close(jf(*args), jax.jit(g)(*args), 2e-5)
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+def test_sliding_window_gradient_bf16():
+    import ml_dtypes
+    args = [np.random.default_rng(s).standard_normal((1, 40, 2, 16)).astype(ml_dtypes.bfloat16)
+            for s in range(3)]
+    g, jf, _ = _gpu_pipeline_grad(_window(8), args)
+    for a, b in zip(jf(*args), jax.jit(g)(*args)):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.linalg.norm(a - b) / np.linalg.norm(b) < 3e-2
+
+
+@pytest.mark.usefixtures("triton_attention_on_cpu")
+def test_sliding_window_gradient_triton_kernels():
+    """The backward Triton kernels read the window mask as the forward's does (general
+    path: P recomputed with the mask's -inf fill, dS zero outside the window); 70 keys,
+    several blocks."""
+    args = [np.random.default_rng(s).standard_normal((1, 70, 2, 16)).astype(np.float32)
+            for s in range(3)]
+    g, jf, _ = _gpu_pipeline_grad(_window(16), args)
+    _assert_close(jf(*args), jax.jit(g)(*args), 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,d,s", [("bf16", 128, 300), ("f32", 32, 70)])
+def test_sliding_window_gradient_cuda_kernels(dtype, d, s):
+    import ml_dtypes
+    from runtime.cuda import executable_of
+    dt = {"bf16": ml_dtypes.bfloat16, "f32": np.float32}[dtype]
+    args = [np.random.default_rng(i).standard_normal((2, s, 4, d)).astype(dt) for i in range(3)]
+    g = _loss_grad(_window(64), args)
+    jf = runtime.jit(g, backend="cuda")
+    c = jf.lower(*args).compile()
+    kinds = _kinds(c)
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
+    assert not [t for t in executable_of(c).host_fallbacks() if "attention" in t.reason]
+    tol = 1e-4 if dtype == "f32" else 3e-2
+    with jax.default_matmul_precision("highest"):
+        wants = jax.jit(g)(*args)
+    for a, want in zip(jf(*args), wants):
+        a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
+        assert np.linalg.norm(a - want) / np.linalg.norm(want) < tol, (dtype, s)
