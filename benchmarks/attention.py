@@ -20,8 +20,8 @@ each row one way of timing it, all in one process:
 (do_bench around a JAX call that is not blocked times torch's stream, not JAX's: the events
 bracket nothing JAX launched, so it is not used for the end-to-end rows.) Also the
 32k-vocabulary cross-entropy (hlotk vs XLA), with ``--only suite`` gpu_suite's rows, and
-with ``--only dpa`` ``jax.nn.dot_product_attention`` (MHA and Llama-style GQA) through hlotk
-beside jax.jit's XLA and cuDNN implementations.
+with ``--only dpa`` ``jax.nn.dot_product_attention`` (MHA and Llama-style GQA, and the GQA
+gradient) through hlotk beside jax.jit's XLA and cuDNN implementations.
 """
 from __future__ import annotations
 
@@ -389,7 +389,51 @@ def dpa_section() -> None:
         for name, call in timed:
             ms = pipelined_ms(call)
             rows.append((f"jax.nn.dpa {label}: {name}", ms, flops / (ms * 1e-3) / 1e12))
+        if kv != h:
+            rows += _dpa_grad_rows(label, attn, (q, k, v), flops)
     print_rows(rows)
+
+
+def _dpa_grad_rows(label: str, attn, args: tuple, fwd_flops: float) -> list:
+    """jax.value_and_grad (w.r.t. q, k, v) of sum(o * dO) for ``attn``, as a training step
+    takes it (the loss needs o, so the forward runs too; a bare jax.grad of this linear
+    loss has no forward P·V at all, which the matcher does not take): hlotk vs jax.jit of
+    the XLA and cuDNN implementations, pipelined per-call ms; TFLOP/s counts the forward
+    plus the usual 2.5x for the backward (recomputing P is not counted)."""
+    import jax
+    import jax.numpy as jnp
+
+    import runtime
+    from passes.fusion import fusion_kind
+    q = args[0]
+    do = jax.random.normal(jax.random.PRNGKey(7), q.shape, jnp.bfloat16)
+
+    def grad_of(impl):
+        return jax.value_and_grad(lambda q, k, v, do: jnp.sum(
+            attn(q, k, v, impl).astype(jnp.float32) * do.astype(jnp.float32)),
+            argnums=(0, 1, 2))
+    jf = runtime.jit(grad_of("xla"), backend="cuda")
+    kinds = [fusion_kind(i) for i in jf.lower(*args, do).compile().module.entry.instructions
+             if i.opcode == "fusion"]
+    xla = jax.jit(grad_of("xla"))
+    got, want = jf(*args, do)[1], xla(*args, do)[1]
+    err = max(float(jnp.linalg.norm(a.astype(jnp.float32) - b.astype(jnp.float32)) /
+                    jnp.linalg.norm(b.astype(jnp.float32))) for a, b in zip(got, want))
+    print(f"jax.nn {label} grad: attention fusions {kinds.count('attention')} forward, "
+          f"{kinds.count('attention_backward')} backward, relative error vs jax.jit {err:.3g}",
+          flush=True)
+    timed = [("grad, hlotk (xla implementation), pipelined", lambda: jf(*args, do)),
+             ("grad, jax.jit, implementation='xla', pipelined", lambda: xla(*args, do))]
+    try:
+        cud = jax.jit(grad_of("cudnn"))
+        jax.block_until_ready(cud(*args, do))
+        timed.append(("grad, jax.jit, implementation='cudnn', pipelined",
+                      lambda: cud(*args, do)))
+    except Exception as e:  # noqa: BLE001  (cuDNN's attention is not in every jaxlib)
+        print(f"  cudnn gradient unavailable: {type(e).__name__}: {str(e)[:120]}")
+    flops = 3.5 * fwd_flops
+    return [(f"jax.nn.dpa {label}: {name}", ms, flops / (ms * 1e-3) / 1e12)
+            for name, ms in ((n, pipelined_ms(c)) for n, c in timed)]
 
 
 def pipelined_ms(call, n: int = 50, rounds: int = 7, torch_sync: bool = False) -> float:

@@ -117,21 +117,24 @@ def _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V, Bias, 
 
 
 @triton.jit
-def key_range(pid_m, M, N, DELTA, CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr,
-              BM: tl.constexpr, BN: tl.constexpr):
+def key_range(pid_m, M, N, DELTA, Q_DIV, CAUSAL: tl.constexpr, DIR: tl.constexpr,
+              SKIP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """(full, hi) for query block ``pid_m``: key blocks [0, full) need neither the causal
-    nor the length mask, keys from ``hi`` on are masked for every row (skipped)."""
+    nor the length mask, keys from ``hi`` on are masked for every row (skipped). Row r has
+    query position r // Q_DIV (SKIP holds only where the position is the outermost row
+    dim: jax.nn's grouped rows [q, g], Q_DIV = g)."""
     hi = N
     full = 0
     if SKIP:
-        # keep k iff q >= k + DELTA (GE) or q > k + DELTA (GT); rows of one q position each
-        last_q = tl.minimum(pid_m * BM + BM, M) - 1
+        # keep k iff q >= k + DELTA (GE) or q > k + DELTA (GT)
+        last_q = (tl.minimum(pid_m * BM + BM, M) - 1) // Q_DIV
+        first_q = pid_m * BM // Q_DIV
         if DIR == 0:
             hi = tl.minimum(N, last_q - DELTA + 1)
-            full = pid_m * BM - DELTA + 1
+            full = first_q - DELTA + 1
         else:
             hi = tl.minimum(N, last_q - DELTA)
-            full = pid_m * BM - DELTA
+            full = first_q - DELTA
         full = tl.minimum(tl.maximum(full, 0), hi) // BN * BN
     elif not CAUSAL:
         full = N // BN * BN
@@ -176,7 +179,7 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
     vbase = z * svz + h * svh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
-    full, hi = key_range(pid_m, M, N, DELTA, CAUSAL, DIR, SKIP, BM, BN)
+    full, hi = key_range(pid_m, M, N, DELTA, Q_DIV, CAUSAL, DIR, SKIP, BM, BN)
     for start in range(0, full, BN):
         m_i, l_i, acc = _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V,
                                 Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd,
@@ -282,7 +285,10 @@ class ScorePlan:
                 raise Unsupported("a causal compare on a batch dim")
             self.q_len = self.score_shape[c.q_dim]
             self.q_div = math.prod(self.score_shape[c.q_dim + 1:rank - 1])
-        self.skip = c is not None and not self.multi_rows and (
+        # causal block skipping needs the query position monotonic in the row index: one
+        # row dim, or the position the outermost row dim (rows [q, g], q = row // Q_DIV)
+        outer_q = c is not None and (not self.multi_rows or c.q_dim == nb)
+        self.skip = c is not None and outer_q and (
             (c.direction == "GE" and c.delta <= 0) or (c.direction == "GT" and c.delta < 0))
 
     def param(self, inst) -> int:

@@ -205,7 +205,7 @@ def _bwd_dq(Q, K, V, DO, RMax, RSum, Delta, DQ, Bias, Mask,
     vbase = z * svz + h * svh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
-    full, hi = key_range(pid_m, M, N, DELTA, CAUSAL, DIR, SKIP, BM, BN)
+    full, hi = key_range(pid_m, M, N, DELTA, Q_DIV, CAUSAL, DIR, SKIP, BM, BN)
     dq = tl.zeros([BM, BD], tl.float32)
     if GRAD:
         delta = tl.load(Delta + z * sez + h * seh + offs_m * sem, mask=rows, other=0.0)
@@ -321,14 +321,14 @@ def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, Bias, Mask,
     mbase = z * smz + h * smh
     lo = 0
     full = 0       # query blocks [full, M) see every key of this block: no causal mask
-    if SKIP:       # keep iff q >= k + DELTA (GE) or q > k + DELTA (GT)
+    if SKIP:       # keep iff q >= k + DELTA (GE) or q > k + DELTA (GT); q = row // Q_DIV
         first = pid_n * BN + DELTA
         last = pid_n * BN + BN - 1 + DELTA
         if DIR == 1:
             first += 1
             last += 1
-        lo = tl.minimum(tl.maximum(first, 0), M) // BM * BM
-        full = tl.maximum(tl.minimum((tl.maximum(last, 0) + BM - 1) // BM * BM, M), lo)
+        lo = tl.minimum(tl.maximum(first, 0) * Q_DIV, M) // BM * BM
+        full = tl.maximum(tl.minimum((tl.maximum(last, 0) * Q_DIV + BM - 1) // BM * BM, M), lo)
     elif CAUSAL:
         full = M
     for start in range(lo, full, BM):
