@@ -202,3 +202,90 @@ def test_sliding_window_gradient_cuda_kernels(dtype, d, s):
     for a, want in zip(jf(*args), wants):
         a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
         assert np.linalg.norm(a - want) / np.linalg.norm(want) < tol, (dtype, s)
+
+
+# --- grouped-query attention written group-major: scores [b, g, kv, q, k] -------------------
+def _group_major(group: int, causal: bool = True):
+    """q heads as [kv head, group] but the scores (and the output einsum) group-major: the
+    batch dims (b, kv) of q·k sit on both sides of the group row dim."""
+    def f(q, k, v):
+        b, s, h, d = q.shape
+        qg = q.reshape(b, s, h // group, group, d)
+        sc = jnp.einsum("bqkgd,bskd->bgkqs", qg, k).astype(jnp.float32) * (1 / np.sqrt(d))
+        if causal:
+            sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -1e30)
+        p = jax.nn.softmax(sc, axis=-1).astype(v.dtype)
+        return jnp.einsum("bgkqs,bskd->bqkgd", p, v).reshape(b, s, h, d)
+    return f
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_group_major_gqa_forward_fuses(causal):
+    """One attention fusion for the group-major scores; the kernels see them as [b, kv,
+    g, q, k] (the canonical order), the outputs equal jax.jit's, no score buffer."""
+    args = _gqa_inputs(37, 6, 2, batch=2)
+    f = _group_major(3, causal)
+    jf = runtime.jit(f, target="h200")
+    c = jf.lower(*args).compile()
+    assert _kinds(c).count("attention") == 1, c.as_text()
+    assert max(bf.size for bf in c.buffer_assignment().buffers) < 2 * 6 * 37 * 37 * 4
+    np.testing.assert_allclose(jf(*args), jax.jit(f)(*args), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+@pytest.mark.parametrize("causal,group", [(True, 3), (False, 2)])
+def test_group_major_gqa_gradient_fuses(causal, group):
+    """jax.grad of the group-major form: one forward and one backward fusion on the CUDA
+    pipeline (CPU reference kernels), gradients equal jax.jit's."""
+    args = _gqa_inputs(37, 2 * group, 2, batch=2)
+    g, jf, c = _gpu_pipeline_grad(_group_major(group, causal), args)
+    assert max(bf.size for bf in c.buffer_assignment().buffers) < 2 * 2 * group * 37 * 37 * 4
+    _assert_close(jf(*args), jax.jit(g)(*args), 2e-5)
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+def test_group_major_gqa_gradient_cpu_pipeline_bf16():
+    import ml_dtypes
+    args = _gqa_inputs(40, 8, 2, dtype=ml_dtypes.bfloat16)
+    g = _loss_grad(_group_major(4), args)
+    jf = runtime.jit(g)
+    kinds = _kinds(jf.lower(*args).compile())
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
+    for a, b in zip(jf(*args), jax.jit(g)(*args)):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.linalg.norm(a - b) / np.linalg.norm(b) < 3e-2
+
+
+@pytest.mark.usefixtures("triton_attention_on_cpu")
+@pytest.mark.parametrize("causal", [True, False])
+def test_group_major_gqa_triton_kernels(causal):
+    """The Triton kernels on the group-major form (interpreter, f32): q/k/v permuted into
+    [z, h, rows, d] with the batch dims first, the row statistics written and read back
+    through the same permutation; forward and gradient equal jax.jit's."""
+    args = _gqa_inputs(70, 8, 2, batch=2)
+    f = _group_major(4, causal)
+    jf = runtime.jit(f, target="h200")
+    np.testing.assert_allclose(jf(*args), jax.jit(f)(*args), rtol=1e-4, atol=1e-4)
+    g, jg, _ = _gpu_pipeline_grad(f, args)
+    _assert_close(jg(*args), jax.jit(g)(*args), 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,d,s", [("bf16", 128, 200), ("f32", 32, 70)])
+def test_group_major_gqa_gradient_cuda_kernels(dtype, d, s):
+    import ml_dtypes
+    from runtime.cuda import executable_of
+    dt = {"bf16": ml_dtypes.bfloat16, "f32": np.float32}[dtype]
+    args = _gqa_inputs(s, 8, 2, d=d, batch=2, dtype=dt)
+    g = _loss_grad(_group_major(4), args)
+    jf = runtime.jit(g, backend="cuda")
+    c = jf.lower(*args).compile()
+    kinds = _kinds(c)
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
+    assert not [t for t in executable_of(c).host_fallbacks() if "attention" in t.reason]
+    tol = 1e-4 if dtype == "f32" else 3e-2
+    with jax.default_matmul_precision("highest"):
+        wants = jax.jit(g)(*args)
+    for a, want in zip(jf(*args), wants):
+        a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
+        assert np.linalg.norm(a - want) / np.linalg.norm(want) < tol, (dtype, s)

@@ -229,7 +229,7 @@ class ScorePlan:
     [batch..., keys, d], the scales, bias, causal and boolean masks."""
 
     def __init__(self, comp, qk, k_is_lhs: bool, logits, steps: list, nb: int):
-        from passes.fusion.attention import score_dims
+        from passes.fusion.attention import canonical, score_dims
         self.params = {id(p): p.attrs.get("parameter_number", k)
                        for k, p in enumerate(comp.parameters)}
         self.q, self.k = self.param(qk.operands[1 if k_is_lhs else 0]), \
@@ -247,12 +247,16 @@ class ScorePlan:
         qside = 1 if k_is_lhs else 0
         qb, qc = (rb, rc) if k_is_lhs else (lb, lc)
         kb, kc = (lb, lc) if k_is_lhs else (rb, rc)
-        rows = [src[where[d]][1] for d in range(nb, rank - 1)]
-        assert all(src[where[d]][0] == qside for d in range(nb, rank - 1))
+        # the scores in the kernels' order [batch..., rows..., keys] (score dims; grouped
+        # heads written group-major interleave batch and row dims)
+        self.canon = canonical(logits, qk)
+        row_dims = self.canon[nb:rank - 1]
+        rows = [src[where[d]][1] for d in row_dims]
+        assert all(src[where[d]][0] == qside for d in row_dims)
         self.q_perm = qb + rows + qc
         self.k_perm = kb + [src[where[rank - 1]][1]] + kc
         self.score_shape = tuple(logits.shape.dims)
-        self.q_len, self.q_div = self.score_shape[-2], 1
+        self.q_len, self.q_div = self.score_shape[row_dims[-1]], 1
         self.multi_rows = rank - nb - 1 > 1
         self.scale1, self.scale2, self.bias, self.sign = 1.0, 1.0, None, 1.0
         self.causal = self.mask = None
@@ -280,14 +284,16 @@ class ScorePlan:
         if len(set(fills)) > 1:
             raise Unsupported("a causal and a boolean mask with different fill values")
         c = self.causal
-        if c is not None and c.q_dim >= 0:
-            if not nb <= c.q_dim < rank - 1:
+        q_dim = row_dims[-1] if c is None or c.q_dim < 0 else c.q_dim
+        if c is not None:
+            if q_dim not in row_dims:
                 raise Unsupported("a causal compare on a batch dim")
-            self.q_len = self.score_shape[c.q_dim]
-            self.q_div = math.prod(self.score_shape[c.q_dim + 1:rank - 1])
+            at = row_dims.index(q_dim)
+            self.q_len = self.score_shape[q_dim]
+            self.q_div = math.prod(self.score_shape[d] for d in row_dims[at + 1:])
         # causal block skipping needs the query position monotonic in the row index: one
         # row dim, or the position the outermost row dim (rows [q, g], q = row // Q_DIV)
-        outer_q = c is not None and (not self.multi_rows or c.q_dim == nb)
+        outer_q = c is not None and (not self.multi_rows or q_dim == row_dims[0])
         self.skip = c is not None and outer_q and (
             (c.direction == "GE" and c.delta <= 0) or (c.direction == "GT" and c.delta < 0))
 
@@ -304,15 +310,16 @@ class ScorePlan:
         bias = mask = operands[self.q]
         bstr = mstr = (0, 0, 0, 0)
         if self.bias is not None:
-            bias = _zh(_scores_view(operands[self.bias[0]], self.bias[1], self.score_shape),
-                       self.nb)
+            bias = _zh(_scores_view(operands[self.bias[0]], self.bias[1], self.score_shape)
+                       .permute(self.canon), self.nb)
             bstr = bias.stride()
         keep, fill_m = True, 0.0
         if self.mask is not None:
             t = operands[self.mask[0]]
             if t.dtype == torch.bool:
                 t = t.view(torch.uint8)
-            mask = _zh(_scores_view(t, self.mask[1], self.score_shape), self.nb)
+            mask = _zh(_scores_view(t, self.mask[1], self.score_shape).permute(self.canon),
+                       self.nb)
             mstr = mask.stride()
             keep, fill_m = self.mask[2], self.mask[3]
         return bias, bstr, mask, mstr, keep, fill_m
@@ -541,8 +548,9 @@ class FwdLaunch:
         by_kind = dict(zip(p.outputs, outs))
         o_view = by_kind["o"].permute(p.out_perm).permute(p.o_perm)
         o, copy_o = zh_out(o_view, (Z, H, M, DV), nb)
-        stats = [zh_out(by_kind[s], (Z, H, M), nb) if s in by_kind else (q, None)
-                 for s in ("max", "sum")]
+        # the row statistics are in the scores' order without the keys: as [batch, rows]
+        stats = [zh_out(by_kind[s].permute(p.canon[:-1]), (Z, H, M), nb) if s in by_kind
+                 else (q, None) for s in ("max", "sum")]
         self.copies = [(o, copy_o)] + stats
         bias, bstr, mask, mstr, keep, fill_m = p.score_args(operands)
         delta, fill_c, causal = p.causal_args()

@@ -516,8 +516,9 @@ def flash_attention_backward(inst, operands: list, out: Optional[Any] = None) ->
     N, DV = k.shape[2], v.shape[3]
     if tuple(k.shape[:2]) != (Z, H) or tuple(do.shape) != (Z, H, M, DV):
         raise Unsupported("q, k, v and dO batch/head/row counts differ")
-    rmax = operands[p.m_stat].reshape(Z, H, M)
-    rsum = operands[p.l_stat].reshape(Z, H, M)
+    # the forward's row statistics, scores' order without the keys -> [batch, rows]
+    rmax = operands[p.m_stat].permute(p.canon[:-1]).reshape(Z, H, M)
+    rsum = operands[p.l_stat].permute(p.canon[:-1]).reshape(Z, H, M)
     if out is None:
         out = tuple(torch.empty(tuple(s.dims), device=q.device, dtype=(q, k, v)[
             ("dq", "dk", "dv").index(n)].dtype) for s, n in zip(inst.shape.elements, p.outputs))

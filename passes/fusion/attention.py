@@ -416,6 +416,24 @@ def score_dims(x: Instruction, qk: Instruction, to: Optional[Instruction] = None
     return where
 
 
+def score_layout(x: Instruction, qk: Instruction) -> tuple[list[int], list[int]]:
+    """(batch, rows): the score dims that are q·k's batch dims (in q·k's order) and the
+    row dims (the rest but the keys, in the scores' order). Batch dims need not come
+    first: grouped-query attention written group-major has scores [b, g, kv, q, k] with
+    batch dims (b, kv). The kernels see the scores as ``canonical(x, qk)``."""
+    where = score_dims(x, qk)
+    nb = len(qk.attrs.get("lhs_batch_dims", ()))
+    batch = [s for s in range(x.shape.rank) if where[s] < nb]
+    return batch, [s for s in range(x.shape.rank - 1) if where[s] >= nb]
+
+
+def canonical(x: Instruction, qk: Instruction) -> list[int]:
+    """The scores' dims in the kernels' order [batch..., rows..., keys] (canonical dim i
+    is score dim ``canonical[i]``); the identity when the batch dims come first."""
+    batch, rows = score_layout(x, qk)
+    return batch + rows + [x.shape.rank - 1]
+
+
 def check_qk(qk: Instruction, x: Instruction) -> bool:
     """Checks q·k under the softmax input ``x``; returns whether k is its lhs."""
     a = qk.attrs
@@ -424,7 +442,9 @@ def check_qk(qk: Instruction, x: Instruction) -> bool:
         raise NoMatch(f"%{qk.name} contracts {len(a.get('lhs_contracting_dims', ()))} dims; "
                       "q·k must contract one head dimension")
     where = score_dims(x, qk)
-    if list(where[:nb]) != list(range(nb)):
+    batch, _ = score_layout(x, qk)
+    # (the batch dims may sit between row dims, [b, g, kv, q, k], but in q·k's order)
+    if [where[s] for s in batch] != list(range(nb)) or where[-1] < nb:
         raise NoMatch(f"the scores' batch dims are not %{qk.name}'s batch dims in order")
     lhs_free = qk.operands[0].shape.rank - nb - 1
     k_is_lhs = where[-1] < nb + lhs_free
@@ -442,7 +462,7 @@ def _check_dots(qk: Instruction, pv: Instruction, p_is_lhs: bool, x: Instruction
     b = pv.attrs
     side, other = ("lhs", "rhs") if p_is_lhs else ("rhs", "lhs")
     rank = x.shape.rank
-    if list(b.get(f"{side}_batch_dims", ())) != list(range(nb)) or \
+    if list(b.get(f"{side}_batch_dims", ())) != score_layout(x, qk)[0] or \
             list(b.get(f"{side}_contracting_dims", ())) != [rank - 1]:
         raise NoMatch(f"%{pv.name} does not contract the probabilities over the key axis "
                       "with the scores' batch dims as its batch dims")
@@ -736,16 +756,16 @@ REASON = ("flash attention: q·k, softmax and ·v in one kernel with an online s
           "scores never leave the chip")
 
 
-def grouped_rows(scores: tuple, nb: int, steps: list) -> int:
-    """How many query heads share one K/V head: the product of the scores' row dims other
-    than the query position, 1 for plain rows. The position is the causal compare's row
-    dim (jax.nn's grouped form has rows [q, g]); without one, the one row dim as long as
-    the keys if there is exactly one, else the last (a grouped einsum's [kv head, group,
-    q] rows)."""
-    rows = list(scores[nb:-1])
+def grouped_rows(scores: tuple, row_dims: list, steps: list) -> int:
+    """How many query heads share one K/V head: the product of the scores' row dims
+    (``row_dims``) other than the query position, 1 for plain rows. The position is the
+    causal compare's row dim (jax.nn's grouped form has rows [q, g]); without one, the one
+    row dim as long as the keys if there is exactly one, else the last (a grouped einsum's
+    [kv head, group, q] rows)."""
+    rows = [scores[d] for d in row_dims]
     causal = next((s for s in steps if s.kind == "causal"), None)
-    if causal is not None and causal.q_dim >= nb:
-        at = causal.q_dim - nb
+    if causal is not None and causal.q_dim in row_dims:
+        at = row_dims.index(causal.q_dim)
     else:
         same = [i for i, n in enumerate(rows) if n == scores[-1]]
         at = same[0] if len(same) == 1 else len(rows) - 1
@@ -755,9 +775,11 @@ def grouped_rows(scores: tuple, nb: int, steps: list) -> int:
 def reason_for(m) -> str:
     """The explanation recorded for a match's fused edges: what was matched."""
     from .attention_grad import BackwardMatch
-    nb = len(m.qk.attrs.get("lhs_batch_dims", ()))
-    scores = (m.x if isinstance(m, BackwardMatch) else m.logits).shape.dims
-    group = grouped_rows(scores, nb, m.steps)
+    x = m.x if isinstance(m, BackwardMatch) else m.logits
+    scores = x.shape.dims
+    row_dims = score_layout(x, m.qk)[1]
+    group = grouped_rows(scores, row_dims, m.steps)
+    rows = [scores[d] for d in row_dims]
     if isinstance(m, BackwardMatch):
         why = ("flash-attention backward (jax.grad's): dV = P^T.dO, dP = dO.V^T, the softmax "
                "gradient dS = P*(dP - rowsum(P*dP)), dQ = dS.K, dK = dS^T.Q in one fusion; P "
@@ -767,12 +789,12 @@ def reason_for(m) -> str:
                     "rowsum(dO*O) = rowsum(P*dP), so P*dP is not recomputed for it")
         if group > 1:
             why += (f"; grouped-query heads: {group} query heads share each K/V head (rows "
-                    f"{list(scores[nb:-1])} per K/V head), so dK and dV sum over the group "
+                    f"{rows} per K/V head), so dK and dV sum over the group "
                     "inside the kernel")
         return why
     if group > 1:
         return (f"{REASON}; grouped-query heads: {group} query heads share each K/V head "
-                f"(rows {list(scores[nb:-1])} per K/V head), K and V read once per group")
+                f"(rows {rows} per K/V head), K and V read once per group")
     return REASON
 
 

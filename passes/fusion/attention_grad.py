@@ -42,7 +42,7 @@ import numpy as np
 from hlo.ir import Instruction
 
 from .attention import (NoMatch, QKOperands, _find_qk, _scalar_constant, _score_steps,
-                        _softmax, _through, check_qk, score_dims)
+                        _softmax, _through, check_qk, score_dims, score_layout)
 from .attention_vjp import check_vjp, normalized
 from .views import VIEW_OPS, trace_view, view_step
 
@@ -296,8 +296,8 @@ def _operand_maps(qk: Instruction, x: Instruction, k_is_lhs: bool
         perm = value_perm(qk, side, src)
         if perm is None:
             src, perm = qk.operands[side], tuple(range(qk.operands[side].shape.rank))
-        of = {s: perm[dims[side][0][where[s]]] for s in range(nb)}
-        for s in range(nb, x.shape.rank):
+        of = {s: perm[dims[side][0][where[s]]] for s in range(x.shape.rank) if where[s] < nb}
+        for s in (s for s in range(x.shape.rank) if where[s] >= nb):
             o_side, d = free[where[s] - nb]
             if o_side == side:
                 of[s] = perm[d]
@@ -314,7 +314,7 @@ def match_backward(div: Instruction, stats_given: bool = False, fwd=None) -> Bac
     k_is_lhs = check_qk(qk, x)
     steps, _ = _score_steps(x, qk)
     dv, p_side = _match_dv(div, x, qk)
-    dp, dp_perm = _match_dp(dv, p_side, div, x, fwd)
+    dp, dp_perm = _match_dp(dv, p_side, div, x, qk, fwd)
     b = BackwardMatch(div, ex, sub, x, m_src, l_src, qk, k_is_lhs, steps, dv, dp,
                       dv, dv, div, div, dp_perm=dp_perm)
     b.dq, b.dk, b.g_root, b.g_perm = _match_ds(qk, x, k_is_lhs)
@@ -357,14 +357,13 @@ def _match_dv(div: Instruction, x: Instruction, qk: Instruction) -> tuple[Instru
     """dV = dot(P, dO): the dot reading P (maybe transposed) that contracts all its rows;
     (the dot, P's side)."""
     rank = x.shape.rank
-    nb = len(qk.attrs.get("lhs_batch_dims", ()))
-    rows = list(range(nb, rank - 1))
+    batch, rows = score_layout(x, qk)
     dvs = []
     for u, _r in _readers(div):
         s = _side(u, div) if u.opcode == "dot" else None
         if s is not None:
             bp, cp = _paired(u, s, div)
-            if sorted(bp) == list(range(nb)) and sorted(cp) == rows:
+            if sorted(bp) == batch and sorted(cp) == rows:
                 dvs.append((u, s))
     if not dvs:
         # (the forward's P·V reads P too, contracting its keys)
@@ -378,13 +377,13 @@ def _match_dv(div: Instruction, x: Instruction, qk: Instruction) -> tuple[Instru
     return dvs[0]
 
 
-def _match_dp(dv: Instruction, p_side: int, div: Instruction, x: Instruction, fwd
-              ) -> tuple[Instruction, tuple]:
+def _match_dp(dv: Instruction, p_side: int, div: Instruction, x: Instruction, qk: Instruction,
+              fwd) -> tuple[Instruction, tuple]:
     """dP = dot(dO, V): batch and rows of dO as dV reads them; (the dot, its score map:
     dP dim -> score dim). jax.nn's grouped form writes dP's rows in another order than the
     scores' ([g, t] against [t, g]): the map says which."""
     rank = x.shape.rank
-    nb = len(dv.attrs.get("lhs_batch_dims", ()))
+    batch, rows = score_layout(x, qk)
     do_read = dv.operands[1 - p_side]
     do = _src(do_read)
     if value_perm(dv, 1 - p_side, do) is None:
@@ -400,7 +399,7 @@ def _match_dp(dv: Instruction, p_side: int, div: Instruction, x: Instruction, fw
         b_, c_, f_ = ([w[d] for d in dims] for dims in _dims(u, 0))
         if b_ == do_b and sorted(f_) == sorted(do_c) and len(c_) == 1 and \
                 len(_dims(u, 1)[2]) == 1:
-            dps.append((u, tuple(range(nb)) + tuple(nb + do_c.index(f) for f in f_) +
+            dps.append((u, tuple(batch) + tuple(rows[do_c.index(f)] for f in f_) +
                         (rank - 1,)))
     if not dps:
         raise NoMatch(_missing("dP = dO.V^T", "q and k", f"no dot reads the cotangent "
@@ -425,7 +424,7 @@ def _ds_readers(src: Instruction, of: dict, contract: set, qk: Instruction, x: I
     scores' batch dims and whose contracted dims are ``contract``, through ``of`` (score
     dim -> ``src`` dim)."""
     rank = x.shape.rank
-    batch = set(range(len(qk.attrs.get("lhs_batch_dims", ()))))
+    batch = set(score_layout(x, qk)[0])
     score_of = {v: s for s, v in of.items()}      # src dim -> score dim
     out = []
     for u, _r in _readers(src):
@@ -454,10 +453,9 @@ def _match_ds(qk: Instruction, x: Instruction, k_is_lhs: bool
     jax.nn's grouped form computes it as [g, b, kv, t, s]): every dim of dS pairs with the
     q or k dim that made that score dim. Returns (dQ, dK, dS, dS dim -> score dim)."""
     rank = x.shape.rank
-    nb = len(qk.attrs.get("lhs_batch_dims", ()))
     (q_src, q_of), (k_src, k_of) = _operand_maps(qk, x, k_is_lhs)
     dqs = _ds_readers(k_src, k_of, {rank - 1}, qk, x)
-    dks = _ds_readers(q_src, q_of, set(range(nb, rank - 1)), qk, x)
+    dks = _ds_readers(q_src, q_of, set(score_layout(x, qk)[1]), qk, x)
     for name, mine, theirs, what, src in (("dq", dqs, dks, "q", k_src),
                                           ("dk", dks, dqs, "k", q_src)):
         if not mine and theirs:
