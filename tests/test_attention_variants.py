@@ -289,3 +289,61 @@ def test_group_major_gqa_gradient_cuda_kernels(dtype, d, s):
     for a, want in zip(jf(*args), wants):
         a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
         assert np.linalg.norm(a - want) / np.linalg.norm(want) < tol, (dtype, s)
+
+
+# --- jax.nn.dot_product_attention's other arguments -----------------------------------------
+def _jax_nn_form(name: str, b: int, s: int, h: int):
+    """(f, kv heads) for jax.nn's local window, key lengths, mask and bias arguments."""
+    rng = np.random.default_rng(21)
+    if name == "window":
+        kw, kv = dict(is_causal=True, local_window_size=(16, 0)), h
+    elif name == "gqa_window":
+        kw, kv = dict(is_causal=True, local_window_size=(16, 0)), 2
+    elif name == "kv_lengths":
+        kw, kv = dict(key_value_seq_lengths=jnp.array([s, s // 2 + 3], jnp.int32)[:b]), h
+    elif name == "mask":
+        mask = (rng.random((b, 1, s, s)) > 0.2) | np.eye(s, dtype=bool)
+        kw, kv = dict(mask=jnp.asarray(mask)), h
+    else:   # gqa_bias
+        kw, kv = dict(bias=jnp.asarray(rng.standard_normal((1, h, s, s)), jnp.float32)), 2
+    return (lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla", **kw)), kv
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+@pytest.mark.parametrize("name", ["window", "gqa_window", "kv_lengths", "mask", "gqa_bias"])
+def test_jax_nn_arguments_gradient_fuses(name):
+    """local_window_size (with and without grouped kv heads), key_value_seq_lengths, mask=
+    and bias=: one forward and one backward fusion each (the generated or given masks read
+    as operands), gradients equal jax.jit's."""
+    f, kv = _jax_nn_form(name, 2, 45, 4)
+    args = _gqa_inputs(45, 4, kv, batch=2)
+    g, jf, _ = _gpu_pipeline_grad(f, args)
+    _assert_close(jf(*args), jax.jit(g)(*args), 2e-5)
+
+
+@pytest.mark.usefixtures("triton_attention_on_cpu")
+@pytest.mark.parametrize("name", ["gqa_window", "kv_lengths"])
+def test_jax_nn_arguments_triton_kernels(name):
+    f, kv = _jax_nn_form(name, 2, 70, 8)
+    args = _gqa_inputs(70, 8, kv, batch=2)
+    g, jf, _ = _gpu_pipeline_grad(f, args)
+    _assert_close(jf(*args), jax.jit(g)(*args), 1e-4)
+
+
+def test_bf16_bias_is_read_narrow():
+    """jax.nn casts a bf16 bias to the f32 scores: the attention fusion reads the bf16
+    bias and widens it inside (no f32 copy of the [1, h, s, s] bias in memory)."""
+    import ml_dtypes
+    q, k, v = _gqa_inputs(40, 4, 2, dtype=ml_dtypes.bfloat16)
+    bias = np.random.default_rng(3).standard_normal((1, 4, 40, 40)).astype(ml_dtypes.bfloat16)
+
+    def f(q, k, v, b):
+        return jax.nn.dot_product_attention(q, k, v, bias=b, implementation="xla")
+    jf = runtime.jit(f, target="h200")
+    c = jf.lower(q, k, v, bias).compile()
+    (fa,) = [i for i in c.module.entry.instructions if i.opcode == "fusion"
+             and fusion_kind(i) == "attention"]
+    assert {o.shape.dtype.name for o in fa.operands} == {"bf16"}, c.as_text()   # q, k, v, bias
+    assert not [i for i in c.module.entry.instructions if i.opcode == "convert"]
+    a, b = (np.asarray(x, np.float32) for x in (jf(q, k, v, bias), jax.jit(f)(q, k, v, bias)))
+    assert np.linalg.norm(a - b) / np.linalg.norm(b) < 1e-2

@@ -380,7 +380,7 @@ def _score_steps(x: Instruction, qk: Instruction) -> tuple[list[ScoreStep], list
         elif op in ("add", "subtract") and len(others) == 1:
             if op == "subtract" and cur.operands[0] is not path:
                 raise NoMatch(f"%{cur.name} subtracts the scores from a tensor")
-            src, where, views = _through(others[0], converts=False)
+            src, where, views = _bias_source(others[0])
             if len(where) != rank:
                 raise NoMatch(f"the bias %{others[0].name} does not index the scores")
             steps.append(ScoreStep("bias", cur, tensor=src, where=where,
@@ -397,6 +397,26 @@ def _score_steps(x: Instruction, qk: Instruction) -> tuple[list[ScoreStep], list
         cur = path
     steps.reverse()
     return steps, insts
+
+
+def _bias_source(inst: Instruction) -> tuple[Instruction, tuple, list[Instruction]]:
+    """(source, where, views) of a bias through views and widening float converts (jax.nn
+    casts a bf16 bias to f32 scores): the kernels read the narrow tensor and widen it as
+    they load it, instead of a separate kernel writing the wide copy. A narrowing convert
+    rounds, so it stays outside (the fusion reads its result)."""
+    where: tuple = tuple(range(inst.shape.rank))
+    passed: list[Instruction] = []
+    cur = inst
+    while True:
+        src, w, views = _through(cur, converts=False)
+        where, passed = compose(where, w), passed + views
+        if src.opcode == "convert" and src.shape.dtype.is_float and \
+                src.operands[0].shape.dtype.is_float and \
+                src.operands[0].shape.dtype.bits < src.shape.dtype.bits:
+            passed.append(src)
+            cur = src.operands[0]
+            continue
+        return src, where, passed
 
 
 def score_dims(x: Instruction, qk: Instruction, to: Optional[Instruction] = None) -> tuple:
