@@ -47,14 +47,14 @@ def _forms() -> dict:
         keep = (pos[:, None] >= pos[None, :]) & (pos[:, None] - pos[None, :] < 64)
         return softmax_attn(jnp.where(keep, scores(q, k) * SCALE, -jnp.inf), v)
 
-    def gqa(group_major: bool):
+    def gqa(group_major: bool, scale: float = SCALE):
         g = 2
         spec_s = "bqkgd,bskd->bgkqs" if group_major else "bqkgd,bskd->bkgqs"
         spec_o = "bgkqs,bskd->bqkgd" if group_major else "bkgqs,bskd->bqkgd"
 
         def f(q, k, v):
             s = jnp.einsum(spec_s, q.reshape(B, S, H // g, g, D), k)
-            return softmax_attn(s * SCALE, v, spec_o).reshape(B, S, H, D)
+            return softmax_attn(s * scale if scale != 1 else s, v, spec_o).reshape(B, S, H, D)
         return f
 
     bshd, bhsd = (B, S, H, D), (B, H, S, D)
@@ -97,6 +97,7 @@ def _forms() -> dict:
                                          jnp.repeat(v, 2, axis=2)), bshd, kv_gqa),
         "GQA grouped einsum, [b,kv,g,q,k]": (gqa(False), bshd, kv_gqa),
         "GQA grouped einsum, [b,g,kv,q,k]": (gqa(True), bshd, kv_gqa),
+        "GQA grouped einsum, [b,g,kv,q,k], no scale, no mask": (gqa(True, 1), bshd, kv_gqa),
         "jax.nn local_window_size=(64, 0), causal": (
             dpa(is_causal=True, local_window_size=(64, 0)), bshd, bshd),
         "jax.nn local_window_size=(64, 0), GQA": (

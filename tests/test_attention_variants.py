@@ -205,17 +205,20 @@ def test_sliding_window_gradient_cuda_kernels(dtype, d, s):
 
 
 # --- grouped-query attention written group-major: scores [b, g, kv, q, k] -------------------
-def _group_major(group: int, causal: bool = True):
+def _group_major(group: int, causal: bool = True, scaled: bool = True, order: str = "bgkqs"):
     """q heads as [kv head, group] but the scores (and the output einsum) group-major: the
-    batch dims (b, kv) of q·k sit on both sides of the group row dim."""
+    batch dims (b, kv) of q·k sit on both sides of the group row dim (``order`` "bkgqs":
+    kv-major instead). Unscaled, the softmax reads a transpose of q·k directly."""
     def f(q, k, v):
         b, s, h, d = q.shape
         qg = q.reshape(b, s, h // group, group, d)
-        sc = jnp.einsum("bqkgd,bskd->bgkqs", qg, k).astype(jnp.float32) * (1 / np.sqrt(d))
+        sc = jnp.einsum(f"bqkgd,bskd->{order}", qg, k).astype(jnp.float32)
+        if scaled:
+            sc = sc * (1 / np.sqrt(d))
         if causal:
             sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -1e30)
         p = jax.nn.softmax(sc, axis=-1).astype(v.dtype)
-        return jnp.einsum("bgkqs,bskd->bqkgd", p, v).reshape(b, s, h, d)
+        return jnp.einsum(f"{order},bskd->bqkgd", p, v).reshape(b, s, h, d)
     return f
 
 
@@ -244,6 +247,18 @@ def test_group_major_gqa_gradient_fuses(causal, group):
 
 
 @pytest.mark.usefixtures("small_backward_blocks")
+@pytest.mark.parametrize("order", ["bgkqs", "bkgqs"])
+def test_unscaled_grouped_scores_fuse(order):
+    """softmax(q·k) with no scale and no mask on grouped scores: the softmax's input is the
+    transposing view of q·k itself (it used to be refused as "does not subtract the row
+    maximum of its input"); forward and gradient fuse and equal jax.jit's."""
+    args = _gqa_inputs(37, 6, 2)
+    g, jf, _ = _gpu_pipeline_grad(_group_major(3, causal=False, scaled=False, order=order),
+                                  args)
+    _assert_close(jf(*args), jax.jit(g)(*args), 2e-5)
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
 def test_group_major_gqa_gradient_cpu_pipeline_bf16():
     import ml_dtypes
     args = _gqa_inputs(40, 8, 2, dtype=ml_dtypes.bfloat16)
@@ -257,13 +272,13 @@ def test_group_major_gqa_gradient_cpu_pipeline_bf16():
 
 
 @pytest.mark.usefixtures("triton_attention_on_cpu")
-@pytest.mark.parametrize("causal", [True, False])
-def test_group_major_gqa_triton_kernels(causal):
+@pytest.mark.parametrize("causal,scaled", [(True, True), (False, True), (False, False)])
+def test_group_major_gqa_triton_kernels(causal, scaled):
     """The Triton kernels on the group-major form (interpreter, f32): q/k/v permuted into
     [z, h, rows, d] with the batch dims first, the row statistics written and read back
     through the same permutation; forward and gradient equal jax.jit's."""
     args = _gqa_inputs(70, 8, 2, batch=2)
-    f = _group_major(4, causal)
+    f = _group_major(4, causal, scaled)
     jf = runtime.jit(f, target="h200")
     np.testing.assert_allclose(jf(*args), jax.jit(f)(*args), rtol=1e-4, atol=1e-4)
     g, jg, _ = _gpu_pipeline_grad(f, args)

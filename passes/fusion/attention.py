@@ -166,14 +166,32 @@ def _row_reduce(inst: Instruction, reducer: str, over: Instruction) -> bool:
         return False
     src, where = trace_view(inst.operands[0], converts=True)
     rank = over.shape.rank
-    return src is over and _is_identity(where, over.shape.dims) and \
-        list(inst.attrs.get("dimensions", ())) == [rank - 1]
+    same = (src is over and _is_identity(where, over.shape.dims)) or \
+        _same_elements(inst.operands[0])[0] is over
+    return same and list(inst.attrs.get("dimensions", ())) == [rank - 1]
 
 
 def _through(inst: Instruction, converts: bool = True) -> tuple[Instruction, tuple, list]:
     passed: list[Instruction] = []
     src, where = trace_view(inst, converts=converts, through=passed)
     return src, where, passed
+
+
+def _same_elements(inst: Instruction) -> tuple[Instruction, list[Instruction]]:
+    """(source, views passed): down the views and float converts from ``inst`` for as long
+    as they keep every element at its index (layout copies, size-1 reshapes), stopping at
+    one that permutes: an unscaled softmax of grouped scores reads a transposing bitcast
+    of q·k, and that bitcast, not q·k, is the softmax's input."""
+    cur, passed = inst, []
+    while cur.opcode in _VIEWS or cur.opcode == "convert":
+        step = view_step(cur, converts=True)
+        src = cur.operands[0] if cur.operands else None
+        if step is None or src is None or src.shape.dims != cur.shape.dims or \
+                not _is_identity(step, cur.shape.dims):
+            break
+        passed.append(cur)
+        cur = src
+    return cur, passed
 
 
 # --- the match ---------------------------------------------------------------------------------
@@ -203,6 +221,9 @@ def _softmax(p_operand: Instruction, stats_given: bool = False
         raise NoMatch(f"%{ex.name} exponentiates %{sub.name} ({sub.opcode}), not x - max(x): "
                       "the online softmax needs the max subtracted")
     x, w_x, x_views = _through(sub.operands[0])
+    if not _is_identity(w_x, div.shape.dims):
+        x, x_views = _same_elements(sub.operands[0])      # x is a transpose of q·k
+        w_x = tuple(range(x.shape.rank))
     m_red, w_m, m_views = _through(sub.operands[1])
     given = stats_given and m_red.opcode == "parameter"
     if not _is_identity(w_x, div.shape.dims) or not (given or _row_reduce(m_red, "maximum", x)) \
