@@ -362,3 +362,46 @@ def test_bf16_bias_is_read_narrow():
     assert not [i for i in c.module.entry.instructions if i.opcode == "convert"]
     a, b = (np.asarray(x, np.float32) for x in (jf(q, k, v, bias), jax.jit(f)(q, k, v, bias)))
     assert np.linalg.norm(a - b) / np.linalg.norm(b) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gqa_window", "kv_lengths", "mask", "gqa_bias"])
+def test_jax_nn_arguments_cuda_kernels(name):
+    """jax.nn's local window (grouped kv heads), key lengths, mask and bias arguments,
+    bf16, through the Triton kernels (no host fallback); gradients equal jax.jit's."""
+    import ml_dtypes
+    from runtime.cuda import executable_of
+    f, kv = _jax_nn_form(name, 2, 200, 8)
+    args = _gqa_inputs(200, 8, kv, d=64, batch=2, dtype=ml_dtypes.bfloat16)
+    g = _loss_grad(f, args)
+    jf = runtime.jit(g, backend="cuda")
+    c = jf.lower(*args).compile()
+    kinds = _kinds(c)
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
+    assert not [t for t in executable_of(c).host_fallbacks() if "attention" in t.reason]
+    with jax.default_matmul_precision("highest"):
+        wants = jax.jit(g)(*args)
+    for a, want in zip(jf(*args), wants):
+        a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
+        assert np.linalg.norm(a - want) / np.linalg.norm(want) < 3e-2, name
+
+
+@pytest.mark.usefixtures("triton_attention_on_cpu")
+@pytest.mark.parametrize("order,s", [("bkgqs", 64), ("bkgqs", 128), ("bgkqs", 128)])
+def test_grouped_rows_causal_block_skipping(order, s):
+    """Grouped scores with rows [g, q] (the query position innermost, wrapping every Q_LEN
+    rows): with Q_LEN a multiple of the row blocks (64 or 128 here, f32 blocks of 32/64)
+    each block lies in one group, so the kernels skip the blocks above the diagonal
+    (ScorePlan.skip_for); forward and gradient through the Triton kernels equal jax.jit's."""
+    from codegen.triton.attention import plan_for
+    args = _gqa_inputs(s, 8, 2)
+    f = _group_major(4, order=order)
+    jf = runtime.jit(f, target="h200")
+    c = jf.lower(*args).compile()
+    (fa,) = [i for i in c.module.entry.instructions if i.opcode == "fusion"
+             and fusion_kind(i) == "attention"]
+    plan = plan_for(fa)
+    assert not plan.skip and plan.skip_for(64) and not plan.skip_for(48)
+    np.testing.assert_allclose(jf(*args), jax.jit(f)(*args), rtol=1e-4, atol=1e-4)
+    g, jg, _ = _gpu_pipeline_grad(f, args)
+    _assert_close(jg(*args), jax.jit(g)(*args), 1e-4)

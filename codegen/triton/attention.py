@@ -117,18 +117,19 @@ def _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V, Bias, 
 
 
 @triton.jit
-def key_range(pid_m, M, N, DELTA, Q_DIV, CAUSAL: tl.constexpr, DIR: tl.constexpr,
+def key_range(pid_m, M, N, DELTA, Q_LEN, Q_DIV, CAUSAL: tl.constexpr, DIR: tl.constexpr,
               SKIP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """(full, hi) for query block ``pid_m``: key blocks [0, full) need neither the causal
     nor the length mask, keys from ``hi`` on are masked for every row (skipped). Row r has
-    query position r // Q_DIV (SKIP holds only where the position is the outermost row
-    dim: jax.nn's grouped rows [q, g], Q_DIV = g)."""
+    query position (r // Q_DIV) % Q_LEN; SKIP holds only where that is monotonic within a
+    block (ScorePlan.skip_for: jax.nn's grouped rows [q, g] with Q_DIV = g, or a grouped
+    einsum's [g, q] with BM dividing Q_LEN)."""
     hi = N
     full = 0
     if SKIP:
         # keep k iff q >= k + DELTA (GE) or q > k + DELTA (GT)
-        last_q = (tl.minimum(pid_m * BM + BM, M) - 1) // Q_DIV
-        first_q = pid_m * BM // Q_DIV
+        last_q = (tl.minimum(pid_m * BM + BM, M) - 1) // Q_DIV % Q_LEN
+        first_q = pid_m * BM // Q_DIV % Q_LEN
         if DIR == 0:
             hi = tl.minimum(N, last_q - DELTA + 1)
             full = first_q - DELTA + 1
@@ -179,7 +180,7 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
     vbase = z * svz + h * svh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
-    full, hi = key_range(pid_m, M, N, DELTA, Q_DIV, CAUSAL, DIR, SKIP, BM, BN)
+    full, hi = key_range(pid_m, M, N, DELTA, Q_LEN, Q_DIV, CAUSAL, DIR, SKIP, BM, BN)
     for start in range(0, full, BN):
         m_i, l_i, acc = _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V,
                                 Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd,
@@ -291,11 +292,18 @@ class ScorePlan:
             at = row_dims.index(q_dim)
             self.q_len = self.score_shape[q_dim]
             self.q_div = math.prod(self.score_shape[d] for d in row_dims[at + 1:])
-        # causal block skipping needs the query position monotonic in the row index: one
-        # row dim, or the position the outermost row dim (rows [q, g], q = row // Q_DIV)
-        outer_q = c is not None and (not self.multi_rows or q_dim == row_dims[0])
-        self.skip = c is not None and outer_q and (
+        # causal block skipping needs the query position monotonic in each row block: one
+        # row dim, or the position the outermost row dim (rows [q, g], q = row // Q_DIV),
+        # or the innermost ([g, q], q = row % Q_LEN) with blocks that divide Q_LEN
+        # (skip_for); and a mask that keeps the diagonal side (k <= q + c, c <= 0)
+        keeps = c is not None and (
             (c.direction == "GE" and c.delta <= 0) or (c.direction == "GT" and c.delta < 0))
+        self.skip = keeps and (not self.multi_rows or q_dim == row_dims[0])
+        self.skip_inner = keeps and self.multi_rows and q_dim == row_dims[-1]
+
+    def skip_for(self, bm: int) -> bool:
+        """Whether kernels with row blocks of ``bm`` skip the causal blocks."""
+        return self.skip or (self.skip_inner and self.q_len % bm == 0)
 
     def param(self, inst) -> int:
         if id(inst) not in self.params:
@@ -580,7 +588,8 @@ class FwdLaunch:
     def launch(self, cfg: tuple[int, int, int, int], **flags: Any) -> None:
         bm, bn, warps, stages = cfg
         Z, H, M, N = self.shape[:4]
-        f = {**self.flags, **flags}
+        skip = self.plan.skip_for(bm)
+        f = {**self.flags, "SKIP": skip, "HEAVY_FIRST": skip, **flags}
         grid = (Z * H, triton.cdiv(M, bm)) if f["HEAVY_FIRST"] else \
             (triton.cdiv(M, bm), Z * H)
         _flash_fwd[grid](*self.args, EVEN_N=N % bn == 0, BM=bm, BN=bn, num_warps=warps,

@@ -205,7 +205,7 @@ def _bwd_dq(Q, K, V, DO, RMax, RSum, Delta, DQ, Bias, Mask,
     vbase = z * svz + h * svh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
-    full, hi = key_range(pid_m, M, N, DELTA, Q_DIV, CAUSAL, DIR, SKIP, BM, BN)
+    full, hi = key_range(pid_m, M, N, DELTA, Q_LEN, Q_DIV, CAUSAL, DIR, SKIP, BM, BN)
     dq = tl.zeros([BM, BD], tl.float32)
     if GRAD:
         delta = tl.load(Delta + z * sez + h * seh + offs_m * sem, mask=rows, other=0.0)
@@ -284,6 +284,33 @@ def _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Del
 
 
 @triton.jit
+def _dkdv_rows(k, v, dk, dv, lo, full, hi, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
+               Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm, sqd, sdm,
+               sdd, srm, ssm, sem, sbm, sbn, smm, smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1,
+               SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
+               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
+               CAUSAL: tl.constexpr, DIR: tl.constexpr, IEEE: tl.constexpr,
+               FOLD: tl.constexpr, KEYS: tl.constexpr, BM: tl.constexpr):
+    """The query blocks of rows [lo, hi) for one key block: [lo, full) across the causal
+    diagonal (masked), [full, hi) wholly inside it."""
+    for start in range(lo, full, BM):
+        dk, dv = _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
+                             Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm,
+                             sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn,
+                             M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
+                             FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, True,
+                             IEEE, FOLD, KEYS, BM)
+    for start in range(full, hi, BM):
+        dk, dv = _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
+                             Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm,
+                             sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn,
+                             M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
+                             FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, False,
+                             IEEE, FOLD, KEYS, BM)
+    return dk, dv
+
+
+@triton.jit
 def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, Bias, Mask,
               sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
               sdz, sdh, sdm, sdd, srz, srh, srm, ssz, ssh, ssm, sez, seh, sem,
@@ -319,32 +346,35 @@ def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, Bias, Mask,
     ebase = z * sez + h * seh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
-    lo = 0
-    full = 0       # query blocks [full, M) see every key of this block: no causal mask
-    if SKIP:       # keep iff q >= k + DELTA (GE) or q > k + DELTA (GT); q = row // Q_DIV
+    if SKIP:       # keep iff q >= k + DELTA (GE) or q > k + DELTA (GT)
+        # rows come in segments of SEG = Q_LEN * Q_DIV rows, q = (row // Q_DIV) % Q_LEN
+        # within one (one segment when q is the outermost row dim; Q_LEN rows each when it
+        # is the innermost, [g, q], the host making sure BM divides Q_LEN)
         first = pid_n * BN + DELTA
         last = pid_n * BN + BN - 1 + DELTA
         if DIR == 1:
             first += 1
             last += 1
-        lo = tl.minimum(tl.maximum(first, 0) * Q_DIV, M) // BM * BM
-        full = tl.maximum(tl.minimum((tl.maximum(last, 0) * Q_DIV + BM - 1) // BM * BM, M), lo)
-    elif CAUSAL:
-        full = M
-    for start in range(lo, full, BM):
-        dk, dv = _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
-                             Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm,
-                             sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn,
-                             M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
-                             FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, True,
-                             IEEE, FOLD, not EVEN_N, BM)
-    for start in range(full, M, BM):
-        dk, dv = _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
-                             Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm,
-                             sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn,
-                             M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
-                             FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, False,
-                             IEEE, FOLD, not EVEN_N, BM)
+        seg = Q_LEN * Q_DIV
+        lo = tl.minimum(tl.maximum(first, 0) * Q_DIV, seg) // BM * BM
+        full = tl.maximum(tl.minimum((tl.maximum(last, 0) * Q_DIV + BM - 1) // BM * BM, seg),
+                          lo)
+        for base in range(0, M, seg):
+            dk, dv = _dkdv_rows(k, v, dk, dv, base + lo, base + full,
+                                tl.minimum(base + seg, M), ki, offs_d, offs_dv, Q, DO, RMax,
+                                RSum, Delta, Bias, Mask, qbase, dobase, rbase, sbase, ebase,
+                                bbase, mbase, sqm, sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm,
+                                smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN,
+                                DELTA, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
+                                CAUSAL, DIR, IEEE, FOLD, not EVEN_N, BM)
+    else:          # query blocks [full, M) see every key of this block: no causal mask
+        full = M if CAUSAL else 0
+        dk, dv = _dkdv_rows(k, v, dk, dv, 0, full, M, ki, offs_d, offs_dv, Q, DO, RMax,
+                            RSum, Delta, Bias, Mask, qbase, dobase, rbase, sbase, ebase,
+                            bbase, mbase, sqm, sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm,
+                            smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN,
+                            DELTA, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
+                            CAUSAL, DIR, IEEE, FOLD, not EVEN_N, BM)
     tl.store(DK + z * skgz + h * skgh + offs_n[:, None] * skgn + offs_d[None, :] * skgd,
              dk.to(DK.dtype.element_ty), mask=keys[:, None] & (offs_d[None, :] < D))
     tl.store(DV_ + z * svgz + h * svgh + offs_n[:, None] * svgn + offs_dv[None, :] * svgd,
@@ -412,7 +442,7 @@ class Launches:
     scratch vector), ``run_dq`` (dQ, reading it), ``run_dkdv`` (dK and dV, reading it)."""
 
     def __init__(self, q, k, v, do, rmax, rsum, dq, dk, dv, bias, bstr: tuple, mask,
-                 mstr: tuple, common: tuple, flags: dict, o=None):
+                 mstr: tuple, common: tuple, flags: dict, o=None, skip_for=None):
         import torch
         Z, H, M, _ = q.shape
         self.zh, self.m, self.n = Z * H, M, k.shape[2]
@@ -426,6 +456,8 @@ class Launches:
         self.common = common
         self.flags = flags
         self.do, self.o = do, o
+        # SKIP for a row block size (grouped rows [g, q] skip only when BM divides Q_LEN)
+        self.skip_for = skip_for or (lambda bm: flags["SKIP"])
 
     def run_delta_o(self) -> Any:
         """delta from the forward's output O (``o`` given): one pass over dO and O."""
@@ -449,14 +481,15 @@ class Launches:
         return _bwd_dq[(self.zh, triton.cdiv(self.m, bm))](
             *self.ins, self.dq, *self.score, *self.strides, *self.dq.stride(),
             *self.score_strides, *self.common, GRAD=grad, BM=bm, BN=bn, num_warps=warps,
-            num_stages=stages, **self.flags)
+            num_stages=stages, **{**self.flags, "SKIP": self.skip_for(bm)})
 
     def run_dkdv(self, cfg: tuple) -> Any:
         bm, bn, warps, stages = cfg
         return _bwd_dkdv[(self.zh, triton.cdiv(self.n, bn))](
             *self.ins, self.dk, self.dv, *self.score, *self.strides, *self.dk.stride(),
             *self.dv.stride(), *self.score_strides, *self.common, EVEN_N=self.n % bn == 0,
-            BM=bm, BN=bn, num_warps=warps, num_stages=stages, **self.flags)
+            BM=bm, BN=bn, num_warps=warps, num_stages=stages,
+            **{**self.flags, "SKIP": self.skip_for(bm)})
 
 
 def _candidates(dtype_bytes: int, d: int) -> dict[str, list[tuple[int, int, int, int]]]:
@@ -541,7 +574,7 @@ def flash_attention_backward(inst, operands: list, out: Optional[Any] = None) ->
             raise Unsupported(f"the forward's output O is {tuple(o.shape)} as [z, h, rows, "
                               f"dv], dO {(Z, H, M, DV)}")
     run = Launches(q, k, v, do, rmax, rsum, dq, dk, dv, bias, bstr, mask, mstr, common, flags,
-                   o)
+                   o, skip_for=p.skip_for)
     cands = _CANDIDATES(q.element_size(), max(D, DV))
     key = (str(q.device), q.dtype, D, DV, Z * H, M, N, p.causal is not None,
            p.bias is not None, p.mask is not None, "backward")
