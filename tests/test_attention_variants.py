@@ -405,3 +405,25 @@ def test_grouped_rows_causal_block_skipping(order, s):
     np.testing.assert_allclose(jf(*args), jax.jit(f)(*args), rtol=1e-4, atol=1e-4)
     g, jg, _ = _gpu_pipeline_grad(f, args)
     _assert_close(jg(*args), jax.jit(g)(*args), 1e-4)
+
+
+def test_linear_loss_gradient_without_forward_output_is_explained():
+    """jax.grad of sum(o * dO) never computes o (the loss is linear in it): there is no
+    forward P·V, so nothing fuses, and the note says exactly that instead of calling dV a
+    misshapen P·V; with jax.value_and_grad (the loss needs o) both fuse."""
+    args = _gqa_inputs(32, 4, 2)
+    do = np.random.default_rng(4).standard_normal(args[0].shape).astype(np.float32)
+
+    def loss(q, k, v, do):
+        return jnp.sum(_jax_nn(True)(q, k, v) * do)
+    g = jax.grad(loss, argnums=(0, 1, 2))
+    jf = runtime.jit(g)
+    c = jf.lower(*args, do).compile()
+    assert "attention" not in _kinds(c)
+    notes = [n for n in report_for(c.module).pattern_notes() if "flash-attention" in n]
+    assert any("is jax.grad's dV = P^T.dO, but no dot computes the forward P·V" in n
+               for n in notes), notes
+    _assert_close(jf(*args, do), jax.jit(g)(*args, do), 2e-5)
+    vg = runtime.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    kinds = _kinds(vg.lower(*args, do).compile())
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds

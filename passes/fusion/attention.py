@@ -505,8 +505,10 @@ def _check_dots(qk: Instruction, pv: Instruction, p_is_lhs: bool, x: Instruction
     b = pv.attrs
     side, other = ("lhs", "rhs") if p_is_lhs else ("rhs", "lhs")
     rank = x.shape.rank
-    if list(b.get(f"{side}_batch_dims", ())) != score_layout(x, qk)[0] or \
+    batch, rows = score_layout(x, qk)
+    if list(b.get(f"{side}_batch_dims", ())) != batch or \
             list(b.get(f"{side}_contracting_dims", ())) != [rank - 1]:
+        _no_forward_output(pv, p_is_lhs, rows)
         raise NoMatch(f"%{pv.name} does not contract the probabilities over the key axis "
                       "with the scores' batch dims as its batch dims")
     v = pv.operands[1 if p_is_lhs else 0]
@@ -514,6 +516,31 @@ def _check_dots(qk: Instruction, pv: Instruction, p_is_lhs: bool, x: Instruction
         raise NoMatch(f"the value operand %{v.name} of %{pv.name} must have one sequence and "
                       "one head dim besides the batch dims")
     return k_is_lhs
+
+
+def _no_forward_output(dot: Instruction, p_is_lhs: bool, rows: list[int]) -> None:
+    """Raises the precise reason when ``dot`` contracts the probabilities over their rows
+    (jax.grad's dV = P^T.dO) and no dot contracts them over the keys: the program has no
+    forward P·V (its output unused, e.g. a bare jax.grad of sum(o * dO), a linear loss),
+    and the fused backward needs a forward fusion for the softmax's row statistics."""
+    p_side = 0 if p_is_lhs else 1
+    div, where, _ = _through(dot.operands[p_side])
+    side = "lhs" if p_is_lhs else "rhs"
+    contracted = {where[d] for d in dot.attrs.get(f"{side}_contracting_dims", ())}
+    if contracted != set(rows):
+        return
+    key = div.shape.rank - 1
+    for u in div.users:
+        for o_side in (0, 1):
+            src, w, _ = _through(u.operands[o_side]) if u.opcode == "dot" else (None, (), [])
+            s = "lhs" if o_side == 0 else "rhs"
+            if src is div and [w[d] for d in u.attrs.get(f"{s}_contracting_dims", ())] == [key]:
+                return
+    raise NoMatch(f"%{dot.name} is jax.grad's dV = P^T.dO, but no dot computes the forward "
+                  f"P·V from %{div.name} (the attention's output is not used: a loss linear "
+                  "in it, e.g. jax.grad of sum(o * dO)); the fused backward reads the row "
+                  "max and sum a forward fusion outputs, so neither is fused (a program "
+                  "that also returns the output, as jax.value_and_grad's loss does, fuses)")
 
 
 def _match_forward(pv: Instruction) -> Optional[tuple[AttentionMatch, list[Instruction]]]:

@@ -135,7 +135,8 @@ def _find(instructions: list[Instruction], backward: bool = False
             try:
                 pair = _with_backward(inst)
             except NoMatch as e2:
-                missed.append((inst, f"{e}; {e2}" if "backward" in str(e) else str(e)))
+                both = "backward" in str(e) and str(e2) != str(e)
+                missed.append((inst, f"{e}; {e2}" if both else str(e)))
                 continue
             m = pair[0]
             found.append(pair[1])
