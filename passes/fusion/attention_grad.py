@@ -13,7 +13,8 @@ those five dots. The softmax VJP ``f`` is accepted whatever ops JAX used for it 
 custom-JVP form, or the transposed division chain ``e / l``, ``-e / l^2`` ...), as long as
 it is a per-row function of (x, x - m, e, l, m, P, dP) built from elementwise ops, compares,
 selects, row sums and row broadcasts: it is evaluated in float64 on random rows and must
-equal P * (dP - rowsum(P * dP)). Anything else is a NoMatch with the reason. (A softmax
+equal P * (dP - rowsum(P * dP)) (attention_vjp.py). Anything else is a NoMatch with the
+reason. (A softmax
 written by hand without stop_gradient on its max adds the max's gradient, rowsum(dX) times
 the argmax indicator: zero in exact arithmetic, so it passes the check and the kernel
 leaves it out; jax.jit's value of it is rounding noise.)
@@ -24,6 +25,11 @@ has scores [b, kv head, group, q, k] made from q·k's [b, kv head, k, q, group],
 gradient reads dS transposed back. Each dot's dims are paired with the q, k or score dims
 they stand for, so the group is one more row dim of each K/V head: dV = Pᵀ·dO and
 dK = dSᵀ·Q contract it with the queries (the sum over the group), as the kernels do.
+dP and dS need not be in the scores' order either: jax.nn's grouped form has scores
+[b, kv, t, g, s] but computes dP as [b, kv, g, t, s] and dS as [g, b, kv, t, s]. The match
+keeps their *score maps* (``dp_perm``, ``g_perm``: which score dim each of their dims is),
+the VJP check follows them through every view, and the kernels permute by them. The batch
+dims may also sit between row dims (scores [b, g, kv, q, k]; ``score_layout``).
 
 ``split_backward`` then gives the backward its own copy of the recompute chain (q·k, the
 score function, x - m, exp, divide by l), reading only q, k, the masks and the forward's
