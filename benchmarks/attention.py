@@ -20,8 +20,8 @@ each row one way of timing it, all in one process:
 (do_bench around a JAX call that is not blocked times torch's stream, not JAX's: the events
 bracket nothing JAX launched, so it is not used for the end-to-end rows.) Also the
 32k-vocabulary cross-entropy (hlotk vs XLA), with ``--only suite`` gpu_suite's rows, and
-with ``--only dpa`` ``jax.nn.dot_product_attention`` (MHA and Llama-style GQA) through hlotk
-beside jax.jit's XLA and cuDNN implementations.
+with ``--only dpa`` ``jax.nn.dot_product_attention`` (MHA and Llama-style GQA, and the GQA
+gradient) through hlotk beside jax.jit's XLA and cuDNN implementations.
 """
 from __future__ import annotations
 
@@ -207,7 +207,8 @@ def main() -> None:
     ap.add_argument("--only", default="kernel,xent,suite",
                     help="comma-separated sections: kernel (flash kernel alone, SDPA), xent "
                          "(cross-entropy), suite (forward/grad/training step via run_one), "
-                         "dpa (jax.nn.dot_product_attention vs XLA and cuDNN)")
+                         "dpa (jax.nn.dot_product_attention vs XLA and cuDNN), gqa_forms "
+                         "(grouped einsum in both group orders)")
     ap.add_argument("--out", default="")
     ap.add_argument("--kernels", action="store_true",
                     help="with suite: per-kernel device time of the training step (CUPTI "
@@ -251,6 +252,50 @@ def main() -> None:
         kernel_and_xent(only)
     if "dpa" in only:
         dpa_section()
+    if "gqa_forms" in only:
+        gqa_forms_section()
+
+
+def gqa_forms_section() -> None:
+    """``--only gqa_forms``: grouped-query attention written as a grouped einsum, the
+    scores kv-major [b, kv, g, q, k] or group-major [b, g, kv, q, k] (batch dims between
+    row dims: the kernels read it through a permutation), causal, f32 softmax, bf16
+    B2 H32 KV8 S4096 D128: forward and value_and_grad, hlotk vs jax.jit, pipelined ms."""
+    import jax
+    import jax.numpy as jnp
+
+    import runtime
+    from passes.fusion import fusion_kind
+    b, s, h, kv, d = 2, 4096, 32, 8, 128
+    g = h // kv
+    ks = jax.random.split(jax.random.PRNGKey(3), 4)
+    q = jax.random.normal(ks[0], (b, s, h, d), jnp.bfloat16)
+    k, v, do = (jax.random.normal(kk, sh, jnp.bfloat16) for kk, sh in
+                ((ks[1], (b, s, kv, d)), (ks[2], (b, s, kv, d)), (ks[3], (b, s, h, d))))
+    flops = 4 * b * h * s * s * d / 2
+    rows = []
+    for order in ("bkgqs", "bgkqs"):
+        def attn(q, k, v, order=order):
+            sc = jnp.einsum(f"bqkgd,bskd->{order}", q.reshape(b, s, kv, g, d), k)
+            sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc.astype(jnp.float32) / d ** 0.5,
+                           -1e30)
+            p = jax.nn.softmax(sc, axis=-1).astype(v.dtype)
+            return jnp.einsum(f"{order},bskd->bqkgd", p, v).reshape(b, s, h, d)
+        vg = jax.value_and_grad(lambda q, k, v, do, attn=attn: jnp.sum(
+            attn(q, k, v).astype(jnp.float32) * do.astype(jnp.float32)), argnums=(0, 1, 2))
+        for name, fn, args, fl in (("forward", attn, (q, k, v), flops),
+                                   ("value_and_grad", vg, (q, k, v, do), 3.5 * flops)):
+            jf = runtime.jit(fn, backend="cuda")
+            kinds = [fusion_kind(i) for i in jf.lower(*args).compile().module.entry.instructions
+                     if i.opcode == "fusion"]
+            print(f"grouped einsum {order} {name}: attention fusions "
+                  f"{kinds.count('attention')} / {kinds.count('attention_backward')}", flush=True)
+            xla = jax.jit(fn)
+            for who, call in (("hlotk", lambda: jf(*args)), ("jax.jit", lambda: xla(*args))):
+                ms = pipelined_ms(call)
+                rows.append((f"einsum GQA {order} {name}: {who}, pipelined", ms,
+                             fl / (ms * 1e-3) / 1e12))
+    print_rows(rows)
 
 
 def kernel_section(opts) -> dict:
@@ -389,7 +434,51 @@ def dpa_section() -> None:
         for name, call in timed:
             ms = pipelined_ms(call)
             rows.append((f"jax.nn.dpa {label}: {name}", ms, flops / (ms * 1e-3) / 1e12))
+        if kv != h:
+            rows += _dpa_grad_rows(label, attn, (q, k, v), flops)
     print_rows(rows)
+
+
+def _dpa_grad_rows(label: str, attn, args: tuple, fwd_flops: float) -> list:
+    """jax.value_and_grad (w.r.t. q, k, v) of sum(o * dO) for ``attn``, as a training step
+    takes it (the loss needs o, so the forward runs too; a bare jax.grad of this linear
+    loss has no forward P·V at all, which the matcher does not take): hlotk vs jax.jit of
+    the XLA and cuDNN implementations, pipelined per-call ms; TFLOP/s counts the forward
+    plus the usual 2.5x for the backward (recomputing P is not counted)."""
+    import jax
+    import jax.numpy as jnp
+
+    import runtime
+    from passes.fusion import fusion_kind
+    q = args[0]
+    do = jax.random.normal(jax.random.PRNGKey(7), q.shape, jnp.bfloat16)
+
+    def grad_of(impl):
+        return jax.value_and_grad(lambda q, k, v, do: jnp.sum(
+            attn(q, k, v, impl).astype(jnp.float32) * do.astype(jnp.float32)),
+            argnums=(0, 1, 2))
+    jf = runtime.jit(grad_of("xla"), backend="cuda")
+    kinds = [fusion_kind(i) for i in jf.lower(*args, do).compile().module.entry.instructions
+             if i.opcode == "fusion"]
+    xla = jax.jit(grad_of("xla"))
+    got, want = jf(*args, do)[1], xla(*args, do)[1]
+    err = max(float(jnp.linalg.norm(a.astype(jnp.float32) - b.astype(jnp.float32)) /
+                    jnp.linalg.norm(b.astype(jnp.float32))) for a, b in zip(got, want))
+    print(f"jax.nn {label} grad: attention fusions {kinds.count('attention')} forward, "
+          f"{kinds.count('attention_backward')} backward, relative error vs jax.jit {err:.3g}",
+          flush=True)
+    timed = [("grad, hlotk (xla implementation), pipelined", lambda: jf(*args, do)),
+             ("grad, jax.jit, implementation='xla', pipelined", lambda: xla(*args, do))]
+    try:
+        cud = jax.jit(grad_of("cudnn"))
+        jax.block_until_ready(cud(*args, do))
+        timed.append(("grad, jax.jit, implementation='cudnn', pipelined",
+                      lambda: cud(*args, do)))
+    except Exception as e:  # noqa: BLE001  (cuDNN's attention is not in every jaxlib)
+        print(f"  cudnn gradient unavailable: {type(e).__name__}: {str(e)[:120]}")
+    flops = 3.5 * fwd_flops
+    return [(f"jax.nn.dpa {label}: {name}", ms, flops / (ms * 1e-3) / 1e12)
+            for name, ms in ((n, pipelined_ms(c)) for n, c in timed)]
 
 
 def pipelined_ms(call, n: int = 50, rounds: int = 7, torch_sync: bool = False) -> float:

@@ -92,7 +92,8 @@ def run_shape(name: str, old_mod, rows: list, fold_off: bool) -> dict:
     o = og.detach()
     rmax, rsum = row_stats(q, k, scale)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    common = (H, S, S, D, D, S, scale, 1.0, 1.0, 0, float("-inf"), 0.0, scale)
+    # (H, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE)
+    common = (H, S, S, D, D, S, 1, scale, 1.0, 1.0, 0, float("-inf"), 0.0, scale)
 
     def launches(fold: bool):
         flags = dict(HAS_BIAS=False, HAS_MASK=False, MASK_KEEP=True, IEEE=False, FOLD=fold,
@@ -174,7 +175,9 @@ def run_shape(name: str, old_mod, rows: list, fold_off: bool) -> dict:
         out["no_fold"] = nf
         print(f"[{name}] FOLD off at the best configs: {nf}", flush=True)
     if old_mod is not None:
-        out["old"] = run_old(old_mod, L, q, k, v, do, rmax, rsum, dq, dk, dv, common, D,
+        # (the old kernels take no Q_DIV)
+        out["old"] = run_old(old_mod, L, q, k, v, do, rmax, rsum, dq, dk, dv,
+                             common[:6] + common[7:], D,
                              ref, name)
     print(f"[{name}] modes (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in modes.items()),
           flush=True)

@@ -8,7 +8,9 @@ reason. Forms are the ones people write: ``jax.nn.dot_product_attention`` (also 
 kv heads, as Llama-style models call it), Flax's
 (pre-scaled q, softmax in the input dtype, ``finfo.min`` fill), einsum with an f32 softmax,
 a softmax written by hand, heads-first layouts, ``q @ k.T``, sliding windows, grouped-query
-attention in its two group orders.
+attention in its two group orders, and jax.nn's other arguments (a local window, key
+lengths, a mask, a bias). The bias row's largest buffer is the bias itself in f32 (it
+counts as "scores in memory" by size: [1, h, s, s] f32 is as large as the bf16 scores).
 """
 from __future__ import annotations
 
@@ -45,18 +47,25 @@ def _forms() -> dict:
         keep = (pos[:, None] >= pos[None, :]) & (pos[:, None] - pos[None, :] < 64)
         return softmax_attn(jnp.where(keep, scores(q, k) * SCALE, -jnp.inf), v)
 
-    def gqa(group_major: bool):
+    def gqa(group_major: bool, scale: float = SCALE):
         g = 2
         spec_s = "bqkgd,bskd->bgkqs" if group_major else "bqkgd,bskd->bkgqs"
         spec_o = "bgkqs,bskd->bqkgd" if group_major else "bkgqs,bskd->bqkgd"
 
         def f(q, k, v):
             s = jnp.einsum(spec_s, q.reshape(B, S, H // g, g, D), k)
-            return softmax_attn(s * SCALE, v, spec_o).reshape(B, S, H, D)
+            return softmax_attn(s * scale if scale != 1 else s, v, spec_o).reshape(B, S, H, D)
         return f
 
     bshd, bhsd = (B, S, H, D), (B, H, S, D)
     kv_gqa = (B, S, H // 2, D)
+    rng = np.random.default_rng(0)
+    lengths = jnp.array([S, S // 2], jnp.int32)
+    user_mask = jnp.asarray(rng.random((B, 1, S, S)) > 0.2)
+    user_bias = jnp.asarray(rng.standard_normal((1, H, S, S)), jnp.bfloat16)
+
+    def dpa(**kw):
+        return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla", **kw)
     return {
         "jax.nn.dot_product_attention causal": (
             lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
@@ -88,6 +97,14 @@ def _forms() -> dict:
                                          jnp.repeat(v, 2, axis=2)), bshd, kv_gqa),
         "GQA grouped einsum, [b,kv,g,q,k]": (gqa(False), bshd, kv_gqa),
         "GQA grouped einsum, [b,g,kv,q,k]": (gqa(True), bshd, kv_gqa),
+        "GQA grouped einsum, [b,g,kv,q,k], no scale, no mask": (gqa(True, 1), bshd, kv_gqa),
+        "jax.nn local_window_size=(64, 0), causal": (
+            dpa(is_causal=True, local_window_size=(64, 0)), bshd, bshd),
+        "jax.nn local_window_size=(64, 0), GQA": (
+            dpa(is_causal=True, local_window_size=(64, 0)), bshd, kv_gqa),
+        "jax.nn key_value_seq_lengths": (dpa(key_value_seq_lengths=lengths), bshd, bshd),
+        "jax.nn mask= (a boolean [b,1,s,s] argument)": (dpa(mask=user_mask), bshd, bshd),
+        "jax.nn bias= ([1,h,s,s]), GQA": (dpa(bias=user_bias), bshd, kv_gqa),
     }
 
 

@@ -182,7 +182,7 @@ class TargetRules:
 def _attention_dots(module: Module) -> frozenset[int]:
     """ids of the dots the fusion pass will turn into flash-attention kernels (forward
     and backward)."""
-    from .fusion.attention import kernel_dots
+    from .fusion.attention_pass import kernel_dots
     return frozenset(id(d) for comp in module.computations
                      for d in kernel_dots(list(comp.instructions)))
 

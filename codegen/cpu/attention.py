@@ -128,7 +128,8 @@ def _permutes(inst: Instruction) -> Optional[list]:
 def run_attention(comp, operands: list[np.ndarray], block_k: Optional[int] = None,
                   ctx: Optional[EvalContext] = None) -> np.ndarray:
     """Evaluate a flash-attention fused computation on ``operands``."""
-    from passes.fusion.attention import NoMatch, attention_root, match_attention, row_stats
+    from passes.fusion.attention import (NoMatch, attention_root, canonical, match_attention,
+                                         row_stats)
     outs = list(comp.root.operands) if comp.root.opcode == "tuple" else [comp.root]
     o_out = next((o for o in outs if attention_root(o)[0].opcode == "dot"), comp.root)
     pv, out_where = attention_root(o_out)
@@ -162,8 +163,10 @@ def run_attention(comp, operands: list[np.ndarray], block_k: Optional[int] = Non
     vc = list(a.get(f"{vside}_contracting_dims", ()))
     vf = [d for d in range(v.ndim) if d not in vb and d not in vc]
     vc_t = np.transpose(v, vb + vc + vf)                   # [batch..., keys, dv]
-    rows = scores[nb:last]
-    bshape = scores[:nb]
+    # the kernel's order [batch..., rows..., keys] (the scores may interleave them)
+    canon = canonical(m.logits, m.qk)
+    rows = tuple(scores[d] for d in canon[nb:last])
+    bshape = tuple(scores[d] for d in canon[:nb])
     flat_rows = math.prod(rows)
     m_run = np.full(bshape + (flat_rows,), -np.inf, acc_t)
     l_run = np.zeros(bshape + (flat_rows,), acc_t)
@@ -172,7 +175,8 @@ def run_attention(comp, operands: list[np.ndarray], block_k: Optional[int] = Non
     for start in range(0, n_keys, step):
         sl.ks = slice(start, min(start + step, n_keys))
         sl.block.clear()
-        x = sl.at(x_inst, last).astype(acc_t).reshape(bshape + (flat_rows, -1))
+        x = np.transpose(sl.at(x_inst, last), canon).astype(acc_t).reshape(
+            bshape + (flat_rows, -1))
         m_new = np.maximum(m_run, x.max(axis=-1))
         # A row with nothing unmasked so far keeps 0 as its shift (exp(-inf) = 0, not NaN).
         shift = np.where(np.isneginf(m_new), 0, m_new)
@@ -194,7 +198,10 @@ def run_attention(comp, operands: list[np.ndarray], block_k: Optional[int] = Non
     if comp.root.opcode != "tuple":
         return o
     # A forward for a backward also outputs its row max and row sum (the logsumexp).
-    stats = dict(zip((id(i) for i in row_stats(m)), (m_run, l_run)))
+    # (as [batch, rows] in the kernel's order, back to the scores' order without the keys)
+    back = [canon[:last].index(d) for d in range(last)]
+    stats = {id(i): np.transpose(v.reshape(bshape + rows), back)
+             for i, v in zip(row_stats(m), (m_run, l_run))}
     results = []
     for r in outs:
         if r is o_out:

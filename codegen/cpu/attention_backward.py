@@ -73,6 +73,14 @@ def _side_of(dot: Instruction, src: Instruction) -> int:
     return side
 
 
+def _in_score_order(sl: _Slicer, inst: Instruction, to_scores: tuple) -> np.ndarray:
+    """The current key block of ``inst`` (a [rows, keys] value whose dim d is score dim
+    ``to_scores[d]``), transposed into the scores' order."""
+    at = {s: d for d, s in enumerate(to_scores)}
+    block = sl.at(inst, at[len(to_scores) - 1])
+    return np.transpose(block, [at[s] for s in range(len(to_scores))])
+
+
 def run_attention_backward(comp, operands: list[np.ndarray], block_k: Optional[int] = None,
                            ctx: Optional[EvalContext] = None) -> tuple:
     b = match_body(comp)
@@ -97,7 +105,7 @@ def run_attention_backward(comp, operands: list[np.ndarray], block_k: Optional[i
         x = sl.at(b.x, last).astype(acc)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             p = (np.exp(x - m) / l_).astype(p_type).astype(acc)
-        return p, sl.at(b.dp, last).astype(acc)
+        return p, _in_score_order(sl, b.dp, b.dp_perm).astype(acc)
 
     delta = np.zeros(scores[:-1] + (1,), acc)
     for ks in blocks:
@@ -118,9 +126,9 @@ def run_attention_backward(comp, operands: list[np.ndarray], block_k: Optional[i
     for ks in blocks:
         p, dp = probabilities(ks)
         ds = p * (dp - delta)
-        for pred, keep in b.selects:
-            ds = np.where(sl.at(pred, last) == keep, ds, 0)
-        ds = ds * b.scale
+        for pred, keep in b.selects:        # read in dS's order (b.g_perm)
+            ds = np.where(_in_score_order(sl, pred, b.g_perm) == keep, ds, 0)
+        ds = np.transpose(ds * b.scale, b.g_perm)    # the dS block as the dots read dS
         dq += _contract(b.dq, 1 - dq_side, b.g_root, ds,
                         np.take(k_full, np.arange(n_keys)[ks], axis=k_seq), acc)
         for out, dot, side, src, val, other in ((dk, b.dk, 1 - dk_side, b.g_root, ds, q_full),

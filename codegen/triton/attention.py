@@ -117,21 +117,25 @@ def _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V, Bias, 
 
 
 @triton.jit
-def key_range(pid_m, M, N, DELTA, CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr,
-              BM: tl.constexpr, BN: tl.constexpr):
+def key_range(pid_m, M, N, DELTA, Q_LEN, Q_DIV, CAUSAL: tl.constexpr, DIR: tl.constexpr,
+              SKIP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """(full, hi) for query block ``pid_m``: key blocks [0, full) need neither the causal
-    nor the length mask, keys from ``hi`` on are masked for every row (skipped)."""
+    nor the length mask, keys from ``hi`` on are masked for every row (skipped). Row r has
+    query position (r // Q_DIV) % Q_LEN; SKIP holds only where that is monotonic within a
+    block (ScorePlan.skip_for: jax.nn's grouped rows [q, g] with Q_DIV = g, or a grouped
+    einsum's [g, q] with BM dividing Q_LEN)."""
     hi = N
     full = 0
     if SKIP:
-        # keep k iff q >= k + DELTA (GE) or q > k + DELTA (GT); rows of one q position each
-        last_q = tl.minimum(pid_m * BM + BM, M) - 1
+        # keep k iff q >= k + DELTA (GE) or q > k + DELTA (GT)
+        last_q = (tl.minimum(pid_m * BM + BM, M) - 1) // Q_DIV % Q_LEN
+        first_q = pid_m * BM // Q_DIV % Q_LEN
         if DIR == 0:
             hi = tl.minimum(N, last_q - DELTA + 1)
-            full = pid_m * BM - DELTA + 1
+            full = first_q - DELTA + 1
         else:
             hi = tl.minimum(N, last_q - DELTA)
-            full = pid_m * BM - DELTA
+            full = first_q - DELTA
         full = tl.minimum(tl.maximum(full, 0), hi) // BN * BN
     elif not CAUSAL:
         full = N // BN * BN
@@ -176,7 +180,7 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
     vbase = z * svz + h * svh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
-    full, hi = key_range(pid_m, M, N, DELTA, CAUSAL, DIR, SKIP, BM, BN)
+    full, hi = key_range(pid_m, M, N, DELTA, Q_LEN, Q_DIV, CAUSAL, DIR, SKIP, BM, BN)
     for start in range(0, full, BN):
         m_i, l_i, acc = _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V,
                                 Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd,
@@ -226,7 +230,7 @@ class ScorePlan:
     [batch..., keys, d], the scales, bias, causal and boolean masks."""
 
     def __init__(self, comp, qk, k_is_lhs: bool, logits, steps: list, nb: int):
-        from passes.fusion.attention import score_dims
+        from passes.fusion.attention import canonical, score_dims
         self.params = {id(p): p.attrs.get("parameter_number", k)
                        for k, p in enumerate(comp.parameters)}
         self.q, self.k = self.param(qk.operands[1 if k_is_lhs else 0]), \
@@ -244,12 +248,16 @@ class ScorePlan:
         qside = 1 if k_is_lhs else 0
         qb, qc = (rb, rc) if k_is_lhs else (lb, lc)
         kb, kc = (lb, lc) if k_is_lhs else (rb, rc)
-        rows = [src[where[d]][1] for d in range(nb, rank - 1)]
-        assert all(src[where[d]][0] == qside for d in range(nb, rank - 1))
+        # the scores in the kernels' order [batch..., rows..., keys] (score dims; grouped
+        # heads written group-major interleave batch and row dims)
+        self.canon = canonical(logits, qk)
+        row_dims = self.canon[nb:rank - 1]
+        rows = [src[where[d]][1] for d in row_dims]
+        assert all(src[where[d]][0] == qside for d in row_dims)
         self.q_perm = qb + rows + qc
         self.k_perm = kb + [src[where[rank - 1]][1]] + kc
         self.score_shape = tuple(logits.shape.dims)
-        self.q_len, self.q_div = self.score_shape[-2], 1
+        self.q_len, self.q_div = self.score_shape[row_dims[-1]], 1
         self.multi_rows = rank - nb - 1 > 1
         self.scale1, self.scale2, self.bias, self.sign = 1.0, 1.0, None, 1.0
         self.causal = self.mask = None
@@ -277,13 +285,25 @@ class ScorePlan:
         if len(set(fills)) > 1:
             raise Unsupported("a causal and a boolean mask with different fill values")
         c = self.causal
-        if c is not None and c.q_dim >= 0:
-            if not nb <= c.q_dim < rank - 1:
+        q_dim = row_dims[-1] if c is None or c.q_dim < 0 else c.q_dim
+        if c is not None:
+            if q_dim not in row_dims:
                 raise Unsupported("a causal compare on a batch dim")
-            self.q_len = self.score_shape[c.q_dim]
-            self.q_div = math.prod(self.score_shape[c.q_dim + 1:rank - 1])
-        self.skip = c is not None and not self.multi_rows and (
+            at = row_dims.index(q_dim)
+            self.q_len = self.score_shape[q_dim]
+            self.q_div = math.prod(self.score_shape[d] for d in row_dims[at + 1:])
+        # causal block skipping needs the query position monotonic in each row block: one
+        # row dim, or the position the outermost row dim (rows [q, g], q = row // Q_DIV),
+        # or the innermost ([g, q], q = row % Q_LEN) with blocks that divide Q_LEN
+        # (skip_for); and a mask that keeps the diagonal side (k <= q + c, c <= 0)
+        keeps = c is not None and (
             (c.direction == "GE" and c.delta <= 0) or (c.direction == "GT" and c.delta < 0))
+        self.skip = keeps and (not self.multi_rows or q_dim == row_dims[0])
+        self.skip_inner = keeps and self.multi_rows and q_dim == row_dims[-1]
+
+    def skip_for(self, bm: int) -> bool:
+        """Whether kernels with row blocks of ``bm`` skip the causal blocks."""
+        return self.skip or (self.skip_inner and self.q_len % bm == 0)
 
     def param(self, inst) -> int:
         if id(inst) not in self.params:
@@ -298,15 +318,16 @@ class ScorePlan:
         bias = mask = operands[self.q]
         bstr = mstr = (0, 0, 0, 0)
         if self.bias is not None:
-            bias = _zh(_scores_view(operands[self.bias[0]], self.bias[1], self.score_shape),
-                       self.nb)
+            bias = _zh(_scores_view(operands[self.bias[0]], self.bias[1], self.score_shape)
+                       .permute(self.canon), self.nb)
             bstr = bias.stride()
         keep, fill_m = True, 0.0
         if self.mask is not None:
             t = operands[self.mask[0]]
             if t.dtype == torch.bool:
                 t = t.view(torch.uint8)
-            mask = _zh(_scores_view(t, self.mask[1], self.score_shape), self.nb)
+            mask = _zh(_scores_view(t, self.mask[1], self.score_shape).permute(self.canon),
+                       self.nb)
             mstr = mask.stride()
             keep, fill_m = self.mask[2], self.mask[3]
         return bias, bstr, mask, mstr, keep, fill_m
@@ -535,8 +556,9 @@ class FwdLaunch:
         by_kind = dict(zip(p.outputs, outs))
         o_view = by_kind["o"].permute(p.out_perm).permute(p.o_perm)
         o, copy_o = zh_out(o_view, (Z, H, M, DV), nb)
-        stats = [zh_out(by_kind[s], (Z, H, M), nb) if s in by_kind else (q, None)
-                 for s in ("max", "sum")]
+        # the row statistics are in the scores' order without the keys: as [batch, rows]
+        stats = [zh_out(by_kind[s].permute(p.canon[:-1]), (Z, H, M), nb) if s in by_kind
+                 else (q, None) for s in ("max", "sum")]
         self.copies = [(o, copy_o)] + stats
         bias, bstr, mask, mstr, keep, fill_m = p.score_args(operands)
         delta, fill_c, causal = p.causal_args()
@@ -566,7 +588,8 @@ class FwdLaunch:
     def launch(self, cfg: tuple[int, int, int, int], **flags: Any) -> None:
         bm, bn, warps, stages = cfg
         Z, H, M, N = self.shape[:4]
-        f = {**self.flags, **flags}
+        skip = self.plan.skip_for(bm)
+        f = {**self.flags, "SKIP": skip, "HEAVY_FIRST": skip, **flags}
         grid = (Z * H, triton.cdiv(M, bm)) if f["HEAVY_FIRST"] else \
             (triton.cdiv(M, bm), Z * H)
         _flash_fwd[grid](*self.args, EVEN_N=N % bn == 0, BM=bm, BN=bn, num_warps=warps,

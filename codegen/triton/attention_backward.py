@@ -39,7 +39,7 @@ from .attention import (ScorePlan, Unsupported, _pick, _pow2, _zh, cached_plan, 
 
 @triton.jit
 def _probs(s, qi, ki, m2, r2, Bias, Mask, bbase, mbase, sbm, sbn, smm, smn, M, N, Q_LEN,
-           SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+           Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
            HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
            CAUSAL: tl.constexpr, DIR: tl.constexpr, EDGE: tl.constexpr,
            FOLD: tl.constexpr, KEYS: tl.constexpr):
@@ -56,7 +56,7 @@ def _probs(s, qi, ki, m2, r2, Bias, Mask, bbase, mbase, sbm, sbn, smm, smn, M, N
     if FOLD:
         t = s * (SCALE1 * SCALE2 * 1.4426950408889634)
         if CAUSAL and EDGE:
-            t = tl.where(causal_keep(qi % Q_LEN, ki + DELTA, DIR), t, float("-inf"))
+            t = tl.where(causal_keep((qi // Q_DIV) % Q_LEN, ki + DELTA, DIR), t, float("-inf"))
         if KEYS:
             t = tl.where(ki < N, t, float("-inf"))
         p = tl.exp2(t - m2) * r2
@@ -70,7 +70,7 @@ def _probs(s, qi, ki, m2, r2, Bias, Mask, bbase, mbase, sbm, sbn, smm, smn, M, N
         s = s * SCALE2
         keep = inside
         if CAUSAL and EDGE:
-            ck = causal_keep(qi % Q_LEN, ki + DELTA, DIR)
+            ck = causal_keep((qi // Q_DIV) % Q_LEN, ki + DELTA, DIR)
             s = tl.where(ck, s, FILL_C)
             keep = keep & ck
         if HAS_MASK:
@@ -98,7 +98,8 @@ def _row_stats(RMax, RSum, rbase, sbase, offs, srm, ssm, rows, FOLD: tl.constexp
 @triton.jit
 def _dq_block(q, do, m2, r2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias, Mask,
               kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn, smm, smn,
-              M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
+              M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+              DS_SCALE,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
               CAUSAL: tl.constexpr, DIR: tl.constexpr, EDGE: tl.constexpr,
               IEEE: tl.constexpr, FOLD: tl.constexpr, GRAD: tl.constexpr, BN: tl.constexpr):
@@ -125,7 +126,8 @@ def _dq_block(q, do, m2, r2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias, 
         s = tl.dot(q, kt)
         dp = tl.dot(do, vt)
     p, keep = _probs(s, qi, offs_n[None, :], m2, r2, Bias, Mask, bbase, mbase, sbm, sbn,
-                     smm, smn, M, N, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+                     smm, smn, M, N, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
+                     FILL_M,
                      HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, EDGE, FOLD, EDGE)
     if GRAD:
         ds = p * (dp - delta[:, None])
@@ -145,7 +147,8 @@ def _dq_block(q, do, m2, r2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias, 
 @triton.jit
 def _dq_sweep(q, do, m2, r2, delta, dq, full, hi, qi, offs_d, offs_dv, K, V, Bias, Mask,
               kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn, smm, smn,
-              M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
+              M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+              DS_SCALE,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
               CAUSAL: tl.constexpr, DIR: tl.constexpr, IEEE: tl.constexpr, FOLD: tl.constexpr,
               GRAD: tl.constexpr, BN: tl.constexpr):
@@ -153,13 +156,15 @@ def _dq_sweep(q, do, m2, r2, delta, dq, full, hi, qi, offs_d, offs_dv, K, V, Bia
     for start in range(0, full, BN):
         delta, dq = _dq_block(q, do, m2, r2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias,
                               Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn,
-                              smm, smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA,
+                              smm, smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN,
+                              DELTA,
                               FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
                               DIR, False, IEEE, FOLD, GRAD, BN)
     for start in range(full, hi, BN):
         delta, dq = _dq_block(q, do, m2, r2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias,
                               Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn,
-                              smm, smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA,
+                              smm, smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN,
+                              DELTA,
                               FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
                               DIR, True, IEEE, FOLD, GRAD, BN)
     return delta, dq
@@ -170,7 +175,8 @@ def _bwd_dq(Q, K, V, DO, RMax, RSum, Delta, DQ, Bias, Mask,
             sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
             sdz, sdh, sdm, sdd, srz, srh, srm, ssz, ssh, ssm, sez, seh, sem,
             sgz, sgh, sgm, sgd, sbz, sbh, sbm, sbn, smz, smh, smm, smn,
-            H, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
+            H, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+            DS_SCALE,
             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
             CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr, IEEE: tl.constexpr,
             FOLD: tl.constexpr, GRAD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
@@ -199,7 +205,7 @@ def _bwd_dq(Q, K, V, DO, RMax, RSum, Delta, DQ, Bias, Mask,
     vbase = z * svz + h * svh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
-    full, hi = key_range(pid_m, M, N, DELTA, CAUSAL, DIR, SKIP, BM, BN)
+    full, hi = key_range(pid_m, M, N, DELTA, Q_LEN, Q_DIV, CAUSAL, DIR, SKIP, BM, BN)
     dq = tl.zeros([BM, BD], tl.float32)
     if GRAD:
         delta = tl.load(Delta + z * sez + h * seh + offs_m * sem, mask=rows, other=0.0)
@@ -207,7 +213,7 @@ def _bwd_dq(Q, K, V, DO, RMax, RSum, Delta, DQ, Bias, Mask,
         delta = tl.zeros([BM], tl.float32)
     delta, dq = _dq_sweep(q, do, m2, r2, delta, dq, full, hi, qi, offs_d, offs_dv, K, V,
                           Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm,
-                          sbn, smm, smn, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN,
+                          sbn, smm, smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN,
                           DELTA, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
                           CAUSAL, DIR, IEEE, FOLD, GRAD, BN)
     if GRAD:
@@ -238,7 +244,7 @@ def _bwd_delta_o(DO, O, Delta, sdz, sdh, sdm, sdd, soz, soh, som, sod, sez, seh,
 @triton.jit
 def _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta, Bias, Mask,
                 qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm, sqd, sdm,
-                sdd, srm, ssm, sem, sbm, sbn, smm, smn, M, N, D, DV, Q_LEN, SCALE1,
+                sdd, srm, ssm, sem, sbm, sbn, smm, smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1,
                 SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
                 HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
                 CAUSAL: tl.constexpr, DIR: tl.constexpr, EDGE: tl.constexpr,
@@ -260,7 +266,8 @@ def _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Del
         st = tl.dot(k, qt)
         dpt = tl.dot(v, tl.trans(do))
     pt, keep = _probs(st, offs_m[None, :], ki, m[None, :], r[None, :], Bias, Mask, bbase,
-                      mbase, sbm, sbn, smm, smn, M, N, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA,
+                      mbase, sbm, sbn, smm, smn, M, N, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN,
+                      DELTA,
                       FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, EDGE, FOLD,
                       KEYS)
     dst = pt * (dpt - delta[None, :])
@@ -277,12 +284,40 @@ def _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Del
 
 
 @triton.jit
+def _dkdv_rows(k, v, dk, dv, lo, full, hi, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
+               Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm, sqd, sdm,
+               sdd, srm, ssm, sem, sbm, sbn, smm, smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1,
+               SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
+               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
+               CAUSAL: tl.constexpr, DIR: tl.constexpr, IEEE: tl.constexpr,
+               FOLD: tl.constexpr, KEYS: tl.constexpr, BM: tl.constexpr):
+    """The query blocks of rows [lo, hi) for one key block: [lo, full) across the causal
+    diagonal (masked), [full, hi) wholly inside it."""
+    for start in range(lo, full, BM):
+        dk, dv = _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
+                             Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm,
+                             sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn,
+                             M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
+                             FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, True,
+                             IEEE, FOLD, KEYS, BM)
+    for start in range(full, hi, BM):
+        dk, dv = _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
+                             Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm,
+                             sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn,
+                             M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
+                             FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, False,
+                             IEEE, FOLD, KEYS, BM)
+    return dk, dv
+
+
+@triton.jit
 def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, Bias, Mask,
               sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
               sdz, sdh, sdm, sdd, srz, srh, srm, ssz, ssh, ssm, sez, seh, sem,
               skgz, skgh, skgn, skgd, svgz, svgh, svgn, svgd,
               sbz, sbh, sbm, sbn, smz, smh, smm, smn,
-              H, M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
+              H, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+              DS_SCALE,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
               CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr, IEEE: tl.constexpr,
               FOLD: tl.constexpr, EVEN_N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
@@ -311,32 +346,35 @@ def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, Bias, Mask,
     ebase = z * sez + h * seh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
-    lo = 0
-    full = 0       # query blocks [full, M) see every key of this block: no causal mask
     if SKIP:       # keep iff q >= k + DELTA (GE) or q > k + DELTA (GT)
+        # rows come in segments of SEG = Q_LEN * Q_DIV rows, q = (row // Q_DIV) % Q_LEN
+        # within one (one segment when q is the outermost row dim; Q_LEN rows each when it
+        # is the innermost, [g, q], the host making sure BM divides Q_LEN)
         first = pid_n * BN + DELTA
         last = pid_n * BN + BN - 1 + DELTA
         if DIR == 1:
             first += 1
             last += 1
-        lo = tl.minimum(tl.maximum(first, 0), M) // BM * BM
-        full = tl.maximum(tl.minimum((tl.maximum(last, 0) + BM - 1) // BM * BM, M), lo)
-    elif CAUSAL:
-        full = M
-    for start in range(lo, full, BM):
-        dk, dv = _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
-                             Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm,
-                             sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn,
-                             M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
-                             FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, True,
-                             IEEE, FOLD, not EVEN_N, BM)
-    for start in range(full, M, BM):
-        dk, dv = _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
-                             Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm,
-                             sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn,
-                             M, N, D, DV, Q_LEN, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
-                             FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, False,
-                             IEEE, FOLD, not EVEN_N, BM)
+        seg = Q_LEN * Q_DIV
+        lo = tl.minimum(tl.maximum(first, 0) * Q_DIV, seg) // BM * BM
+        full = tl.maximum(tl.minimum((tl.maximum(last, 0) * Q_DIV + BM - 1) // BM * BM, seg),
+                          lo)
+        for base in range(0, M, seg):
+            dk, dv = _dkdv_rows(k, v, dk, dv, base + lo, base + full,
+                                tl.minimum(base + seg, M), ki, offs_d, offs_dv, Q, DO, RMax,
+                                RSum, Delta, Bias, Mask, qbase, dobase, rbase, sbase, ebase,
+                                bbase, mbase, sqm, sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm,
+                                smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN,
+                                DELTA, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
+                                CAUSAL, DIR, IEEE, FOLD, not EVEN_N, BM)
+    else:          # query blocks [full, M) see every key of this block: no causal mask
+        full = M if CAUSAL else 0
+        dk, dv = _dkdv_rows(k, v, dk, dv, 0, full, M, ki, offs_d, offs_dv, Q, DO, RMax,
+                            RSum, Delta, Bias, Mask, qbase, dobase, rbase, sbase, ebase,
+                            bbase, mbase, sqm, sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm,
+                            smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN,
+                            DELTA, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
+                            CAUSAL, DIR, IEEE, FOLD, not EVEN_N, BM)
     tl.store(DK + z * skgz + h * skgh + offs_n[:, None] * skgn + offs_d[None, :] * skgd,
              dk.to(DK.dtype.element_ty), mask=keys[:, None] & (offs_d[None, :] < D))
     tl.store(DV_ + z * svgz + h * svgh + offs_n[:, None] * svgn + offs_dv[None, :] * svgd,
@@ -388,8 +426,9 @@ class BackwardPlan(ScorePlan):
                 raise Unsupported(f"%{dot.name} ({name}) does not read the forward's "
                                   f"{'k' if name == 'dq' else 'q'}")
         # each gradient's result dims as [batch, rows-or-keys in the scores' order..., d]
-        self.perms = {n: gradient_order(d, g_sides[n], v) for n, d, v in
-                      (("dq", b.dq, b.g_root), ("dk", b.dk, b.g_root), ("dv", b.dv, b.div))}
+        self.perms = {n: gradient_order(d, g_sides[n], v, to) for n, d, v, to in
+                      (("dq", b.dq, b.g_root, b.g_perm), ("dk", b.dk, b.g_root, b.g_perm),
+                       ("dv", b.dv, b.div, None))}
         outs = list(comp.root.operands) if comp.root.opcode == "tuple" else [comp.root]
         names = {id(b.dq): "dq", id(b.dk): "dk", id(b.dv): "dv"}
         self.outputs = [names.get(id(o), "") for o in outs]
@@ -403,7 +442,7 @@ class Launches:
     scratch vector), ``run_dq`` (dQ, reading it), ``run_dkdv`` (dK and dV, reading it)."""
 
     def __init__(self, q, k, v, do, rmax, rsum, dq, dk, dv, bias, bstr: tuple, mask,
-                 mstr: tuple, common: tuple, flags: dict, o=None):
+                 mstr: tuple, common: tuple, flags: dict, o=None, skip_for=None):
         import torch
         Z, H, M, _ = q.shape
         self.zh, self.m, self.n = Z * H, M, k.shape[2]
@@ -417,6 +456,8 @@ class Launches:
         self.common = common
         self.flags = flags
         self.do, self.o = do, o
+        # SKIP for a row block size (grouped rows [g, q] skip only when BM divides Q_LEN)
+        self.skip_for = skip_for or (lambda bm: flags["SKIP"])
 
     def run_delta_o(self) -> Any:
         """delta from the forward's output O (``o`` given): one pass over dO and O."""
@@ -440,14 +481,15 @@ class Launches:
         return _bwd_dq[(self.zh, triton.cdiv(self.m, bm))](
             *self.ins, self.dq, *self.score, *self.strides, *self.dq.stride(),
             *self.score_strides, *self.common, GRAD=grad, BM=bm, BN=bn, num_warps=warps,
-            num_stages=stages, **self.flags)
+            num_stages=stages, **{**self.flags, "SKIP": self.skip_for(bm)})
 
     def run_dkdv(self, cfg: tuple) -> Any:
         bm, bn, warps, stages = cfg
         return _bwd_dkdv[(self.zh, triton.cdiv(self.n, bn))](
             *self.ins, self.dk, self.dv, *self.score, *self.strides, *self.dk.stride(),
             *self.dv.stride(), *self.score_strides, *self.common, EVEN_N=self.n % bn == 0,
-            BM=bm, BN=bn, num_warps=warps, num_stages=stages, **self.flags)
+            BM=bm, BN=bn, num_warps=warps, num_stages=stages,
+            **{**self.flags, "SKIP": self.skip_for(bm)})
 
 
 def _candidates(dtype_bytes: int, d: int) -> dict[str, list[tuple[int, int, int, int]]]:
@@ -507,8 +549,9 @@ def flash_attention_backward(inst, operands: list, out: Optional[Any] = None) ->
     N, DV = k.shape[2], v.shape[3]
     if tuple(k.shape[:2]) != (Z, H) or tuple(do.shape) != (Z, H, M, DV):
         raise Unsupported("q, k, v and dO batch/head/row counts differ")
-    rmax = operands[p.m_stat].reshape(Z, H, M)
-    rsum = operands[p.l_stat].reshape(Z, H, M)
+    # the forward's row statistics, scores' order without the keys -> [batch, rows]
+    rmax = operands[p.m_stat].permute(p.canon[:-1]).reshape(Z, H, M)
+    rsum = operands[p.l_stat].permute(p.canon[:-1]).reshape(Z, H, M)
     if out is None:
         out = tuple(torch.empty(tuple(s.dims), device=q.device, dtype=(q, k, v)[
             ("dq", "dk", "dv").index(n)].dtype) for s, n in zip(inst.shape.elements, p.outputs))
@@ -518,9 +561,7 @@ def flash_attention_backward(inst, operands: list, out: Optional[Any] = None) ->
     dq, dk, dv = (grads[n][0] for n in ("dq", "dk", "dv"))
     bias, bstr, mask, mstr, keep, fill_m = p.score_args(operands)
     dlt, fill_c, causal = p.causal_args()
-    if p.q_div != 1:   # the backward kernels count q along the last row dim only
-        raise Unsupported("a causal mask whose query position is not the last row dim")
-    common = (H, M, N, D, DV, p.q_len, p.scale1, p.scale2, p.sign, dlt, fill_c, fill_m,
+    common = (H, M, N, D, DV, p.q_len, p.q_div, p.scale1, p.scale2, p.sign, dlt, fill_c, fill_m,
               p.ds_scale)
     flags = dict(HAS_BIAS=p.bias is not None, HAS_MASK=p.mask is not None, MASK_KEEP=keep,
                  IEEE=q.element_size() >= 4, FOLD=_fold(p), BD=_pow2(D), BDV=_pow2(DV),
@@ -533,7 +574,7 @@ def flash_attention_backward(inst, operands: list, out: Optional[Any] = None) ->
             raise Unsupported(f"the forward's output O is {tuple(o.shape)} as [z, h, rows, "
                               f"dv], dO {(Z, H, M, DV)}")
     run = Launches(q, k, v, do, rmax, rsum, dq, dk, dv, bias, bstr, mask, mstr, common, flags,
-                   o)
+                   o, skip_for=p.skip_for)
     cands = _CANDIDATES(q.element_size(), max(D, DV))
     key = (str(q.device), q.dtype, D, DV, Z * H, M, N, p.causal is not None,
            p.bias is not None, p.mask is not None, "backward")

@@ -17,6 +17,8 @@ the match fails, the reason (which instruction, why) goes into the fusion report
 
 The match is recomputed from the fusion body by the kernels (the body is the source of
 truth: its parameters are q, k, v and the bias/mask tensors), so the text round-trips.
+jax.grad's backward is matched in attention_grad.py; attention_pass.py pairs the two and
+runs both matchers in the fusion pass.
 """
 from __future__ import annotations
 
@@ -164,14 +166,32 @@ def _row_reduce(inst: Instruction, reducer: str, over: Instruction) -> bool:
         return False
     src, where = trace_view(inst.operands[0], converts=True)
     rank = over.shape.rank
-    return src is over and _is_identity(where, over.shape.dims) and \
-        list(inst.attrs.get("dimensions", ())) == [rank - 1]
+    same = (src is over and _is_identity(where, over.shape.dims)) or \
+        _same_elements(inst.operands[0])[0] is over
+    return same and list(inst.attrs.get("dimensions", ())) == [rank - 1]
 
 
 def _through(inst: Instruction, converts: bool = True) -> tuple[Instruction, tuple, list]:
     passed: list[Instruction] = []
     src, where = trace_view(inst, converts=converts, through=passed)
     return src, where, passed
+
+
+def _same_elements(inst: Instruction) -> tuple[Instruction, list[Instruction]]:
+    """(source, views passed): down the views and float converts from ``inst`` for as long
+    as they keep every element at its index (layout copies, size-1 reshapes), stopping at
+    one that permutes: an unscaled softmax of grouped scores reads a transposing bitcast
+    of q·k, and that bitcast, not q·k, is the softmax's input."""
+    cur, passed = inst, []
+    while cur.opcode in _VIEWS or cur.opcode == "convert":
+        step = view_step(cur, converts=True)
+        src = cur.operands[0] if cur.operands else None
+        if step is None or src is None or src.shape.dims != cur.shape.dims or \
+                not _is_identity(step, cur.shape.dims):
+            break
+        passed.append(cur)
+        cur = src
+    return cur, passed
 
 
 # --- the match ---------------------------------------------------------------------------------
@@ -201,6 +221,9 @@ def _softmax(p_operand: Instruction, stats_given: bool = False
         raise NoMatch(f"%{ex.name} exponentiates %{sub.name} ({sub.opcode}), not x - max(x): "
                       "the online softmax needs the max subtracted")
     x, w_x, x_views = _through(sub.operands[0])
+    if not _is_identity(w_x, div.shape.dims):
+        x, x_views = _same_elements(sub.operands[0])      # x is a transpose of q·k
+        w_x = tuple(range(x.shape.rank))
     m_red, w_m, m_views = _through(sub.operands[1])
     given = stats_given and m_red.opcode == "parameter"
     if not _is_identity(w_x, div.shape.dims) or not (given or _row_reduce(m_red, "maximum", x)) \
@@ -380,7 +403,7 @@ def _score_steps(x: Instruction, qk: Instruction) -> tuple[list[ScoreStep], list
         elif op in ("add", "subtract") and len(others) == 1:
             if op == "subtract" and cur.operands[0] is not path:
                 raise NoMatch(f"%{cur.name} subtracts the scores from a tensor")
-            src, where, views = _through(others[0], converts=False)
+            src, where, views = _bias_source(others[0])
             if len(where) != rank:
                 raise NoMatch(f"the bias %{others[0].name} does not index the scores")
             steps.append(ScoreStep("bias", cur, tensor=src, where=where,
@@ -399,11 +422,33 @@ def _score_steps(x: Instruction, qk: Instruction) -> tuple[list[ScoreStep], list
     return steps, insts
 
 
-def score_dims(x: Instruction, qk: Instruction) -> tuple:
-    """Score dim -> q·k output dim, through the transposes between them."""
+def _bias_source(inst: Instruction) -> tuple[Instruction, tuple, list[Instruction]]:
+    """(source, where, views) of a bias through views and widening float converts (jax.nn
+    casts a bf16 bias to f32 scores): the kernels read the narrow tensor and widen it as
+    they load it, instead of a separate kernel writing the wide copy. A narrowing convert
+    rounds, so it stays outside (the fusion reads its result)."""
+    where: tuple = tuple(range(inst.shape.rank))
+    passed: list[Instruction] = []
+    cur = inst
+    while True:
+        src, w, views = _through(cur, converts=False)
+        where, passed = compose(where, w), passed + views
+        if src.opcode == "convert" and src.shape.dtype.is_float and \
+                src.operands[0].shape.dtype.is_float and \
+                src.operands[0].shape.dtype.bits < src.shape.dtype.bits:
+            passed.append(src)
+            cur = src.operands[0]
+            continue
+        return src, where, passed
+
+
+def score_dims(x: Instruction, qk: Instruction, to: Optional[Instruction] = None) -> tuple:
+    """Score dim -> q·k output dim, through the transposes between them (-> the dim of
+    ``to``, an instruction of the score function, when given)."""
     where = tuple(range(x.shape.rank))
     cur = x
-    while cur is not qk:
+    stop = qk if to is None else to
+    while cur is not stop:
         if _row_transpose(cur):
             step = _permutation(cur)
             assert step is not None
@@ -414,6 +459,24 @@ def score_dims(x: Instruction, qk: Instruction) -> tuple:
     return where
 
 
+def score_layout(x: Instruction, qk: Instruction) -> tuple[list[int], list[int]]:
+    """(batch, rows): the score dims that are q·k's batch dims (in q·k's order) and the
+    row dims (the rest but the keys, in the scores' order). Batch dims need not come
+    first: grouped-query attention written group-major has scores [b, g, kv, q, k] with
+    batch dims (b, kv). The kernels see the scores as ``canonical(x, qk)``."""
+    where = score_dims(x, qk)
+    nb = len(qk.attrs.get("lhs_batch_dims", ()))
+    batch = [s for s in range(x.shape.rank) if where[s] < nb]
+    return batch, [s for s in range(x.shape.rank - 1) if where[s] >= nb]
+
+
+def canonical(x: Instruction, qk: Instruction) -> list[int]:
+    """The scores' dims in the kernels' order [batch..., rows..., keys] (canonical dim i
+    is score dim ``canonical[i]``); the identity when the batch dims come first."""
+    batch, rows = score_layout(x, qk)
+    return batch + rows + [x.shape.rank - 1]
+
+
 def check_qk(qk: Instruction, x: Instruction) -> bool:
     """Checks q·k under the softmax input ``x``; returns whether k is its lhs."""
     a = qk.attrs
@@ -422,7 +485,9 @@ def check_qk(qk: Instruction, x: Instruction) -> bool:
         raise NoMatch(f"%{qk.name} contracts {len(a.get('lhs_contracting_dims', ()))} dims; "
                       "q·k must contract one head dimension")
     where = score_dims(x, qk)
-    if list(where[:nb]) != list(range(nb)):
+    batch, _ = score_layout(x, qk)
+    # (the batch dims may sit between row dims, [b, g, kv, q, k], but in q·k's order)
+    if [where[s] for s in batch] != list(range(nb)) or where[-1] < nb:
         raise NoMatch(f"the scores' batch dims are not %{qk.name}'s batch dims in order")
     lhs_free = qk.operands[0].shape.rank - nb - 1
     k_is_lhs = where[-1] < nb + lhs_free
@@ -440,8 +505,10 @@ def _check_dots(qk: Instruction, pv: Instruction, p_is_lhs: bool, x: Instruction
     b = pv.attrs
     side, other = ("lhs", "rhs") if p_is_lhs else ("rhs", "lhs")
     rank = x.shape.rank
-    if list(b.get(f"{side}_batch_dims", ())) != list(range(nb)) or \
+    batch, rows = score_layout(x, qk)
+    if list(b.get(f"{side}_batch_dims", ())) != batch or \
             list(b.get(f"{side}_contracting_dims", ())) != [rank - 1]:
+        _no_forward_output(pv, p_is_lhs, rows)
         raise NoMatch(f"%{pv.name} does not contract the probabilities over the key axis "
                       "with the scores' batch dims as its batch dims")
     v = pv.operands[1 if p_is_lhs else 0]
@@ -449,6 +516,31 @@ def _check_dots(qk: Instruction, pv: Instruction, p_is_lhs: bool, x: Instruction
         raise NoMatch(f"the value operand %{v.name} of %{pv.name} must have one sequence and "
                       "one head dim besides the batch dims")
     return k_is_lhs
+
+
+def _no_forward_output(dot: Instruction, p_is_lhs: bool, rows: list[int]) -> None:
+    """Raises the precise reason when ``dot`` contracts the probabilities over their rows
+    (jax.grad's dV = P^T.dO) and no dot contracts them over the keys: the program has no
+    forward P·V (its output unused, e.g. a bare jax.grad of sum(o * dO), a linear loss),
+    and the fused backward needs a forward fusion for the softmax's row statistics."""
+    p_side = 0 if p_is_lhs else 1
+    div, where, _ = _through(dot.operands[p_side])
+    side = "lhs" if p_is_lhs else "rhs"
+    contracted = {where[d] for d in dot.attrs.get(f"{side}_contracting_dims", ())}
+    if contracted != set(rows):
+        return
+    key = div.shape.rank - 1
+    for u in div.users:
+        for o_side in (0, 1):
+            src, w, _ = _through(u.operands[o_side]) if u.opcode == "dot" else (None, (), [])
+            s = "lhs" if o_side == 0 else "rhs"
+            if src is div and [w[d] for d in u.attrs.get(f"{s}_contracting_dims", ())] == [key]:
+                return
+    raise NoMatch(f"%{dot.name} is jax.grad's dV = P^T.dO, but no dot computes the forward "
+                  f"P·V from %{div.name} (the attention's output is not used: a loss linear "
+                  "in it, e.g. jax.grad of sum(o * dO)); the fused backward reads the row "
+                  "max and sum a forward fusion outputs, so neither is fused (a program "
+                  "that also returns the output, as jax.value_and_grad's loss does, fuses)")
 
 
 def _match_forward(pv: Instruction) -> Optional[tuple[AttentionMatch, list[Instruction]]]:
@@ -597,211 +689,3 @@ def attention_root(root: Instruction) -> tuple[Instruction, tuple]:
         where = compose(where, step)
         cur = cur.operands[0]
     return cur, where
-
-
-def _checked_backward(pv: Instruction):
-    """(forward match, backward match, the instructions the backward must recompute) when
-    the forward's probabilities are read by jax.grad's backward and the two can be fused
-    apart; raises NoMatch (with what was not matched). Changes nothing."""
-    from .attention_grad import match_backward
-    found = _match_forward(pv)
-    if found is None:
-        raise NoMatch(f"%{pv.name} is not the end of a softmax·V")
-    m, core = found
-    div = _through(m.pv.operands[0 if m.p_is_lhs else 1])[0]
-    b = match_backward(div, fwd=m)
-    stats = {id(i) for i in row_stats(m)}
-    core_ids = {id(i) for i in core}
-    # Forward views the backward also reads (the row sum broadcast) are recomputed.
-    b.nodes = [i for i in b.nodes if id(i) not in core_ids]
-    # Broadcast constants (the scale) that the forward also reads: the backward gets a copy.
-    shared_constants = [i for i in b.nodes if _scalar_constant(i) is not None
-                        and i not in b.outputs and i.opcode != "constant"]
-    b.nodes = [i for i in b.nodes if i not in shared_constants]
-    bwd = {id(i) for i in b.nodes}
-    outs = {id(i) for i in b.outputs}
-    for i in b.nodes:
-        for u in i.users:
-            if id(i) not in outs and id(u) not in bwd:
-                raise NoMatch(f"the backward's %{i.name} is also read by %{u.name} outside "
-                              "it (a bias gradient or a returned dS are not fused)")
-    for i in core:
-        for u in i.users:
-            if i is not pv and id(i) not in stats and id(u) not in core_ids | bwd:
-                raise NoMatch(f"%{i.name} ({i.opcode}, inside the attention) is also read by "
-                              f"%{u.name}, which is neither the forward nor its backward")
-    recompute = [i for i in core if i is not pv and id(i) not in stats] + shared_constants
-    return m, b, recompute
-
-
-def _with_backward(pv: Instruction):
-    """(forward, backward) when the forward's probabilities are read by jax.grad's
-    backward (passes/fusion/attention_grad.py): the backward gets its own copy of the
-    recompute chain, the forward also outputs its row max and row sum. Raises NoMatch
-    (with what was not matched) and leaves the graph alone then."""
-    from .attention_grad import split_backward
-    _, b, recompute = _checked_backward(pv)
-    clones = split_backward(b, recompute)
-    b.nodes = b.nodes + [c for c in clones if c.opcode != "constant"]
-    fwd = match_attention(pv, stats_out=True)
-    assert fwd is not None
-    _read_forward_output(fwd, b)
-    return fwd, b
-
-
-def _read_forward_output(fwd: AttentionMatch, b) -> None:
-    """Let the backward read the forward's output O (``b.o_value``, ``b.o_perm``) when
-    something outside both fusions reads O, so that the forward fusion outputs it anyway."""
-    from .attention_grad import gradient_order
-    o = fwd.out_views[-1] if fwd.out_views else fwd.pv
-    inside = {id(i) for i in fwd.members} | {id(i) for i in b.nodes}
-    if not o.is_root and not any(id(u) not in inside for u in o.users):
-        return
-    p_side = 0 if fwd.p_is_lhs else 1
-    div = _through(fwd.pv.operands[p_side])[0]
-    where = list(fwd.out_where) if fwd.out_where else list(range(fwd.pv.shape.rank))
-    try:
-        order = gradient_order(fwd.pv, p_side, div)     # pv dims as [batch, rows, dv]
-        b.o_perm = [where.index(d) for d in order]
-    except (AssertionError, ValueError):
-        return
-    b.o_value = o
-
-
-def kernel_dots(instructions: list[Instruction]) -> list[Instruction]:
-    """The dots flash-attention kernels will run (forward q·k and p·v; with jax.grad's
-    backward also dP, dV, dQ and dK), found as the fusion pass finds them but without
-    rewriting anything: layout assignment leaves their operands in place (the kernels
-    read any strides), so no layout copy comes between a backward dot and the q or k
-    the forward reads."""
-    dots: list[Instruction] = []
-    for inst in instructions:
-        if inst.opcode != "dot":
-            continue
-        try:
-            m = match_attention(inst)
-        except NoMatch:
-            try:
-                m, b, _ = _checked_backward(inst)
-            except NoMatch:
-                continue
-            dots += [b.dp, b.dv, b.dq, b.dk]
-        if m is not None:
-            dots += [m.qk, m.pv]
-    return dots
-
-
-def _find(instructions: list[Instruction], backward: bool = False
-          ) -> tuple[list, list[tuple[Instruction, str]]]:
-    """Every attention ending at a dot of ``instructions``; near misses with reasons.
-    ``backward``: also match jax.grad's backward of an attention (rewrites the graph: the
-    backward gets its own recompute chain)."""
-    found, missed = [], []
-    taken: set[int] = set()
-    for inst in instructions:
-        if inst.opcode != "dot":
-            continue
-        try:
-            m = match_attention(inst)
-        except NoMatch as e:
-            if not backward:
-                missed.append((inst, str(e)))
-                continue
-            try:
-                pair = _with_backward(inst)
-            except NoMatch as e2:
-                missed.append((inst, f"{e}; {e2}" if "backward" in str(e) else str(e)))
-                continue
-            m = pair[0]
-            found.append(pair[1])
-        if m is None:
-            continue
-        if any(id(i) in taken for i in m.members):
-            missed.append((inst, "shares instructions with another attention"))
-            continue
-        taken.update(id(i) for i in m.members)
-        found.append(m)
-    inside = {id(i) for m in found for i in m.members}
-    return found, [(i, why) for i, why in missed if id(i) not in inside]
-
-
-# --- in the fusion pass ------------------------------------------------------------------------
-REASON = ("flash attention: q·k, softmax and ·v in one kernel with an online softmax; the "
-          "scores never leave the chip")
-
-
-def grouped_rows(scores: tuple, nb: int) -> int:
-    """How many query heads share one K/V head: the product of the scores' row dims before
-    the sequence (a grouped-query einsum's [kv head, group, q] rows); 1 for plain rows."""
-    return int(np.prod(scores[nb:-2], dtype=np.int64))
-
-
-def reason_for(m) -> str:
-    """The explanation recorded for a match's fused edges: what was matched."""
-    from .attention_grad import BackwardMatch
-    nb = len(m.qk.attrs.get("lhs_batch_dims", ()))
-    scores = (m.x if isinstance(m, BackwardMatch) else m.logits).shape.dims
-    group = grouped_rows(scores, nb)
-    if isinstance(m, BackwardMatch):
-        why = ("flash-attention backward (jax.grad's): dV = P^T.dO, dP = dO.V^T, the softmax "
-               "gradient dS = P*(dP - rowsum(P*dP)), dQ = dS.K, dK = dS^T.Q in one fusion; P "
-               "is recomputed from q, k and the forward's row max/sum, no scores tensor")
-        if m.o_value is not None:
-            why += (f"; it also reads the forward's output %{m.o_value.name} for "
-                    "rowsum(dO*O) = rowsum(P*dP), so P*dP is not recomputed for it")
-        if group > 1:
-            why += (f"; grouped-query heads: {group} query heads share each K/V head (rows "
-                    f"{list(scores[nb:-1])} per K/V head), so dK and dV sum over the group "
-                    "inside the kernel")
-        return why
-    if group > 1:
-        return (f"{REASON}; grouped-query heads: {group} query heads share each K/V head "
-                f"(rows {list(scores[nb:-1])} per K/V head), K and V read once per group")
-    return REASON
-
-
-def find_attention(instructions: list[Instruction], report=None, backward: bool = False
-                   ) -> list:
-    """Attention matches (AttentionMatch, and with ``backward`` BackwardMatch too)."""
-    found, missed = _find(list(instructions), backward)
-    if report is not None:
-        from .explain import FusionDecision
-        for inst, why in missed:
-            report.record(FusionDecision(inst.name, "-", False, "attention",
-                                         f"no flash-attention fusion: {why}",
-                                         computation=inst.parent.name if inst.parent else ""))
-    return found
-
-
-def form_attention_group(state, m: AttentionMatch, report=None):
-    """Merge the match's instructions into one attention group (they are all fusible and
-    still on their own: attention goes first)."""
-    from .explain import FusionDecision
-    groups = _unique_groups(state.group_of(i) for i in m.members)
-    apart = sum(state.node_estimate(g).time_us for g in groups)
-    g = state.merge_many(groups, "attention")
-    if isinstance(m, AttentionMatch):
-        g.config = backend_config(m)
-    else:
-        from .attention_grad import backend_config as backward_config
-        g.config = backward_config(m)
-        if m.o_value is not None:
-            g.reads = [m.o_value]
-    if report is not None:
-        est = state.node_estimate(g).time_us
-        why = reason_for(m)
-        for i in m.members:
-            for o in i.operands:
-                if o in g:
-                    report.record(FusionDecision(o.name, i.name, True, "attention", why,
-                                                 apart, est, state.comp.name))
-    return g
-
-
-def _unique_groups(groups) -> list:
-    out, seen = [], set()
-    for g in groups:
-        if g is not None and g.id not in seen:
-            seen.add(g.id)
-            out.append(g)
-    return out

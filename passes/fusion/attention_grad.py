@@ -13,7 +13,8 @@ those five dots. The softmax VJP ``f`` is accepted whatever ops JAX used for it 
 custom-JVP form, or the transposed division chain ``e / l``, ``-e / l^2`` ...), as long as
 it is a per-row function of (x, x - m, e, l, m, P, dP) built from elementwise ops, compares,
 selects, row sums and row broadcasts: it is evaluated in float64 on random rows and must
-equal P * (dP - rowsum(P * dP)). Anything else is a NoMatch with the reason. (A softmax
+equal P * (dP - rowsum(P * dP)) (attention_vjp.py). Anything else is a NoMatch with the
+reason. (A softmax
 written by hand without stop_gradient on its max adds the max's gradient, rowsum(dX) times
 the argmax indicator: zero in exact arithmetic, so it passes the check and the kernel
 leaves it out; jax.jit's value of it is rounding noise.)
@@ -24,6 +25,11 @@ has scores [b, kv head, group, q, k] made from q·k's [b, kv head, k, q, group],
 gradient reads dS transposed back. Each dot's dims are paired with the q, k or score dims
 they stand for, so the group is one more row dim of each K/V head: dV = Pᵀ·dO and
 dK = dSᵀ·Q contract it with the queries (the sum over the group), as the kernels do.
+dP and dS need not be in the scores' order either: jax.nn's grouped form has scores
+[b, kv, t, g, s] but computes dP as [b, kv, g, t, s] and dS as [g, b, kv, t, s]. The match
+keeps their *score maps* (``dp_perm``, ``g_perm``: which score dim each of their dims is),
+the VJP check follows them through every view, and the kernels permute by them. The batch
+dims may also sit between row dims (scores [b, g, kv, q, k]; ``score_layout``).
 
 ``split_backward`` then gives the backward its own copy of the recompute chain (q·k, the
 score function, x - m, exp, divide by l), reading only q, k, the masks and the forward's
@@ -42,8 +48,9 @@ import numpy as np
 from hlo.ir import Instruction
 
 from .attention import (NoMatch, QKOperands, _find_qk, _scalar_constant, _score_steps,
-                        _softmax, _through, check_qk, score_dims)
-from .views import VIEW_OPS, view_step
+                        _softmax, _through, check_qk, score_dims, score_layout)
+from .attention_vjp import check_vjp, normalized
+from .views import VIEW_OPS, trace_view, view_step
 
 FLASH_ATTENTION_BACKWARD = "__flash_attention_backward"
 
@@ -75,6 +82,10 @@ class BackwardMatch(QKOperands):
     # rowsum(P∘dP) (two block products per block pair).
     o_value: Optional[Instruction] = None
     o_perm: list = field(default_factory=list)
+    # dS and dP dim -> score dim: jax.nn's grouped-query form computes them in other orders
+    # than the scores ([g, b, kv, t, s] and [b, kv, g, t, s] against [b, kv, t, g, s])
+    dp_perm: tuple = ()
+    g_perm: tuple = ()
 
     @property
     def members(self) -> list[Instruction]:
@@ -194,12 +205,16 @@ def other_dims(dot: Instruction, side: int, value: Instruction) -> tuple[list, l
     return b, c, _dims(dot, 1 - side)[2]
 
 
-def gradient_order(dot: Instruction, side: int, value: Instruction) -> list[int]:
+def gradient_order(dot: Instruction, side: int, value: Instruction,
+                   to_scores: Optional[tuple] = None) -> list[int]:
     """The dims of a gradient dot's result (``value`` = dS or P on ``side``) listed as
-    [batch in the value's order..., the value's free dims in its order..., the other
-    operand's free dims]: with dS/P in the scores' order, the kernels' [z, h, rows, d]."""
+    [batch in the scores' order..., the value's free dims in the scores' order..., the other
+    operand's free dims]: the kernels' [z, h, rows, d]. ``to_scores``: value dim -> score
+    dim (identity when the value is in the scores' order)."""
     w = value_perm(dot, side, value)
     assert w is not None
+    if to_scores:
+        w = tuple(to_scores[d] for d in w)
     vb, _, vf = _dims(dot, side)
     nb = len(vb)
     n_lhs_free = len(_dims(dot, 0)[2])
@@ -210,107 +225,6 @@ def gradient_order(dot: Instruction, side: int, value: Instruction) -> list[int]
     batch = [j for _, j in sorted((w[d], j) for j, d in enumerate(vb))]
     free = [j for _, j in sorted((w[d], j) for j, d in zip(v_free_at, vf))]
     return batch + free + o_free_at
-
-
-# --- the softmax VJP, checked on random rows ---------------------------------------------------
-_ELEMENTWISE = {
-    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
-    "negate": np.negative, "exponential": np.exp, "log": np.log, "maximum": np.maximum,
-    "minimum": np.minimum,
-}
-
-
-_COMPARE = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
-            "GT": np.greater, "GE": np.greater_equal}
-
-
-def _non1(dims, where=None) -> list:
-    return [d for d in range(len(dims)) if dims[d] != 1]
-
-
-def _row_fn(root: Instruction, leaves: dict[int, str], full: int, keys: int,
-            env: dict[str, np.ndarray]) -> np.ndarray:
-    """Evaluate ``root`` as a per-row function: values with ``full`` elements are [T, keys],
-    values with full/keys elements are [T]. Raises NoMatch for anything else."""
-    memo: dict[int, np.ndarray] = {}
-
-    def size(i: Instruction) -> int:
-        return int(np.prod(i.shape.dims)) if i.shape.is_array else -1
-
-    def val(i: Instruction):
-        if id(i) in leaves:
-            return env[leaves[id(i)]]
-        if id(i) in memo:
-            return memo[id(i)]
-        c = _scalar_constant(i)
-        if c is not None:
-            return c
-        n, op = size(i), i.opcode
-        if op == "convert":
-            v = val(i.operands[0])
-        elif op in VIEW_OPS:
-            src = i.operands[0]
-            step = view_step(i)
-            if step is None:
-                raise NoMatch(f"%{i.name} ({op}) in the softmax gradient moves elements")
-            sdims, idims = src.shape.dims, i.shape.dims
-            mapped = [step[d] for d in range(len(idims)) if idims[d] != 1]
-            if size(src) == n:      # same values, maybe other size-1 dims
-                if None in mapped or mapped != sorted(mapped) or \
-                        len(mapped) != len(_non1(sdims)):
-                    raise NoMatch(f"%{i.name} ({op}) in the softmax gradient permutes dims")
-                v = val(src)
-            elif n == full and size(src) * keys == full:    # a row value broadcast along keys
-                if step[-1] is not None or len([m for m in mapped if m is not None]) != \
-                        len(_non1(sdims)):
-                    raise NoMatch(f"%{i.name} broadcasts along a row dim, not the key axis")
-                v = np.broadcast_to(np.asarray(val(src))[:, None], env["x"].shape)
-            else:
-                raise NoMatch(f"%{i.name} ({op}) in the softmax gradient is not a row view")
-        elif op == "reduce":
-            body = i.attrs.get("to_apply")
-            src = i.operands[0]
-            if body is None or body.root.opcode != "add" or size(src) != full or \
-                    list(i.attrs.get("dimensions", ())) != [src.shape.rank - 1] or \
-                    _scalar_constant(i.operands[1]) != 0:
-                raise NoMatch(f"%{i.name} in the softmax gradient is not a row sum")
-            v = np.asarray(val(src)).sum(axis=-1)
-        elif op in _ELEMENTWISE:
-            with np.errstate(all="ignore"):
-                v = _ELEMENTWISE[op](*[val(o) for o in i.operands])
-        elif op == "compare" and str(i.attrs.get("direction", "")) in _COMPARE:
-            # x == max(x): the gradient of a row max that no stop_gradient cut (a softmax
-            # written by hand); its term is rowsum(dX) = 0 times the argmax indicator
-            v = _COMPARE[str(i.attrs["direction"])](*[val(o) for o in i.operands])
-        elif op == "select":
-            v = np.where(*[val(o) for o in i.operands])
-        else:
-            raise NoMatch(f"%{i.name} ({op}) in the softmax gradient is not an elementwise "
-                          "op, row sum or row broadcast")
-        memo[id(i)] = v
-        return v
-
-    return np.asarray(val(root))
-
-
-def _check_vjp(b: BackwardMatch) -> None:
-    full = int(np.prod(b.x.shape.dims))
-    keys = b.x.shape.dims[-1]
-    leaves = {id(b.x): "x", id(b.sub): "sub", id(b.ex): "ex", id(b.div): "p",
-              id(b.m_src): "m", id(b.l_src): "l", id(b.dp): "dp"}
-    rng = np.random.default_rng(0)
-    x = 2 * rng.standard_normal((5, keys))
-    m = x.max(axis=-1)
-    ex = np.exp(x - m[:, None])
-    l_ = ex.sum(axis=-1)
-    p = ex / l_[:, None]
-    dp = rng.standard_normal((5, keys))
-    env = {"x": x, "sub": x - m[:, None], "ex": ex, "l": l_, "m": m, "p": p, "dp": dp}
-    got = _row_fn(b.dx_root, leaves, full, keys, env)
-    want = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
-    if got.shape != want.shape or not np.allclose(got, want, rtol=1e-7, atol=1e-10):
-        raise NoMatch(f"%{b.dx_root.name} is not the softmax gradient P*(dP - rowsum(P*dP)) "
-                      "(checked on random rows)")
 
 
 # --- the match --------------------------------------------------------------------------------
@@ -388,8 +302,8 @@ def _operand_maps(qk: Instruction, x: Instruction, k_is_lhs: bool
         perm = value_perm(qk, side, src)
         if perm is None:
             src, perm = qk.operands[side], tuple(range(qk.operands[side].shape.rank))
-        of = {s: perm[dims[side][0][where[s]]] for s in range(nb)}
-        for s in range(nb, x.shape.rank):
+        of = {s: perm[dims[side][0][where[s]]] for s in range(x.shape.rank) if where[s] < nb}
+        for s in (s for s in range(x.shape.rank) if where[s] >= nb):
             o_side, d = free[where[s] - nb]
             if o_side == side:
                 of[s] = perm[d]
@@ -405,20 +319,57 @@ def match_backward(div: Instruction, stats_given: bool = False, fwd=None) -> Bac
     qk = _find_qk(x)
     k_is_lhs = check_qk(qk, x)
     steps, _ = _score_steps(x, qk)
+    dv, p_side = _match_dv(div, x, qk)
+    dp, dp_perm = _match_dp(dv, p_side, div, x, qk, fwd)
+    b = BackwardMatch(div, ex, sub, x, m_src, l_src, qk, k_is_lhs, steps, dv, dp,
+                      dv, dv, div, div, dp_perm=dp_perm)
+    b.dq, b.dk, b.g_root, b.g_perm = _match_ds(qk, x, k_is_lhs)
+    _score_backward(b.g_root, b)
+    fwd_scale = float(np.prod([s.value for s in steps if s.kind == "scale"]))
+    if not np.isclose(b.scale, fwd_scale, rtol=1e-6):
+        raise NoMatch(f"dS is scaled by {b.scale:g}, the scores by {fwd_scale:g}")
+    _check_masks(b)
     rank = x.shape.rank
-    nb = len(qk.attrs.get("lhs_batch_dims", ()))
-    if any(s.kind == "causal" and s.q_dim not in (-1, rank - 2) for s in steps):
-        raise NoMatch("the causal mask counts queries along a row dim before the group "
-                      "(rows [q, g]); the backward kernels count them along the last row dim")
-    rows = list(range(nb, rank - 1))
-    (q_src, q_of), (k_src, k_of) = _operand_maps(qk, x, k_is_lhs)
-    # dV = dot(P, dO): the dot reading P (maybe transposed) that contracts all its rows.
+    leaves = {id(i): (name, normalized(tuple(range(rank)), x.shape.dims))
+              for i, name in ((x, "x"), (sub, "sub"), (ex, "ex"), (div, "p"))}
+    leaves[id(dp)] = ("dp", normalized(dp_perm, dp.shape.dims))
+    for name, value, read in (("m", m_src, sub.operands[1]), ("l", l_src, div.operands[1])):
+        leaves[id(value)] = (name, _row_map(value, read))
+    got = check_vjp(b.dx_root, leaves, x.shape.dims)
+    if got != normalized(b.g_perm, b.g_root.shape.dims):
+        raise NoMatch(f"the softmax gradient %{b.dx_root.name} is not in the order of the dS "
+                      f"%{b.g_root.name} that dQ and dK read")
+    stop = {id(i) for i in (x, sub, ex, div, m_src, l_src, dp)}
+    # a mask the forward reads as an operand (a sliding window's two compares) stays
+    # outside the backward too: both fusions read the [q, k] mask
+    stop |= {id(s.tensor) for s in steps if s.tensor is not None}
+    r_nodes = _cone(b.g_root, stop)
+    views = [v for d in (dv, b.dq, b.dk) for o in d.operands for v in _through(o)[2]
+             if id(v) not in stop] + _through(dp.operands[0])[2]    # dO as dP reads it
+    b.nodes = _unique_insts([dp, dv, b.dq, b.dk] + r_nodes + views)
+    return b
+
+
+def _row_map(value: Instruction, read: Instruction) -> tuple:
+    """The score map of a row statistic ``value`` (the row max or sum) that ``read`` (a
+    [rows, keys] operand of the softmax) broadcasts: value dim -> score dim."""
+    src, where = trace_view(read, converts=True)
+    assert src is value
+    inv = {w: s for s, w in enumerate(where) if w is not None}
+    return tuple(inv.get(d) for d in range(value.shape.rank))
+
+
+def _match_dv(div: Instruction, x: Instruction, qk: Instruction) -> tuple[Instruction, int]:
+    """dV = dot(P, dO): the dot reading P (maybe transposed) that contracts all its rows;
+    (the dot, P's side)."""
+    rank = x.shape.rank
+    batch, rows = score_layout(x, qk)
     dvs = []
     for u, _r in _readers(div):
         s = _side(u, div) if u.opcode == "dot" else None
         if s is not None:
             bp, cp = _paired(u, s, div)
-            if sorted(bp) == list(range(nb)) and sorted(cp) == rows:
+            if sorted(bp) == batch and sorted(cp) == rows:
                 dvs.append((u, s))
     if not dvs:
         # (the forward's P·V reads P too, contracting its keys)
@@ -429,7 +380,16 @@ def match_backward(div: Instruction, stats_given: bool = False, fwd=None) -> Bac
     if len(dvs) != 1:
         raise NoMatch(f"{len(dvs)} dots contract the probabilities %{div.name} over their rows "
                       "(dV = P^T.dO); the fused backward has one")
-    dv, p_side = dvs[0]
+    return dvs[0]
+
+
+def _match_dp(dv: Instruction, p_side: int, div: Instruction, x: Instruction, qk: Instruction,
+              fwd) -> tuple[Instruction, tuple]:
+    """dP = dot(dO, V): batch and rows of dO as dV reads them; (the dot, its score map:
+    dP dim -> score dim). jax.nn's grouped form writes dP's rows in another order than the
+    scores' ([g, t] against [t, g]): the map says which."""
+    rank = x.shape.rank
+    batch, rows = score_layout(x, qk)
     do_read = dv.operands[1 - p_side]
     do = _src(do_read)
     if value_perm(dv, 1 - p_side, do) is None:
@@ -437,15 +397,16 @@ def match_backward(div: Instruction, stats_given: bool = False, fwd=None) -> Bac
     d_perm = value_perm(dv, 1 - p_side, do)
     do_b, do_c, _ = (list(map(d_perm.__getitem__, dims))
                      for dims in other_dims(dv, p_side, div))
-    # dP = dot(dO, V): batch and rows of dO as in dV, result in the scores' order.
     dps = []
     for u, _r in _readers(do):
-        if u.opcode != "dot" or u is dv or _side(u, do) != 0 or u.shape.dims != x.shape.dims:
+        if u.opcode != "dot" or u is dv or _side(u, do) != 0 or u.shape.rank != rank:
             continue
         w = value_perm(u, 0, do)
         b_, c_, f_ = ([w[d] for d in dims] for dims in _dims(u, 0))
-        if b_ == do_b and f_ == do_c and len(c_) == 1 and len(_dims(u, 1)[2]) == 1:
-            dps.append(u)
+        if b_ == do_b and sorted(f_) == sorted(do_c) and len(c_) == 1 and \
+                len(_dims(u, 1)[2]) == 1:
+            dps.append((u, tuple(batch) + tuple(rows[do_c.index(f)] for f in f_) +
+                        (rank - 1,)))
     if not dps:
         raise NoMatch(_missing("dP = dO.V^T", "q and k", f"no dot reads the cotangent "
                                f"%{do.name} as dO.V^T ([batch, rows, keys])",
@@ -453,63 +414,96 @@ def match_backward(div: Instruction, stats_given: bool = False, fwd=None) -> Bac
     if len(dps) != 1:
         raise NoMatch(f"{len(dps)} dots read the cotangent %{do.name} as dO.V^T; the fused "
                       "backward has one")
-    dp = dps[0]
+    dp = dps[0][0]
     if fwd is not None:     # V as the forward read it: dP contracts its head dim
         pv_v = 1 if fwd.p_is_lhs else 0
         vb, vc, vf = _dims(fwd.pv, pv_v)
         if _src(dp.operands[1]) is not _src(fwd.v) or _dims(dp, 1) != (vb, vf, vc):
             raise NoMatch(f"%{dp.name} = dO.V^T does not read the forward's V by its head dim")
-    b = BackwardMatch(div, ex, sub, x, m_src, l_src, qk, k_is_lhs, steps, dv, dp,
-                      dv, dv, div, div)
-    # dQ = dot(dS, K), dK = dot(dS, Q), both reading the same dS, which may be transposed
-    # (a grouped-query einsum's gradient reads dS in q·k's order): every dim of dS pairs
-    # with the q or k dim that made that score dim.
-    batch = set(range(nb))
-    found: dict[str, tuple[Instruction, Instruction]] = {}
-    for name, src, of, contract in (("dq", k_src, k_of, {rank - 1}), ("dk", q_src, q_of,
-                                                                       set(rows))):
-        for u, _r in _readers(src):
-            if u.opcode != "dot" or u is qk:
-                continue
-            o_side = _side(u, src)
-            if o_side is None:
-                continue
-            g = _src(u.operands[1 - o_side])
-            if g.shape.dims != x.shape.dims or _side(u, g) != 1 - o_side:
-                continue
-            o_perm = value_perm(u, o_side, src)
-            bp, cp = _paired(u, 1 - o_side, g)
-            if set(bp) == batch and set(cp) == contract and all(
-                    of[d] == o_perm[e] for pairs in (bp, cp) for d, e in pairs.items()):
-                found[name] = (u, g)
-    for name, other, what, src in (("dq", "dk", "q", k_src), ("dk", "dq", "k", q_src)):
-        if name not in found and other in found:
+    return dps[0]
+
+
+def _ds_readers(src: Instruction, of: dict, contract: set, qk: Instruction, x: Instruction
+                ) -> list[tuple[Instruction, Instruction, dict]]:
+    """Dots that contract a dS-shaped value with ``src`` (k for dQ, q for dK) as the
+    gradient does: (dot, dS, {dS dim: score dim}) for those whose batch dims pair with the
+    scores' batch dims and whose contracted dims are ``contract``, through ``of`` (score
+    dim -> ``src`` dim)."""
+    rank = x.shape.rank
+    batch = set(score_layout(x, qk)[0])
+    score_of = {v: s for s, v in of.items()}      # src dim -> score dim
+    out = []
+    for u, _r in _readers(src):
+        if u.opcode != "dot" or u is qk:
+            continue
+        o_side = _side(u, src)
+        if o_side is None:
+            continue
+        g = _src(u.operands[1 - o_side])
+        if g.shape.rank != rank or sorted(g.shape.dims) != sorted(x.shape.dims) or \
+                _side(u, g) != 1 - o_side:
+            continue
+        o_perm = value_perm(u, o_side, src)
+        bp, cp = _paired(u, 1 - o_side, g)
+        gmap = {d: score_of.get(o_perm[e]) for pairs in (bp, cp) for d, e in pairs.items()}
+        if {gmap[d] for d in bp} == batch and {gmap[d] for d in cp} == contract and \
+                all(x.shape.dims[s] == g.shape.dims[d] for d, s in gmap.items()):
+            out.append((u, g, gmap))
+    return out
+
+
+def _match_ds(qk: Instruction, x: Instruction, k_is_lhs: bool
+              ) -> tuple[Instruction, Instruction, Instruction, tuple]:
+    """dQ = dot(dS, K) and dK = dot(dS, Q), both reading one dS, which may be in another
+    dim order than the scores (a grouped-query einsum's gradient reads dS in q·k's order,
+    jax.nn's grouped form computes it as [g, b, kv, t, s]): every dim of dS pairs with the
+    q or k dim that made that score dim. Returns (dQ, dK, dS, dS dim -> score dim)."""
+    rank = x.shape.rank
+    (q_src, q_of), (k_src, k_of) = _operand_maps(qk, x, k_is_lhs)
+    dqs = _ds_readers(k_src, k_of, {rank - 1}, qk, x)
+    dks = _ds_readers(q_src, q_of, set(score_layout(x, qk)[1]), qk, x)
+    for name, mine, theirs, what, src in (("dq", dqs, dks, "q", k_src),
+                                          ("dk", dks, dqs, "k", q_src)):
+        if not mine and theirs:
             raise NoMatch(_missing(
                 "dQ = dS.K" if name == "dq" else "dK = dS^T.Q", what,
                 f"{'dK = dS^T.Q' if name == 'dq' else 'dQ = dS.K'} is there, but no dot "
                 f"contracts that dS with %{src.name} as "
                 f"{'dQ = dS.K' if name == 'dq' else 'dK = dS^T.Q'} would",
-                _other_dots(src, qk, found[other][0])))
-    if set(found) != {"dq", "dk"} or found["dq"][1] is not found["dk"][1]:
-        raise NoMatch(f"dQ = dS.K and dK = dS^T.Q reading one dS not found (found "
-                      f"{sorted(found) or 'neither'})")
-    b.dq, b.g_root = found["dq"]
-    b.dk = found["dk"][0]
-    _score_backward(b.g_root, b)
-    fwd_scale = float(np.prod([s.value for s in steps if s.kind == "scale"]))
-    if not np.isclose(b.scale, fwd_scale, rtol=1e-6):
-        raise NoMatch(f"dS is scaled by {b.scale:g}, the scores by {fwd_scale:g}")
-    fwd_masks = {id(s.inst.operands[0]): _path_operand(s.inst) is s.inst.operands[1]
-                 for s in steps if s.kind in ("mask", "causal")}
-    if fwd_masks != {id(p): keep for p, keep in b.selects}:
+                _other_dots(src, qk, theirs[0][0])))
+    for dq, g, qmap in dqs:
+        for dk, g2, kmap in dks:
+            if g2 is not g or any(qmap[d] != kmap[d] for d in set(qmap) & set(kmap)):
+                continue
+            perm = {**qmap, **kmap}
+            g_perm = tuple(perm.get(d, -1) for d in range(rank))
+            if sorted(g_perm) == list(range(rank)):
+                return dq, dk, g, g_perm
+    raise NoMatch(f"dQ = dS.K and dK = dS^T.Q reading one dS not found (found "
+                  f"{[n for n, c in (('dq', dqs), ('dk', dks)) if c] or 'neither'})")
+
+
+def _mask_key(pred: Instruction, to_scores: dict, keep: bool) -> tuple:
+    """A mask as (its source, score dim -> source dim, keep-if-true), whatever views and
+    dim order the select reading it has (``to_scores``: score dim -> the select's dim)."""
+    src, where = trace_view(pred)
+    return id(src), tuple(where[to_scores[s]] for s in range(len(to_scores))), keep
+
+
+def _check_masks(b: BackwardMatch) -> None:
+    """The selects on dX are the forward's masks (causal test, boolean mask), each read with
+    the same score dims (the backward's dS may be in another order)."""
+    rank = b.x.shape.rank
+    fwd = set()
+    for s in b.steps:
+        if s.kind in ("mask", "causal"):
+            at = score_dims(b.x, b.qk, to=s.inst)
+            fwd.add(_mask_key(s.inst.operands[0], dict(enumerate(at)),
+                              _path_operand(s.inst) is s.inst.operands[1]))
+    g_dim = {s: d for d, s in enumerate(b.g_perm)}
+    bwd = {_mask_key(p, {s: g_dim[s] for s in range(rank)}, keep) for p, keep in b.selects}
+    if fwd != bwd:
         raise NoMatch("the gradient's selects on dX are not the forward's masks")
-    _check_vjp(b)
-    stop = {id(i) for i in (x, sub, ex, div, m_src, l_src, dp)}
-    r_nodes = _cone(b.g_root, stop)
-    views = [v for d in (dv, b.dq, b.dk) for o in d.operands for v in _through(o)[2]
-             if id(v) not in stop] + _through(dp.operands[0])[2]    # dO as dP reads it
-    b.nodes = _unique_insts([dp, dv, b.dq, b.dk] + r_nodes + views)
-    return b
 
 
 def _path_operand(sel: Instruction) -> Instruction:

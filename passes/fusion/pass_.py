@@ -19,7 +19,7 @@ from hlo.ir import Computation, Instruction, Module
 from ..base import PassError, register_pass
 from . import greedy, priority  # noqa: F401  (register the built-in policies)
 from .cost_model import count_kernels, get_device, predict, resolve_target
-from .attention import find_attention, form_attention_group
+from .attention_pass import find_attention, form_attention_group
 from .explain import FusionDecision, FusionReport, attach
 from .legality import Decision, can_duplicate, can_fuse_siblings, can_merge, fusible
 from .normalization import form_groups

@@ -1,0 +1,429 @@
+"""Attention variants whose gradient fuses since issue 14's variants branch: jax.nn's
+grouped-query form (scores [b, kv, t, g, s] with the causal compare on t, dP and dS in
+other row orders), checked against jax.jit deviceless (the CPU backend's reference kernels
+on the CUDA pipeline), through the Triton kernels in the interpreter, and on a GPU.
+
+Tolerances: f32 2e-5 (blocked online softmax against XLA's one-pass softmax), bf16 3e-2
+relative (the kernels round P and dS to bf16 where the unfused program does, but in
+another summation order).
+"""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import runtime  # noqa: E402
+from passes.fusion import fusion_kind, report_for  # noqa: E402
+from tests.test_fusion_attention import (_gpu_pipeline_grad, _loss_grad,  # noqa: E402,F401
+                                         small_backward_blocks, triton_attention_on_cpu)
+
+
+@pytest.fixture(autouse=True)
+def small_forward_blocks(monkeypatch):
+    # several key blocks, the last one partial, on small shapes
+    from codegen.cpu import attention
+    monkeypatch.setattr(attention, "BLOCK_K", 16)
+
+
+def _jax_nn(causal: bool = True):
+    def f(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla")
+    return f
+
+
+def _gqa_inputs(s: int, heads: int, kv: int, d: int = 16, batch: int = 1, dtype=np.float32):
+    rng = np.random.default_rng(100 + heads + kv + s)
+    q = rng.standard_normal((batch, s, heads, d)).astype(dtype)
+    k, v = (rng.standard_normal((batch, s, kv, d)).astype(dtype) for _ in range(2))
+    return q, k, v
+
+
+def _kinds(c) -> list:
+    return [fusion_kind(i) for i in c.module.entry.instructions if i.opcode == "fusion"]
+
+
+def _assert_close(got, want, tol):
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                   rtol=tol, atol=tol)
+
+
+# --- jax.nn.dot_product_attention with grouped kv heads: the gradient -----------------------
+@pytest.mark.usefixtures("small_backward_blocks")
+@pytest.mark.parametrize("heads,kv,s,causal", [(6, 2, 37, True), (8, 2, 40, True),
+                                               (4, 2, 33, False)])
+def test_jax_nn_gqa_gradient_fuses_on_the_cuda_pipeline(heads, kv, s, causal):
+    """jax.grad of jax.nn.dot_product_attention with fewer kv heads than q heads: one
+    forward and one backward attention fusion (dP is written [b, kv, g, t, s] and dS
+    [g, b, kv, t, s] against scores [b, kv, t, g, s]), no buffer as large as the f32
+    B·H·S·S scores, gradients equal jax.jit's (keys in blocks of 16, the last partial)."""
+    args = _gqa_inputs(s, heads, kv)
+    g, jf, c = _gpu_pipeline_grad(_jax_nn(causal), args)
+    assert max(bf.size for bf in c.buffer_assignment().buffers) < heads * s * s * 4
+    _assert_close(jf(*args), jax.jit(g)(*args), 2e-5)
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+def test_jax_nn_gqa_gradient_fuses_on_the_cpu_pipeline_bf16():
+    """The CPU backend's own pipeline (its layouts) fuses the same gradient; bf16 inputs
+    (P and dS rounded to bf16 as jax.jit rounds them)."""
+    import ml_dtypes
+    args = _gqa_inputs(40, 6, 2, batch=2, dtype=ml_dtypes.bfloat16)
+    g = _loss_grad(_jax_nn(True), args)
+    jf = runtime.jit(g)
+    kinds = _kinds(jf.lower(*args).compile())
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
+    for a, b in zip(jf(*args), jax.jit(g)(*args)):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.linalg.norm(a - b) / np.linalg.norm(b) < 3e-2
+
+
+def test_explain_fusion_names_the_grouped_rows_of_the_jax_nn_backward():
+    """The report says what was fused: the backward with grouped-query heads (dK and dV
+    summed over the group inside the kernel)."""
+    args = _gqa_inputs(24, 6, 2)
+    _g, _jf, c = _gpu_pipeline_grad(_jax_nn(True), args)
+    reasons = [d.reason for d in report_for(c.module).decisions if d.fused]
+    assert any("flash-attention backward" in r and "3 query heads share each K/V head" in r
+               for r in reasons), reasons
+
+
+@pytest.mark.usefixtures("triton_attention_on_cpu")
+@pytest.mark.parametrize("heads,kv,s,causal", [(6, 2, 40, True), (8, 2, 70, True),
+                                               (4, 2, 40, False)])
+def test_jax_nn_gqa_gradient_triton_kernels(heads, kv, s, causal):
+    """The forward and backward Triton kernels (TRITON_INTERPRET=1, f32) on jax.nn's grouped
+    form: rows [t, g] per kv head, the causal test counting the query position every
+    Q_DIV = g rows; gradients equal jax.jit's."""
+    args = _gqa_inputs(s, heads, kv)
+    g, jf, _ = _gpu_pipeline_grad(_jax_nn(causal), args)
+    _assert_close(jf(*args), jax.jit(g)(*args), 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,d,s,heads,kv", [("bf16", 128, 200, 8, 2), ("f32", 32, 70, 6, 2),
+                                                ("bf16", 64, 129, 16, 4)])
+def test_jax_nn_gqa_gradient_cuda_kernels(dtype, d, s, heads, kv):
+    """runtime.jit(jax.grad(loss), backend="cuda") of jax.nn's grouped form: both attention
+    fusions run as Triton kernels (no host fallback), gradients equal jax.jit's (relative
+    Frobenius error; jax.jit at full f32 precision)."""
+    import ml_dtypes
+    from runtime.cuda import executable_of
+    dt = {"bf16": ml_dtypes.bfloat16, "f32": np.float32}[dtype]
+    args = _gqa_inputs(s, heads, kv, d=d, batch=2, dtype=dt)
+    g = _loss_grad(_jax_nn(True), args)
+    jf = runtime.jit(g, backend="cuda")
+    c = jf.lower(*args).compile()
+    kinds = _kinds(c)
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
+    assert not [t for t in executable_of(c).host_fallbacks() if "attention" in t.reason]
+    tol = 1e-4 if dtype == "f32" else 3e-2
+    with jax.default_matmul_precision("highest"):
+        wants = jax.jit(g)(*args)
+    for a, want in zip(jf(*args), wants):
+        a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
+        assert np.linalg.norm(a - want) / np.linalg.norm(want) < tol, (dtype, heads, kv)
+
+
+# --- a sliding window (two iota compares): the mask is an operand of both fusions ------------
+def _window(width: int, dtype_softmax=jnp.float32):
+    def f(q, k, v):
+        pos = jnp.arange(q.shape[1])
+        keep = (pos[:, None] >= pos[None, :]) & (pos[:, None] - pos[None, :] < width)
+        s = jnp.where(keep, jnp.einsum("bqhd,bkhd->bhqk", q, k) * 0.3, -jnp.inf)
+        p = jax.nn.softmax(s.astype(dtype_softmax), axis=-1).astype(v.dtype)
+        return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+    return f
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+@pytest.mark.parametrize("target", ["cuda", "cpu"])
+def test_sliding_window_gradient_fuses(target):
+    """jax.grad of attention over the last 16 keys: forward and backward fused, the [q, k]
+    window mask computed outside and read by both (no B·H·S·S buffer); the gradients equal
+    jax.jit's, on the CUDA pipeline and on the CPU backend's own."""
+    args = [np.random.default_rng(s).standard_normal((2, 45, 2, 16)).astype(np.float32)
+            for s in range(3)]
+    if target == "cuda":
+        g, jf, c = _gpu_pipeline_grad(_window(16), args)
+        assert max(bf.size for bf in c.buffer_assignment().buffers) < 2 * 2 * 45 * 45 * 4
+    else:
+        g = _loss_grad(_window(16), args)
+        jf = runtime.jit(g)
+        c = jf.lower(*args).compile()
+        kinds = _kinds(c)
+        assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
+    bwd = [i for i in c.module.entry.instructions if i.opcode == "fusion"
+           and fusion_kind(i) == "attention_backward"]
+    assert [o for o in bwd[0].operands if o.shape.dtype.name == "pred"], \
+        "the backward reads the window mask as an operand"
+    _assert_close(jf(*args), jax.jit(g)(*args), 2e-5)
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+def test_sliding_window_gradient_bf16():
+    import ml_dtypes
+    args = [np.random.default_rng(s).standard_normal((1, 40, 2, 16)).astype(ml_dtypes.bfloat16)
+            for s in range(3)]
+    g, jf, _ = _gpu_pipeline_grad(_window(8), args)
+    for a, b in zip(jf(*args), jax.jit(g)(*args)):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.linalg.norm(a - b) / np.linalg.norm(b) < 3e-2
+
+
+@pytest.mark.usefixtures("triton_attention_on_cpu")
+def test_sliding_window_gradient_triton_kernels():
+    """The backward Triton kernels read the window mask as the forward's does (general
+    path: P recomputed with the mask's -inf fill, dS zero outside the window); 70 keys,
+    several blocks."""
+    args = [np.random.default_rng(s).standard_normal((1, 70, 2, 16)).astype(np.float32)
+            for s in range(3)]
+    g, jf, _ = _gpu_pipeline_grad(_window(16), args)
+    _assert_close(jf(*args), jax.jit(g)(*args), 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,d,s", [("bf16", 128, 300), ("f32", 32, 70)])
+def test_sliding_window_gradient_cuda_kernels(dtype, d, s):
+    import ml_dtypes
+    from runtime.cuda import executable_of
+    dt = {"bf16": ml_dtypes.bfloat16, "f32": np.float32}[dtype]
+    args = [np.random.default_rng(i).standard_normal((2, s, 4, d)).astype(dt) for i in range(3)]
+    g = _loss_grad(_window(64), args)
+    jf = runtime.jit(g, backend="cuda")
+    c = jf.lower(*args).compile()
+    kinds = _kinds(c)
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
+    assert not [t for t in executable_of(c).host_fallbacks() if "attention" in t.reason]
+    tol = 1e-4 if dtype == "f32" else 3e-2
+    with jax.default_matmul_precision("highest"):
+        wants = jax.jit(g)(*args)
+    for a, want in zip(jf(*args), wants):
+        a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
+        assert np.linalg.norm(a - want) / np.linalg.norm(want) < tol, (dtype, s)
+
+
+# --- grouped-query attention written group-major: scores [b, g, kv, q, k] -------------------
+def _group_major(group: int, causal: bool = True, scaled: bool = True, order: str = "bgkqs"):
+    """q heads as [kv head, group] but the scores (and the output einsum) group-major: the
+    batch dims (b, kv) of q·k sit on both sides of the group row dim (``order`` "bkgqs":
+    kv-major instead). Unscaled, the softmax reads a transpose of q·k directly."""
+    def f(q, k, v):
+        b, s, h, d = q.shape
+        qg = q.reshape(b, s, h // group, group, d)
+        sc = jnp.einsum(f"bqkgd,bskd->{order}", qg, k).astype(jnp.float32)
+        if scaled:
+            sc = sc * (1 / np.sqrt(d))
+        if causal:
+            sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -1e30)
+        p = jax.nn.softmax(sc, axis=-1).astype(v.dtype)
+        return jnp.einsum(f"{order},bskd->bqkgd", p, v).reshape(b, s, h, d)
+    return f
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_group_major_gqa_forward_fuses(causal):
+    """One attention fusion for the group-major scores; the kernels see them as [b, kv,
+    g, q, k] (the canonical order), the outputs equal jax.jit's, no score buffer."""
+    args = _gqa_inputs(37, 6, 2, batch=2)
+    f = _group_major(3, causal)
+    jf = runtime.jit(f, target="h200")
+    c = jf.lower(*args).compile()
+    assert _kinds(c).count("attention") == 1, c.as_text()
+    assert max(bf.size for bf in c.buffer_assignment().buffers) < 2 * 6 * 37 * 37 * 4
+    np.testing.assert_allclose(jf(*args), jax.jit(f)(*args), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+@pytest.mark.parametrize("causal,group", [(True, 3), (False, 2)])
+def test_group_major_gqa_gradient_fuses(causal, group):
+    """jax.grad of the group-major form: one forward and one backward fusion on the CUDA
+    pipeline (CPU reference kernels), gradients equal jax.jit's."""
+    args = _gqa_inputs(37, 2 * group, 2, batch=2)
+    g, jf, c = _gpu_pipeline_grad(_group_major(group, causal), args)
+    assert max(bf.size for bf in c.buffer_assignment().buffers) < 2 * 2 * group * 37 * 37 * 4
+    _assert_close(jf(*args), jax.jit(g)(*args), 2e-5)
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+@pytest.mark.parametrize("order", ["bgkqs", "bkgqs"])
+def test_unscaled_grouped_scores_fuse(order):
+    """softmax(q·k) with no scale and no mask on grouped scores: the softmax's input is the
+    transposing view of q·k itself (it used to be refused as "does not subtract the row
+    maximum of its input"); forward and gradient fuse and equal jax.jit's."""
+    args = _gqa_inputs(37, 6, 2)
+    g, jf, _ = _gpu_pipeline_grad(_group_major(3, causal=False, scaled=False, order=order),
+                                  args)
+    _assert_close(jf(*args), jax.jit(g)(*args), 2e-5)
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+def test_group_major_gqa_gradient_cpu_pipeline_bf16():
+    import ml_dtypes
+    args = _gqa_inputs(40, 8, 2, dtype=ml_dtypes.bfloat16)
+    g = _loss_grad(_group_major(4), args)
+    jf = runtime.jit(g)
+    kinds = _kinds(jf.lower(*args).compile())
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
+    for a, b in zip(jf(*args), jax.jit(g)(*args)):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.linalg.norm(a - b) / np.linalg.norm(b) < 3e-2
+
+
+@pytest.mark.usefixtures("triton_attention_on_cpu")
+@pytest.mark.parametrize("causal,scaled", [(True, True), (False, True), (False, False)])
+def test_group_major_gqa_triton_kernels(causal, scaled):
+    """The Triton kernels on the group-major form (interpreter, f32): q/k/v permuted into
+    [z, h, rows, d] with the batch dims first, the row statistics written and read back
+    through the same permutation; forward and gradient equal jax.jit's."""
+    args = _gqa_inputs(70, 8, 2, batch=2)
+    f = _group_major(4, causal, scaled)
+    jf = runtime.jit(f, target="h200")
+    np.testing.assert_allclose(jf(*args), jax.jit(f)(*args), rtol=1e-4, atol=1e-4)
+    g, jg, _ = _gpu_pipeline_grad(f, args)
+    _assert_close(jg(*args), jax.jit(g)(*args), 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,d,s", [("bf16", 128, 200), ("f32", 32, 70)])
+def test_group_major_gqa_gradient_cuda_kernels(dtype, d, s):
+    import ml_dtypes
+    from runtime.cuda import executable_of
+    dt = {"bf16": ml_dtypes.bfloat16, "f32": np.float32}[dtype]
+    args = _gqa_inputs(s, 8, 2, d=d, batch=2, dtype=dt)
+    g = _loss_grad(_group_major(4), args)
+    jf = runtime.jit(g, backend="cuda")
+    c = jf.lower(*args).compile()
+    kinds = _kinds(c)
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
+    assert not [t for t in executable_of(c).host_fallbacks() if "attention" in t.reason]
+    tol = 1e-4 if dtype == "f32" else 3e-2
+    with jax.default_matmul_precision("highest"):
+        wants = jax.jit(g)(*args)
+    for a, want in zip(jf(*args), wants):
+        a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
+        assert np.linalg.norm(a - want) / np.linalg.norm(want) < tol, (dtype, s)
+
+
+# --- jax.nn.dot_product_attention's other arguments -----------------------------------------
+def _jax_nn_form(name: str, b: int, s: int, h: int):
+    """(f, kv heads) for jax.nn's local window, key lengths, mask and bias arguments."""
+    rng = np.random.default_rng(21)
+    if name == "window":
+        kw, kv = dict(is_causal=True, local_window_size=(16, 0)), h
+    elif name == "gqa_window":
+        kw, kv = dict(is_causal=True, local_window_size=(16, 0)), 2
+    elif name == "kv_lengths":
+        kw, kv = dict(key_value_seq_lengths=jnp.array([s, s // 2 + 3], jnp.int32)[:b]), h
+    elif name == "mask":
+        mask = (rng.random((b, 1, s, s)) > 0.2) | np.eye(s, dtype=bool)
+        kw, kv = dict(mask=jnp.asarray(mask)), h
+    else:   # gqa_bias
+        kw, kv = dict(bias=jnp.asarray(rng.standard_normal((1, h, s, s)), jnp.float32)), 2
+    return (lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla", **kw)), kv
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+@pytest.mark.parametrize("name", ["window", "gqa_window", "kv_lengths", "mask", "gqa_bias"])
+def test_jax_nn_arguments_gradient_fuses(name):
+    """local_window_size (with and without grouped kv heads), key_value_seq_lengths, mask=
+    and bias=: one forward and one backward fusion each (the generated or given masks read
+    as operands), gradients equal jax.jit's."""
+    f, kv = _jax_nn_form(name, 2, 45, 4)
+    args = _gqa_inputs(45, 4, kv, batch=2)
+    g, jf, _ = _gpu_pipeline_grad(f, args)
+    _assert_close(jf(*args), jax.jit(g)(*args), 2e-5)
+
+
+@pytest.mark.usefixtures("triton_attention_on_cpu")
+@pytest.mark.parametrize("name", ["gqa_window", "kv_lengths"])
+def test_jax_nn_arguments_triton_kernels(name):
+    f, kv = _jax_nn_form(name, 2, 70, 8)
+    args = _gqa_inputs(70, 8, kv, batch=2)
+    g, jf, _ = _gpu_pipeline_grad(f, args)
+    _assert_close(jf(*args), jax.jit(g)(*args), 1e-4)
+
+
+def test_bf16_bias_is_read_narrow():
+    """jax.nn casts a bf16 bias to the f32 scores: the attention fusion reads the bf16
+    bias and widens it inside (no f32 copy of the [1, h, s, s] bias in memory)."""
+    import ml_dtypes
+    q, k, v = _gqa_inputs(40, 4, 2, dtype=ml_dtypes.bfloat16)
+    bias = np.random.default_rng(3).standard_normal((1, 4, 40, 40)).astype(ml_dtypes.bfloat16)
+
+    def f(q, k, v, b):
+        return jax.nn.dot_product_attention(q, k, v, bias=b, implementation="xla")
+    jf = runtime.jit(f, target="h200")
+    c = jf.lower(q, k, v, bias).compile()
+    (fa,) = [i for i in c.module.entry.instructions if i.opcode == "fusion"
+             and fusion_kind(i) == "attention"]
+    assert {o.shape.dtype.name for o in fa.operands} == {"bf16"}, c.as_text()   # q, k, v, bias
+    assert not [i for i in c.module.entry.instructions if i.opcode == "convert"]
+    a, b = (np.asarray(x, np.float32) for x in (jf(q, k, v, bias), jax.jit(f)(q, k, v, bias)))
+    assert np.linalg.norm(a - b) / np.linalg.norm(b) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gqa_window", "kv_lengths", "mask", "gqa_bias"])
+def test_jax_nn_arguments_cuda_kernels(name):
+    """jax.nn's local window (grouped kv heads), key lengths, mask and bias arguments,
+    bf16, through the Triton kernels (no host fallback); gradients equal jax.jit's."""
+    import ml_dtypes
+    from runtime.cuda import executable_of
+    f, kv = _jax_nn_form(name, 2, 200, 8)
+    args = _gqa_inputs(200, 8, kv, d=64, batch=2, dtype=ml_dtypes.bfloat16)
+    g = _loss_grad(f, args)
+    jf = runtime.jit(g, backend="cuda")
+    c = jf.lower(*args).compile()
+    kinds = _kinds(c)
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
+    assert not [t for t in executable_of(c).host_fallbacks() if "attention" in t.reason]
+    with jax.default_matmul_precision("highest"):
+        wants = jax.jit(g)(*args)
+    for a, want in zip(jf(*args), wants):
+        a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
+        assert np.linalg.norm(a - want) / np.linalg.norm(want) < 3e-2, name
+
+
+@pytest.mark.usefixtures("triton_attention_on_cpu")
+@pytest.mark.parametrize("order,s", [("bkgqs", 64), ("bkgqs", 128), ("bgkqs", 128)])
+def test_grouped_rows_causal_block_skipping(order, s):
+    """Grouped scores with rows [g, q] (the query position innermost, wrapping every Q_LEN
+    rows): with Q_LEN a multiple of the row blocks (64 or 128 here, f32 blocks of 32/64)
+    each block lies in one group, so the kernels skip the blocks above the diagonal
+    (ScorePlan.skip_for); forward and gradient through the Triton kernels equal jax.jit's."""
+    from codegen.triton.attention import plan_for
+    args = _gqa_inputs(s, 8, 2)
+    f = _group_major(4, order=order)
+    jf = runtime.jit(f, target="h200")
+    c = jf.lower(*args).compile()
+    (fa,) = [i for i in c.module.entry.instructions if i.opcode == "fusion"
+             and fusion_kind(i) == "attention"]
+    plan = plan_for(fa)
+    assert not plan.skip and plan.skip_for(64) and not plan.skip_for(48)
+    np.testing.assert_allclose(jf(*args), jax.jit(f)(*args), rtol=1e-4, atol=1e-4)
+    g, jg, _ = _gpu_pipeline_grad(f, args)
+    _assert_close(jg(*args), jax.jit(g)(*args), 1e-4)
+
+
+def test_linear_loss_gradient_without_forward_output_is_explained():
+    """jax.grad of sum(o * dO) never computes o (the loss is linear in it): there is no
+    forward P·V, so nothing fuses, and the note says exactly that instead of calling dV a
+    misshapen P·V; with jax.value_and_grad (the loss needs o) both fuse."""
+    args = _gqa_inputs(32, 4, 2)
+    do = np.random.default_rng(4).standard_normal(args[0].shape).astype(np.float32)
+
+    def loss(q, k, v, do):
+        return jnp.sum(_jax_nn(True)(q, k, v) * do)
+    g = jax.grad(loss, argnums=(0, 1, 2))
+    jf = runtime.jit(g)
+    c = jf.lower(*args, do).compile()
+    assert "attention" not in _kinds(c)
+    notes = [n for n in report_for(c.module).pattern_notes() if "flash-attention" in n]
+    assert any("is jax.grad's dV = P^T.dO, but no dot computes the forward P·V" in n
+               for n in notes), notes
+    _assert_close(jf(*args, do), jax.jit(g)(*args, do), 2e-5)
+    vg = runtime.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    kinds = _kinds(vg.lower(*args, do).compile())
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
