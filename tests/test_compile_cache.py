@@ -77,6 +77,51 @@ def test_cache_off_writes_nothing(cache_dir, monkeypatch):
     assert not (cache_dir / "modules").exists()
 
 
+def test_verifier_runs_on_a_miss_and_on_unverified_entries_only(cache_dir, monkeypatch):
+    from runtime import compile_cache
+    x, w = _inputs()
+    module = hlo.from_jax(_program, x, w)
+    seen: list = []
+
+    def check(m):
+        seen.append(m)
+        hlo.verify(m)
+
+    def run(m):
+        return []
+    # a miss stored without a check, then a hit: the check runs (the entry vouches nothing)
+    compile_cache.compiled(module, "dce", "cpu", run)
+    _, _, hit = compile_cache.compiled(module, "dce", "cpu", run, check=check)
+    assert hit and seen == [module]
+    # an entry stored after a check (a verified compile): a hit skips it
+    compile_cache.compiled(module, "cse", "cpu", run, check=check)
+    assert len(seen) == 2
+    _, _, hit = compile_cache.compiled(module, "cse", "cpu", run, check=check)
+    assert hit and len(seen) == 2
+    # the check's verdict on a bad input is raised, not taken for a damaged entry
+    def refuse(m):
+        raise hlo.VerifierError("refused by the test")
+    with pytest.raises(hlo.VerifierError, match="refused by the test"):
+        compile_cache.compiled(module, "dce", "cpu", run, check=refuse)
+
+
+def test_client_compile_verifies_the_input_cold_and_not_warm(cache_dir, monkeypatch):
+    x, w = _inputs()
+    calls: list = []
+    real = hlo.verify
+    monkeypatch.setattr(hlo, "verify", lambda m, *a, **k: calls.append(m) or real(m, *a, **k))
+    module = hlo.from_jax(_program, x, w)
+    runtime.client("cpu").compile(module)
+    cold_calls = [m for m in calls if m is module]
+    assert cold_calls == [module]           # the input itself, once, before the passes
+    calls.clear()
+    warm = runtime.client("cpu").compile(module)
+    assert warm.module_cache_hit and not [m for m in calls if m is module]
+    calls.clear()
+    runtime.client("cpu").compile(module, verify=False)   # no verification asked: none
+    assert not [m for m in calls if m is module]
+
+
 def test_unpickled_instructions_take_fresh_uids():
     # Passes and executables key tables by uid, unique within a process. A module written
     # by another process keeps that process's uids in its pickle; read here they could
