@@ -138,3 +138,48 @@ def test_unpickled_instructions_take_fresh_uids():
     fresh = hlo.from_jax(_program, x, w)          # made after the load: no clash either
     assert {i.uid for c in fresh.computations for i in c.instructions}.isdisjoint(after)
     assert loaded.to_text() == module.to_text()
+
+
+def test_imported_modules_cached_by_bytecode(cache_dir, monkeypatch):
+    from jax import export
+
+    from hlo.stablehlo import importer
+    from runtime import compile_cache
+    x, w = _inputs()
+    exp = export.export(jax.jit(_program))(x, w)
+    calls: list = []
+    real = importer.from_exported
+    monkeypatch.setattr(importer, "from_exported", lambda e, **o: calls.append(e) or real(e))
+    import hlo.stablehlo as stablehlo
+    monkeypatch.setattr(stablehlo, "from_exported", importer.from_exported)
+    cold = compile_cache.imported(exp)
+    assert len(calls) == 1 and list((cache_dir / "imports").glob("*.pickle"))
+    warm = compile_cache.imported(export.export(jax.jit(_program))(x, w))
+    assert len(calls) == 1                      # the same bytecode: read, not imported
+    assert warm is not cold and warm.to_text() == cold.to_text() == real(exp).to_text()
+    # another program (other bytecode) is imported
+    compile_cache.imported(export.export(jax.jit(_program))(x[:8], w))
+    assert len(calls) == 2
+    # runtime.jit lowers through it: the lowered module is the importer's, warm or cold
+    got = runtime.jit(_program).lower(x, w).module.to_text()
+    assert got.replace("jit__program", "") == cold.to_text().replace("jit__program", "")
+    np.testing.assert_allclose(np.asarray(runtime.jit(_program)(x, w)),
+                               np.asarray(jax.jit(_program)(x, w)), rtol=1e-5, atol=1e-6)
+
+
+def test_imported_cache_off_and_damaged_entries(cache_dir, monkeypatch):
+    from jax import export
+
+    from runtime import compile_cache
+    x, w = _inputs()
+    exp = export.export(jax.jit(_program))(x, w)
+    want = compile_cache.imported(exp).to_text()
+    (entry,) = (cache_dir / "imports").glob("*.pickle")
+    entry.write_bytes(b"not a pickle")
+    assert compile_cache.imported(exp).to_text() == want      # imported again, rewritten
+    assert compile_cache.imported(exp).to_text() == want
+    monkeypatch.setenv("HLOTK_COMPILE_CACHE", "0")
+    for e in (cache_dir / "imports").glob("*.pickle"):
+        e.unlink()
+    assert compile_cache.imported(exp).to_text() == want
+    assert not list((cache_dir / "imports").glob("*.pickle"))
