@@ -193,6 +193,7 @@ def child_gpu(name: str, level: str) -> dict:
         warm.append(clock() - t)
     CudaExecutable.first_run = timed_first_run
     entries0 = _cache_entries()
+    modules0 = set(sys.modules)
     gc_log = _gc_watch()
     profiler = None
     if os.environ.get("HLOTK_CT_CPROFILE") == "1":
@@ -209,6 +210,10 @@ def child_gpu(name: str, level: str) -> dict:
     got = jax.block_until_ready(compiled(*dev_args))
     t3 = clock()
     gc_log["stop"]()
+    # Modules the first call imported (compiled from source where no bytecode is kept).
+    new_modules = sorted(m for m in set(sys.modules) - modules0
+                         if not m.startswith("hlotk_triton_"))
+    row["first_call_imports"] = [len(new_modules), new_modules[:150]]
     row["gc"], row["gc_n"], row["gc_full"] = gc_log["s"], gc_log["n"], gc_log["full"]
     row["gc_objects"] = gc_log["objects"]
     row["gc_frozen"] = __import__("gc").get_freeze_count()
