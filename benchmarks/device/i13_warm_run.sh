@@ -18,7 +18,7 @@ timeout 165 python3 -m benchmarks.compile_time --autotune 1 \
     --only adam_step,transformer,mlp_train,softmax,giou --out $OUT/after.md > $OUT/after.log 2>&1
 echo "after rc $?"; grep "^|\|^Once" $OUT/after.md | cut -c1-260
 timeout 45 python3 -m benchmarks.compile_time --autotune 1 --only adam_step \
-    --env HLOTK_GC_FREEZE=0 --tag -nofreeze --out $OUT/nofreeze.md > $OUT/nofreeze.log 2>&1
+    --env HLOTK_GC_FREEZE=0 --tag=-nofreeze --out $OUT/nofreeze.md > $OUT/nofreeze.log 2>&1
 echo "nofreeze rc $?"; grep "^| adam" $OUT/nofreeze.md | cut -c1-260
 (cd $ROOT && PYTHONPATH=$ROOT timeout 60 python3 -m benchmarks.compile_time --autotune 1 \
     --only adam_step,mlp_train --out $OUT/before.md > $OUT/before.log 2>&1
