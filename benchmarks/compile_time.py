@@ -4,6 +4,8 @@ beside XLA's lower + compile of the same program in the same process.
     PYTHONUNBUFFERED=1 python3 -m benchmarks.compile_time [--only NAME,...] [--autotune 0|1|2]
         [--out benchmarks/compile_time.md]            # on a GPU: backend="cuda"
     python -m benchmarks.compile_time --deviceless    # no GPU: passes and codegen only
+    python -m benchmarks.compile_time --interpret     # no GPU: the CUDA backend's lower and
+        # compile under Triton's interpreter, the kernels' JIT objects, GC passes (i13-warm)
         [--machine-cache DIR | --machine-cold] [--cprofile]   # issue 14's programs by name
 
 Before the programs, a "machine" step fills a fresh ``HLOTK_MACHINE_CACHE_DIR`` (the native
