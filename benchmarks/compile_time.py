@@ -4,6 +4,8 @@ beside XLA's lower + compile of the same program in the same process.
     PYTHONUNBUFFERED=1 python3 -m benchmarks.compile_time [--only NAME,...] [--autotune 0|1|2]
         [--out benchmarks/compile_time.md]            # on a GPU: backend="cuda"
     python -m benchmarks.compile_time --deviceless    # no GPU: passes and codegen only
+    python -m benchmarks.compile_time --interpret     # no GPU: the CUDA backend's lower and
+        # compile under Triton's interpreter, the kernels' JIT objects, GC passes (i13-warm)
         [--machine-cache DIR | --machine-cold] [--cprofile]   # issue 14's programs by name
 
 Before the programs, a "machine" step fills a fresh ``HLOTK_MACHINE_CACHE_DIR`` (the native
@@ -193,6 +195,8 @@ def child_gpu(name: str, level: str) -> dict:
         warm.append(clock() - t)
     CudaExecutable.first_run = timed_first_run
     entries0 = _cache_entries()
+    modules0 = set(sys.modules)
+    gc_log = _gc_watch()
     profiler = None
     if os.environ.get("HLOTK_CT_CPROFILE") == "1":
         import cProfile
@@ -207,6 +211,14 @@ def child_gpu(name: str, level: str) -> dict:
     entries1 = _cache_entries()
     got = jax.block_until_ready(compiled(*dev_args))
     t3 = clock()
+    gc_log["stop"]()
+    # Modules the first call imported (compiled from source where no bytecode is kept).
+    new_modules = sorted(m for m in set(sys.modules) - modules0
+                         if not m.startswith("hlotk_triton_"))
+    row["first_call_imports"] = [len(new_modules), new_modules[:150]]
+    row["gc"], row["gc_n"], row["gc_full"] = gc_log["s"], gc_log["n"], gc_log["full"]
+    row["gc_objects"] = gc_log["objects"]
+    row["gc_frozen"] = __import__("gc").get_freeze_count()
     if profiler is not None:
         import io
         import pstats
@@ -262,6 +274,33 @@ def child_gpu(name: str, level: str) -> dict:
                               for g, w in leaves), default=0.0)
     row["leaves"] = len(leaves)
     return row
+
+
+def _gc_watch() -> dict:
+    """The cyclic collector's passes from now until ``stop()``: seconds (``s``), passes per
+    generation (``n``), [start, seconds] of each full pass (``full``), and the objects it
+    tracked at the start (``objects``; frozen ones are not tracked)."""
+    import gc
+    clock = time.perf_counter
+    out: dict = {"s": 0.0, "n": [0, 0, 0], "full": [], "objects": len(gc.get_objects())}
+    t0, start = clock(), [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            start[0] = clock()
+            return
+        took = clock() - start[0]
+        out["s"] += took
+        out["n"][info["generation"]] += 1
+        if info["generation"] == 2:
+            out["full"].append([round(start[0] - t0, 4), round(took, 4)])
+    gc.callbacks.append(on_gc)
+
+    def stop() -> None:
+        if on_gc in gc.callbacks:
+            gc.callbacks.remove(on_gc)
+    out["stop"] = stop
+    return out
 
 
 def _settle(parallel, limit: float = 10.0) -> float:
@@ -376,6 +415,58 @@ def child_deviceless(name: str) -> dict:
     return row
 
 
+def child_interpret(name: str) -> dict:
+    """The warm path's CPU work without a GPU (``--interpret``): the CUDA backend's lower and
+    compile under Triton's interpreter (``TRITON_INTERPRET=1``, set by the parent), after
+    the imports and XLA's compile of the same function as ``child_gpu`` does them, then
+    ``kernels``: each Triton kernel's module imported and its JITFunctions built as a GPU
+    process builds them (the interpreter switched off first). ``gc``: seconds of the cyclic
+    collector's passes inside the timed steps (all generations)."""
+    clock = time.perf_counter
+    row: dict = {"name": name}
+    t0 = clock()
+    import jax
+    import torch  # noqa: F401
+    import triton  # noqa: F401
+    row["import_jax_torch_triton"] = clock() - t0
+    t0 = clock()
+    import runtime
+    from runtime.cuda import executable_of
+    from runtime.cuda.backend import CudaExecutable  # noqa: F401  (as child_gpu imports it)
+    row["import_hlotk"] = clock() - t0
+    fn, args = _program(name)[2:4]
+    jax.jit(fn).lower(*args).compile()
+    from runtime.jit import default_client
+    default_client("cuda")
+    # What the CUDA client's start does on a GPU (prewarm.start: not under the interpreter).
+    from runtime.cuda import prewarm
+    freeze = getattr(prewarm, "freeze_gc", None)           # main before i13-warm: none
+    row["gc_frozen"] = bool(freeze and freeze())
+    gc_log = _gc_watch()
+    t0 = clock()
+    lowered = runtime.jit(fn, backend="cuda", target="h200").lower(*args)
+    t1 = clock()
+    compiled = lowered.compile()
+    t2 = clock()
+    exe = executable_of(compiled)
+    os.environ.pop("TRITON_INTERPRET", None)
+    from codegen.triton import kernel as kernel_mod
+    kernel_mod._MODULES.clear()
+    kernels = exe._triton_kernels()
+    for k in kernels:
+        k._fn = None
+    t3 = clock()
+    for k in kernels:
+        k.fn                                   # noqa: B018  (the module import, the JIT)
+    t4 = clock()
+    gc_log["stop"]()
+    row["gc_objects"], row["gc_full"] = gc_log["objects"], gc_log["full"]
+    row.update(lower=t1 - t0, passes=(t2 - t1) - exe.build_seconds, codegen=exe.build_seconds,
+               kernels=t4 - t3, first_call=t4 - t3 + t2 - t0, gc=gc_log["s"], gc_n=gc_log["n"],
+               cache_hit=compiled.executable.module_cache_hit, n_kernels=len(kernels))
+    return row
+
+
 def _extra_env(opts) -> dict:
     """``--env K=V,K=V``: set in every child (a variant of the library's settings)."""
     out = {}
@@ -394,8 +485,11 @@ def run_child(name: str, cache: str, opts, machine: str = "", cprofile: bool = F
                TRITON_CACHE_DIR=os.path.join(cache, "triton"), PYTHONUNBUFFERED="1")
     if machine:
         env["HLOTK_MACHINE_CACHE_DIR"] = machine
+    if opts.interpret:
+        env["TRITON_INTERPRET"] = "1"
     cmd = [sys.executable, "-m", "benchmarks.compile_time", "--child", name,
            "--autotune", opts.autotune] + (["--deviceless"] if opts.deviceless else []) \
+        + (["--interpret"] if opts.interpret else []) \
         + (["--worker-probe", opts.worker_probe] if opts.worker_probe else [])
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=opts.child_timeout)
@@ -417,6 +511,9 @@ def main() -> None:
     ap.add_argument("--only", default="")
     ap.add_argument("--autotune", default="1")
     ap.add_argument("--deviceless", action="store_true")
+    ap.add_argument("--interpret", action="store_true", help="no GPU: the CUDA backend's "
+                    "lower/compile under Triton's interpreter and the kernels' JIT objects "
+                    "(the warm first call's CPU work; implies --deviceless)")
     ap.add_argument("--child", default="")
     ap.add_argument("--out", default="")
     ap.add_argument("--records", default="", help="append the cold runs' measured kernels "
@@ -439,6 +536,7 @@ def main() -> None:
                     "start that many compile workers side by side, each compiling a small "
                     "kernel twice (start-up and compile under contention); no programs")
     opts = ap.parse_args()
+    opts.deviceless = opts.deviceless or opts.interpret
     if opts.worker_probe and not opts.child:
         counts, _, warm = opts.worker_probe.partition(":")
         for n in counts.split(","):
@@ -458,7 +556,8 @@ def main() -> None:
         elif opts.child == "machine":
             row = child_machine()
         else:
-            row = child_deviceless(opts.child) if opts.deviceless else \
+            row = child_interpret(opts.child) if opts.interpret else \
+                child_deviceless(opts.child) if opts.deviceless else \
                 child_gpu(opts.child, opts.autotune)
         print("RESULT " + json.dumps(row))
         return
@@ -469,7 +568,8 @@ def main() -> None:
     extra = [p[0] for p in suite_programs() if p[0] in only]     # issue 14's, by name only
     names = sorted([p[0] for p in programs() if not only or p[0] in only] + extra,
                    key=lambda n: (n not in first, first.index(n) if n in first else 0))
-    phases = ("lower", "passes", "codegen") if opts.deviceless else PHASES
+    phases = ("lower", "passes", "codegen", "kernels", "gc") if opts.interpret else \
+        ("lower", "passes", "codegen") if opts.deviceless else PHASES
     head = "| program | run | " + " | ".join(phases) + " | first call | XLA lower+compile | ratio |"
     lines = [head, "|" + "---|" * (len(phases) + 5)]
     rows = []

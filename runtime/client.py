@@ -352,18 +352,22 @@ class Client:
             spec = with_target(spec, target)
         if not isinstance(module, hlo.Module) or module.entry is None:
             raise InvalidArgumentError("compile expects an hlo.Module with an entry computation")
-        if verify:
-            hlo.verify(module)
         records: list = []
         cache_hit = False
         if spec and dump_dir is None:
-            # Through the on-disk cache of optimized modules (runtime/compile_cache.py).
+            # Through the on-disk cache of optimized modules (runtime/compile_cache.py). The
+            # input is verified there, unless the entry found says that this exact text was
+            # verified when it was stored (same hlo/ sources: the key covers them).
             from . import compile_cache
-            from .tools import compile_module
+
+            def run(m: hlo.Module) -> list:
+                from .tools import compile_module      # only on a miss (its imports)
+                return compile_module(m, spec, backend=self.platform, verify=verify)[0]
             module, records, cache_hit = compile_cache.compiled(
-                module, spec, self.platform,
-                lambda m: compile_module(m, spec, backend=self.platform, verify=verify)[0])
+                module, spec, self.platform, run, check=hlo.verify if verify else None)
         else:
+            if verify:
+                hlo.verify(module)
             module = module.clone()
             if dump_dir is not None:
                 from .tools import compile_module

@@ -5,10 +5,12 @@ Key: the input module's full HLO text (constants and metadata included), the pas
 the backend and a hash of hlotk's own ``hlo/`` and ``passes/`` sources, so a changed pass
 never reads an old result. Value: the optimized module, pickled (parsing HLO text back
 costs as much as the passes on a big module), stored only when the unpickled copy prints
-the same HLO text. ``$HLOTK_CACHE_DIR/modules/<key>.pickle``; ``HLOTK_COMPILE_CACHE=0``
-turns it off. A hit gives the pass records and the fusion report (``report_for``) of the run
-that produced the module, so ``exe.report()``, the viewer and the tests that read the
-report see the same thing warm as cold.
+the same HLO text, with whether the input was verified. ``$HLOTK_CACHE_DIR/modules/
+<key>.pickle``; ``HLOTK_COMPILE_CACHE=0`` turns it off (and ``imported``: modules imported
+from JAX, by their StableHLO bytecode, in ``imports/``). A hit gives the pass records and
+the fusion report (``report_for``) of the run that produced the module, so
+``exe.report()``, the viewer and the tests that read the report see the same thing warm
+as cold.
 """
 from __future__ import annotations
 
@@ -48,13 +50,26 @@ def _path(key: str) -> Path:
 
 
 def compiled(module: hlo.Module, spec: str, backend: str,
-             run: Callable[[hlo.Module], list]) -> tuple[hlo.Module, list, bool]:
+             run: Callable[[hlo.Module], list],
+             check: Optional[Callable[[hlo.Module], None]] = None) -> tuple[hlo.Module, list, bool]:
     """A copy of ``module`` after ``run`` (the passes, in place), from the cache when it
-    holds it. Returns (module, pass records, hit). ``module`` itself is not modified."""
+    holds it. Returns (module, pass records, hit). ``module`` itself is not modified.
+    ``check`` (the verifier) runs on ``module`` before ``run``, and on a hit only if the
+    entry was stored without it: an entry stored after a check vouches for its input text,
+    which the key holds, checked by the same hlo/ sources (issue 13: the verifier was ~15%
+    of a warm compile)."""
     if not enabled():
+        if check is not None:
+            check(module)
         copy = module.clone()
         return copy, run(copy), False
-    key = content_key(module.to_text(), spec, backend, source_hash())[:32]
+    try:
+        text = module.to_text()
+    except Exception:
+        if check is not None:
+            check(module)          # a module too broken to print: the verifier says why
+        raise
+    key = content_key(text, spec, backend, source_hash())[:32]
     path = _path(key)
     try:
         data = path.read_bytes()
@@ -62,19 +77,27 @@ def compiled(module: hlo.Module, spec: str, backend: str,
         data = None
     if data is not None:
         try:
-            cached, records, report = pickle.loads(data)
+            entry = pickle.loads(data)
+            cached, records, report = entry[:3]
+            checked = len(entry) > 3 and entry[3] is True
             if isinstance(cached, hlo.Module):
+                if check is not None and not checked:
+                    check(module)
                 if report is not None:
                     attach(cached, report)
                 return cached, records, True
+        except hlo.HlotkError:
+            raise                   # the check's verdict on the input: not a cache problem
         except Exception:  # noqa: BLE001  (a damaged or stale entry: compile again)
             pass
+    if check is not None:
+        check(module)
     copy = module.clone()
     records = run(copy)
     try:
         # Pickled (parsing the text back costs as much as the passes on a big module);
         # stored only if the copy prints exactly as the module does.
-        data = pickle.dumps((copy, records, report_for(copy)),
+        data = pickle.dumps((copy, records, report_for(copy), check is not None),
                             protocol=pickle.HIGHEST_PROTOCOL)
         if pickle.loads(data)[0].to_text() == copy.to_text():
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -84,3 +107,49 @@ def compiled(module: hlo.Module, spec: str, backend: str,
     except Exception:  # noqa: BLE001  (an unpicklable attribute: just not cached)
         pass
     return copy, records, False
+
+
+# --- imported modules ------------------------------------------------------------------------
+def _jax_versions() -> str:
+    try:
+        import jax
+        import jaxlib
+        return f"jax {jax.__version__} jaxlib {jaxlib.__version__}"
+    except Exception:  # noqa: BLE001
+        return "jax ?"
+
+
+def imported(exported: object) -> hlo.Module:
+    """``hlo.stablehlo.from_exported(exported)``, from the cache when it holds it (issue 13:
+    MLIR's deserialization and the import were ~20% of a warm first call's CPU work on the
+    Adam step). Key: the exported StableHLO bytecode, its function name, the jax/jaxlib
+    versions (MLIR's reader) and hlo/ + passes/ sources (the importer). Stored pickled,
+    only when the unpickled copy prints the same HLO text; each hit is a fresh module."""
+    from hlo.stablehlo import from_exported
+    if not enabled():
+        return from_exported(exported)
+    try:
+        bytecode = bytes(exported.mlir_module_serialized)     # type: ignore[attr-defined]
+        name = str(getattr(exported, "fun_name", ""))
+    except Exception:  # noqa: BLE001  (not an Exported: the importer says so)
+        return from_exported(exported)
+    h = hashlib.sha256(bytecode).hexdigest()
+    key = content_key("import", h, name, _jax_versions(), source_hash())[:32]
+    path = cache_root() / "imports" / f"{key}.pickle"
+    try:
+        cached = pickle.loads(path.read_bytes())
+        if isinstance(cached, hlo.Module):
+            return cached
+    except Exception:  # noqa: BLE001  (no entry, or a damaged one: import again)
+        pass
+    module = from_exported(exported)
+    try:
+        data = pickle.dumps(module, protocol=pickle.HIGHEST_PROTOCOL)
+        if pickle.loads(data).to_text() == module.to_text():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+    except Exception:  # noqa: BLE001  (unpicklable or unwritable: just not cached)
+        pass
+    return module

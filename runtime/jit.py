@@ -368,7 +368,11 @@ class Jitted:
         static = dict(sig.static)
         n = len(dyn_specs) + len(static)
         full = [static[i] if i in static else next(it) for i in range(n)]
-        module = hlo.from_jax(traced, *full, **kw_specs)
+        from hlo.stablehlo.importer import export_jax
+
+        from .compile_cache import imported
+        # hlo.from_jax's two steps, the import through the on-disk cache (by the bytecode).
+        module = imported(export_jax(traced, *full, **kw_specs))
         if len(module.entry.parameters) != len(specs):
             raise HlotkError(f"{self.__name__}: the imported module has "
                              f"{len(module.entry.parameters)} parameters for {len(specs)} "

@@ -437,3 +437,32 @@ def test_kernel_cached_by_content():
     k2 = compile_fusion(f)
     assert k1.path == k2.path and k1.source == k2.source
     assert k1.source.splitlines()[0].startswith('"""fused_exponential')
+
+
+def test_generated_file_defines_only_the_helpers_it_calls():
+    # tanh and power call the _hl_tanh / _hl_pow helpers; the other math helpers are not
+    # defined in the file (each @triton.jit function costs a warm process its construction)
+    f = make("""  %p0 = f32[8] parameter(0)
+  %p1 = f32[8] parameter(1)
+  %t = f32[8] tanh(%p0)
+  %a = f32[8] abs(%p1)
+  %w = f32[8] power(%a, %p0)
+  ROOT %s = f32[8] add(%t, %w)""", ["p0: f32[8]", "p1: f32[8]"], "f32[8]")
+    a = np.linspace(-2.0, 2.0, 8).astype(np.float32)
+    b = np.linspace(0.5, 3.0, 8).astype(np.float32)
+    kernel = check_fusion(f, args=[a, b])
+    defined = sorted(line[4:line.index("(")] for line in kernel.source.splitlines()
+                     if line.startswith("def _hl_"))
+    assert defined == ["_hl_pow", "_hl_tanh"]
+    plain = compile_fusion(make("""  %p0 = f32[8] parameter(0)
+  ROOT %n = f32[8] negate(%p0)""", ["p0: f32[8]"], "f32[8]"))
+    assert "def _hl_" not in plain.source and "@triton.jit" in plain.source
+
+
+def test_helpers_for_picks_called_helpers_in_a_fixed_order():
+    from codegen.triton.elemental import helpers_for
+    text = helpers_for("x = _hl_clz32(a) + _hl_popc32(b) + _hl_tanh(c)", interpret=False)
+    names = [ln[4:ln.index("(")] for ln in text.splitlines() if ln.startswith("def ")]
+    assert names == ["_hl_tanh", "_hl_popc32", "_hl_clz32"]
+    assert "libdevice.tanh" in text
+    assert helpers_for("y = tl.exp(x)", interpret=True) == ""

@@ -77,6 +77,51 @@ def test_cache_off_writes_nothing(cache_dir, monkeypatch):
     assert not (cache_dir / "modules").exists()
 
 
+def test_verifier_runs_on_a_miss_and_on_unverified_entries_only(cache_dir, monkeypatch):
+    from runtime import compile_cache
+    x, w = _inputs()
+    module = hlo.from_jax(_program, x, w)
+    seen: list = []
+
+    def check(m):
+        seen.append(m)
+        hlo.verify(m)
+
+    def run(m):
+        return []
+    # a miss stored without a check, then a hit: the check runs (the entry vouches nothing)
+    compile_cache.compiled(module, "dce", "cpu", run)
+    _, _, hit = compile_cache.compiled(module, "dce", "cpu", run, check=check)
+    assert hit and seen == [module]
+    # an entry stored after a check (a verified compile): a hit skips it
+    compile_cache.compiled(module, "cse", "cpu", run, check=check)
+    assert len(seen) == 2
+    _, _, hit = compile_cache.compiled(module, "cse", "cpu", run, check=check)
+    assert hit and len(seen) == 2
+    # the check's verdict on a bad input is raised, not taken for a damaged entry
+    def refuse(m):
+        raise hlo.VerifierError("refused by the test")
+    with pytest.raises(hlo.VerifierError, match="refused by the test"):
+        compile_cache.compiled(module, "dce", "cpu", run, check=refuse)
+
+
+def test_client_compile_verifies_the_input_cold_and_not_warm(cache_dir, monkeypatch):
+    x, w = _inputs()
+    calls: list = []
+    real = hlo.verify
+    monkeypatch.setattr(hlo, "verify", lambda m, *a, **k: calls.append(m) or real(m, *a, **k))
+    module = hlo.from_jax(_program, x, w)
+    runtime.client("cpu").compile(module)
+    cold_calls = [m for m in calls if m is module]
+    assert cold_calls == [module]           # the input itself, once, before the passes
+    calls.clear()
+    warm = runtime.client("cpu").compile(module)
+    assert warm.module_cache_hit and not [m for m in calls if m is module]
+    calls.clear()
+    runtime.client("cpu").compile(module, verify=False)   # no verification asked: none
+    assert not [m for m in calls if m is module]
+
+
 def test_unpickled_instructions_take_fresh_uids():
     # Passes and executables key tables by uid, unique within a process. A module written
     # by another process keeps that process's uids in its pickle; read here they could
@@ -93,3 +138,48 @@ def test_unpickled_instructions_take_fresh_uids():
     fresh = hlo.from_jax(_program, x, w)          # made after the load: no clash either
     assert {i.uid for c in fresh.computations for i in c.instructions}.isdisjoint(after)
     assert loaded.to_text() == module.to_text()
+
+
+def test_imported_modules_cached_by_bytecode(cache_dir, monkeypatch):
+    from jax import export
+
+    from hlo.stablehlo import importer
+    from runtime import compile_cache
+    x, w = _inputs()
+    exp = export.export(jax.jit(_program))(x, w)
+    calls: list = []
+    real = importer.from_exported
+    monkeypatch.setattr(importer, "from_exported", lambda e, **o: calls.append(e) or real(e))
+    import hlo.stablehlo as stablehlo
+    monkeypatch.setattr(stablehlo, "from_exported", importer.from_exported)
+    cold = compile_cache.imported(exp)
+    assert len(calls) == 1 and list((cache_dir / "imports").glob("*.pickle"))
+    warm = compile_cache.imported(export.export(jax.jit(_program))(x, w))
+    assert len(calls) == 1                      # the same bytecode: read, not imported
+    assert warm is not cold and warm.to_text() == cold.to_text() == real(exp).to_text()
+    # another program (other bytecode) is imported
+    compile_cache.imported(export.export(jax.jit(_program))(x[:8], w))
+    assert len(calls) == 2
+    # runtime.jit lowers through it: the lowered module is the importer's, warm or cold
+    got = runtime.jit(_program).lower(x, w).module.to_text()
+    assert got.replace("jit__program", "") == cold.to_text().replace("jit__program", "")
+    np.testing.assert_allclose(np.asarray(runtime.jit(_program)(x, w)),
+                               np.asarray(jax.jit(_program)(x, w)), rtol=1e-5, atol=1e-6)
+
+
+def test_imported_cache_off_and_damaged_entries(cache_dir, monkeypatch):
+    from jax import export
+
+    from runtime import compile_cache
+    x, w = _inputs()
+    exp = export.export(jax.jit(_program))(x, w)
+    want = compile_cache.imported(exp).to_text()
+    (entry,) = (cache_dir / "imports").glob("*.pickle")
+    entry.write_bytes(b"not a pickle")
+    assert compile_cache.imported(exp).to_text() == want      # imported again, rewritten
+    assert compile_cache.imported(exp).to_text() == want
+    monkeypatch.setenv("HLOTK_COMPILE_CACHE", "0")
+    for e in (cache_dir / "imports").glob("*.pickle"):
+        e.unlink()
+    assert compile_cache.imported(exp).to_text() == want
+    assert not list((cache_dir / "imports").glob("*.pickle"))

@@ -181,6 +181,23 @@ def test_prewarm_stays_off_without_a_gpu_or_when_asked(monkeypatch):
     assert prewarm._THREADS == {}
 
 
+def test_gc_freeze_once_per_process_and_off_when_asked(monkeypatch):
+    import gc
+
+    from runtime.cuda import prewarm
+    calls: list = []
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append(1))
+    monkeypatch.setattr(prewarm, "_FROZEN", False)
+    monkeypatch.setenv("HLOTK_GC_FREEZE", "0")
+    assert prewarm.freeze_gc() is False and calls == []
+    monkeypatch.delenv("HLOTK_GC_FREEZE")
+    assert prewarm.freeze_gc() is True and calls == [1]
+    assert prewarm.freeze_gc() is False and calls == [1]      # once per process
+    monkeypatch.setattr(prewarm, "_FROZEN", False)
+    prewarm.start(type("Dev", (), {"type": "cpu"})())         # no CUDA client: no freeze
+    assert calls == [1]
+
+
 # --- flash attention's remembered choice ----------------------------------------------------
 @pytest.fixture
 def flash(monkeypatch):

@@ -18,6 +18,7 @@ by explicit converts and stores.
 from __future__ import annotations
 
 import math
+import re
 from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
@@ -234,6 +235,29 @@ def _hl_clz32(x):
 '''
 HELPERS_GPU += _BIT_HELPERS
 HELPERS_INTERPRET += _BIT_HELPERS
+_HELPER_DEF = re.compile(r"@triton\.jit\ndef (_hl_\w+)\(")
+_HELPER_CALL = re.compile(r"\b(_hl_\w+)\(")
+
+
+def _split_helpers(text: str) -> dict[str, str]:
+    """Helper name -> its definition (decorator to the next helper), in file order."""
+    starts = [(m.start(), m.group(1)) for m in _HELPER_DEF.finditer(text)]
+    ends = [s for s, _ in starts[1:]] + [len(text)]
+    return {name: text[s:e].rstrip() + "\n" for (s, name), e in zip(starts, ends)}
+
+
+_HELPER_DEFS = {False: _split_helpers(HELPERS_GPU), True: _split_helpers(HELPERS_INTERPRET)}
+
+
+def helpers_for(code: str, interpret: bool) -> str:
+    """The math helpers ``code`` calls, and only those (issue 13): each ``@triton.jit``
+    function a generated file defines is a JITFunction built when the file is imported
+    (Triton reads and tokenizes its source then, ~0.3 ms each), and Triton's key of a
+    kernel covers only the functions it calls, so the ten unused ones cost every warm
+    process their construction and change no compiled binary."""
+    used = set(_HELPER_CALL.findall(code))
+    defs = _HELPER_DEFS[bool(interpret)]
+    return "\n\n".join(src for name, src in defs.items() if name in used)
 
 
 def _is_int_literal(e: str) -> bool:

@@ -26,7 +26,7 @@ from codegen.cache import KernelCache, cache_root, content_key
 
 from . import jit_hash
 from .autotune import autotune_level, tune, tuned_config
-from .elemental import (HELPERS_GPU, HELPERS_INTERPRET, Emitter, TritonCodegenError)
+from .elemental import Emitter, TritonCodegenError, helpers_for
 from .reductions import Split, legacy as legacy_reductions
 from .reductions import rows_template as reduction_rows_template
 from .templates import (NotTileable, Plan, gemm_template, loop_template, outputs_of, rows_template,
@@ -239,7 +239,9 @@ def _generate(fusion: Instruction, template: str, round_narrow: bool,
     parts = [_header(fusion, comp, plan.template, name), "",
              "import triton", "import triton.language as tl"]
     parts.append("from triton.language.extra import libdevice" if not interpret_mode() else "")
-    parts.append(HELPERS_INTERPRET if interpret_mode() else HELPERS_GPU)
+    helpers = helpers_for("\n".join(list(em.combine_fns.values()) + em.lines), interpret_mode())
+    if helpers:
+        parts += ["", "", helpers]
     for src in em.combine_fns.values():
         parts += ["", src]
     parts += ["", "@triton.jit", f"def {name}({sig}):"]

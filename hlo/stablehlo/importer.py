@@ -543,12 +543,12 @@ def from_exported(exported: Any, **options: Any) -> Module:
     return m
 
 
-def from_jax(fn: Callable, *args: Any, **kwargs: Any) -> Module:
-    """Trace ``fn`` with JAX (``jax.export``) and import the StableHLO it lowers to.
-
-    ``args`` are arrays or ``jax.ShapeDtypeStruct`` (pytrees flatten as JAX does). Every
-    argument leaf becomes an entry parameter, used or not (``keep_unused``), so the module's
-    signature is the function's; pass an already-jitted function to choose otherwise.
+def export_jax(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``from_jax``'s first step: ``fn`` traced and exported (``jax.Exported``). Kept on
+    these lines: JAX names the exporting line in some instructions' source metadata, the
+    same for ``from_jax`` and for ``runtime.jit`` (which imports through its cache).
+    ``args``: as ``from_jax``; the import's errors (HloImportError) pass through, the
+    tracing's are JAX's own.
     """
     import jax
     from jax import export
@@ -557,4 +557,14 @@ def from_jax(fn: Callable, *args: Any, **kwargs: Any) -> Module:
         exp = export.export(jitted)(*args, **kwargs)
     except HloImportError:
         raise
-    return from_exported(exp)
+    return exp
+
+
+def from_jax(fn: Callable, *args: Any, **kwargs: Any) -> Module:
+    """Trace ``fn`` with JAX (``jax.export``) and import the StableHLO it lowers to.
+
+    ``args`` are arrays or ``jax.ShapeDtypeStruct`` (pytrees flatten as JAX does). Every
+    argument leaf becomes an entry parameter, used or not (``keep_unused``), so the module's
+    signature is the function's; pass an already-jitted function to choose otherwise.
+    """
+    return from_exported(export_jax(fn, *args, **kwargs))

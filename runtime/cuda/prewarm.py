@@ -9,6 +9,9 @@
   key is read from the machine cache (``codegen/triton/triton_key.py``: ~3 ms, here);
   without a stored one a thread hashes Triton (~0.3 s) and stores it. The native library's
   thread starts here too if it did not at import.
+- ``freeze_gc()`` (when the CUDA client is made): the objects alive then go to the
+  cyclic collector's permanent generation, so that the first call's full collection does
+  not re-scan every imported library (``HLOTK_GC_FREEZE=0``: off).
 - ``wait()`` (before the native launcher is loaded) joins the threads, so that the library
   is never built twice in a process (processes take a file lock while building).
 - The Triton compile pool (``codegen/triton/parallel.py``) starts early too: a few workers
@@ -113,6 +116,7 @@ def start(device: Any) -> None:
     """When the CUDA client is made (once per process; not for Triton's interpreter)."""
     if getattr(device, "type", "") != "cuda" or _interpreting():
         return
+    freeze_gc()
     try:
         from codegen.triton import triton_key
         if triton_key.install(compute=False) is None:
@@ -131,6 +135,28 @@ def start(device: Any) -> None:
             _start_pool(f"cuda,{major * 10 + minor},32", "client")
         except Exception:  # noqa: BLE001
             _start_pool(where="client")
+
+
+_FROZEN = False
+
+
+def freeze_gc() -> bool:
+    """Move every object the process holds now (the imported libraries: JAX, torch, Triton,
+    hlotk; ~260K objects on this CPU box, more with CUDA) into the collector's permanent
+    generation, once per process, when the CUDA client is made. Python's full collections
+    otherwise re-scan all of them: one such pass is ~0.13 s here, and a first call (which
+    allocates enough to trigger one) paid it (issue 13, benchmarks/NOTES.md "i13-warm").
+    Frozen objects are still freed by reference counting; only cyclic garbage among them is
+    left uncollected. ``HLOTK_GC_FREEZE=0`` leaves the collector alone. Returns whether it
+    froze now."""
+    global _FROZEN
+    if _FROZEN or os.environ.get("HLOTK_GC_FREEZE", "1").strip().lower() in (
+            "0", "false", "no", "off"):
+        return False
+    import gc
+    _FROZEN = True
+    gc.freeze()
+    return True
 
 
 def wait() -> None:
