@@ -92,8 +92,9 @@ def run_shape(name: str, old_mod, rows: list, fold_off: bool) -> dict:
     o = og.detach()
     rmax, rsum = row_stats(q, k, scale)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    # (H, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE)
-    common = (H, S, S, D, D, S, 1, scale, 1.0, 1.0, 0, float("-inf"), 0.0, scale)
+    # (H, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, WHI, FILL_C, FILL_M,
+    #  DS_SCALE)
+    common = (H, S, S, D, D, S, 1, scale, 1.0, 1.0, 0, ab.NO_WINDOW, float("-inf"), 0.0, scale)
 
     def launches(fold: bool):
         flags = dict(HAS_BIAS=False, HAS_MASK=False, MASK_KEEP=True, IEEE=False, FOLD=fold,

@@ -427,3 +427,154 @@ def test_linear_loss_gradient_without_forward_output_is_explained():
     vg = runtime.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
     kinds = _kinds(vg.lower(*args, do).compile())
     assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
+
+
+# --- sliding windows recognized as a band the kernels test (no mask operand) ----------------
+def _window_form(name: str, width: int, dtype_softmax=jnp.float32):
+    """An attention over a band of keys around the diagonal: "compares" the two iota
+    compares (k <= q, q - k < width), "jax_nn" jax.nn's local_window_size=(width - 1, 0)
+    (same keys), "symmetric" jax.nn's non-causal (width, width // 2) (keys q-width ..
+    q+width//2)."""
+    if name == "compares":
+        return _window(width, dtype_softmax)
+    lw = (width - 1, 0) if name == "jax_nn" else (width, width // 2)
+    return lambda q, k, v: jax.nn.dot_product_attention(
+        q, k, v, is_causal=name == "jax_nn", local_window_size=lw, implementation="xla")
+
+
+def _fusions(c, kind: str) -> list:
+    return [i for i in c.module.entry.instructions if i.opcode == "fusion"
+            and fusion_kind(i) == kind]
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+@pytest.mark.parametrize("name,kv", [("compares", 4), ("jax_nn", 4), ("jax_nn", 2),
+                                     ("symmetric", 2)])
+def test_window_is_a_band_without_mask_operand(name, kv):
+    """The window's compares become the kernels' own band test: neither fusion (forward,
+    backward) reads a pred/mask operand, the backend config and explain-fusion name the
+    window, and the gradient equals jax.jit's (CPU reference kernels)."""
+    f = _window_form(name, 16)
+    args = _gqa_inputs(45, 4, kv, batch=2)
+    g, jf, c = _gpu_pipeline_grad(f, args)
+    for kind in ("attention", "attention_backward"):
+        (fa,) = _fusions(c, kind)
+        assert not [o for o in fa.operands if o.shape.dtype.name == "pred"], c.as_text()
+        assert len(fa.operands) == (3 if kind == "attention" else 7), [o.name for o in fa.operands]
+    want = "causal, window 16 (keys q-15..q)" if name != "symmetric" else \
+        "band of 25 keys (q-16..q+8)"
+    assert want in str(_fusions(c, "attention")[0].attrs["backend_config"])
+    reasons = [d.reason for d in report_for(c.module).decisions if d.fused]
+    assert any(want in r and "skipping the key blocks outside it" in r for r in reasons)
+    assert any("flash-attention backward" in r and want in r for r in reasons), reasons
+    _assert_close(jf(*args), jax.jit(g)(*args), 2e-5)
+
+
+def test_window_forward_has_no_mask_operand_cpu_pipeline():
+    """On the CPU backend's own pipeline the forward of jax.nn's local window reads q, k
+    and v only (the band test is inside the fusion), and equals jax.jit's."""
+    f = _window_form("jax_nn", 20)
+    args = _gqa_inputs(50, 4, 2, batch=2)
+    jf = runtime.jit(f)
+    c = jf.lower(*args).compile()
+    (fa,) = _fusions(c, "attention")
+    assert len(fa.operands) == 3 and "window 20" in str(fa.attrs["backend_config"])
+    np.testing.assert_allclose(jf(*args), jax.jit(f)(*args), rtol=2e-5, atol=2e-5)
+
+
+def test_mask_that_is_not_a_band_stays_an_operand():
+    """A window test on a sum of positions (q + k < w: not a band of q - k) stays a mask
+    operand, and the result still equals jax.jit's."""
+    def f(q, k, v):
+        pos = jnp.arange(q.shape[1])
+        keep = (pos[:, None] >= pos[None, :]) & (pos[:, None] + pos[None, :] < 50)
+        s = jnp.where(keep, jnp.einsum("bqhd,bkhd->bhqk", q, k) * 0.3, -jnp.inf)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
+    args = _gqa_inputs(40, 2, 2)
+    jf = runtime.jit(f, target="h200")
+    c = jf.lower(*args).compile()
+    (fa,) = _fusions(c, "attention")
+    assert [o for o in fa.operands if o.shape.dtype.name == "pred"]
+    assert "window" not in str(fa.attrs["backend_config"])
+    np.testing.assert_allclose(jf(*args), jax.jit(f)(*args), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+@pytest.mark.parametrize("name,kv,width,s", [("compares", 4, 16, 50), ("compares", 4, 20, 50),
+                                             ("jax_nn", 2, 32, 45), ("jax_nn", 2, 21, 45)])
+def test_window_gradient_bf16(name, kv, width, s):
+    """bf16 window attention, forward and gradient on the CUDA pipeline (CPU reference
+    kernels), windows that are (16, 32) and are not (20, 21) multiples of the key block
+    of 16; relative Frobenius error against jax.jit < 3e-2."""
+    import ml_dtypes
+    args = _gqa_inputs(s, 4, kv, batch=2, dtype=ml_dtypes.bfloat16)
+    f = _window_form(name, width)
+    g, jf, _ = _gpu_pipeline_grad(f, args)
+    jfwd = runtime.jit(f, target="h200")
+    for got, want in [(jfwd(*args), jax.jit(f)(*args))] + list(zip(jf(*args), jax.jit(g)(*args))):
+        a, b = np.asarray(got, np.float32), np.asarray(want, np.float32)
+        assert np.linalg.norm(a - b) / np.linalg.norm(b) < 3e-2
+
+
+@pytest.fixture
+def tiny_triton_blocks(monkeypatch):
+    """16×16 Triton blocks (forward and backward), so short sequences hold many query and
+    key blocks: a window's lower-edge, inner and diagonal ranges all occur."""
+    from codegen.triton import attention, attention_backward
+    cfg = (16, 16, 4, 1)
+    monkeypatch.setattr(attention, "_candidates", lambda b, d: [cfg])
+    monkeypatch.setattr(attention_backward, "_CANDIDATES",
+                        lambda b, d: {"delta": [cfg], "dq": [cfg], "dkdv": [cfg]})
+
+
+@pytest.mark.usefixtures("triton_attention_on_cpu", "tiny_triton_blocks")
+@pytest.mark.parametrize("name,heads,kv,width,s", [
+    ("compares", 2, 2, 32, 100), ("compares", 2, 2, 37, 90), ("jax_nn", 4, 2, 40, 70),
+    ("jax_nn", 4, 2, 16, 64), ("symmetric", 4, 2, 20, 70)])
+def test_window_triton_kernels(name, heads, kv, width, s):
+    """The Triton kernels (interpreter, f32, 16×16 blocks) with the band test and block
+    skipping on both sides of the band: forward, dQ and dK/dV; MHA and grouped rows
+    (jax.nn GQA, q = row // Q_DIV); widths that are and are not block multiples; the
+    plan says the blocks are skipped; equal to jax.jit's within 1e-4."""
+    from codegen.triton.attention import plan_for
+    args = _gqa_inputs(s, heads, kv)
+    f = _window_form(name, width)
+    jf = runtime.jit(f, target="h200")
+    c = jf.lower(*args).compile()
+    (fa,) = _fusions(c, "attention")
+    plan = plan_for(fa)
+    assert plan.skip and plan.whi == (width - 1 if name != "symmetric" else width)
+    np.testing.assert_allclose(jf(*args), jax.jit(f)(*args), rtol=1e-4, atol=1e-4)
+    g, jg, _ = _gpu_pipeline_grad(f, args)
+    _assert_close(jg(*args), jax.jit(g)(*args), 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype,d,s,heads,kv,width", [
+    ("jax_nn", "bf16", 128, 700, 8, 2, 256), ("compares", "bf16", 64, 300, 4, 4, 100),
+    ("jax_nn", "f32", 32, 200, 6, 2, 70), ("symmetric", "bf16", 128, 400, 4, 2, 130)])
+def test_window_cuda_kernels(name, dtype, d, s, heads, kv, width):
+    """Window attention through the Triton kernels on the GPU (no host fallback, no mask
+    operand): forward and gradient equal jax.jit's (relative Frobenius error; jax.jit at
+    full f32 precision)."""
+    import ml_dtypes
+    from runtime.cuda import executable_of
+    dt = {"bf16": ml_dtypes.bfloat16, "f32": np.float32}[dtype]
+    args = _gqa_inputs(s, heads, kv, d=d, batch=2, dtype=dt)
+    f = _window_form(name, width)
+    g = _loss_grad(f, args)
+    tol = 1e-4 if dtype == "f32" else 3e-2
+    for fn in (f, g):
+        jf = runtime.jit(fn, backend="cuda")
+        c = jf.lower(*args).compile()
+        for fa in _fusions(c, "attention") + _fusions(c, "attention_backward"):
+            assert not [o for o in fa.operands if o.shape.dtype.name == "pred"]
+        assert not [t for t in executable_of(c).host_fallbacks() if "attention" in t.reason]
+        with jax.default_matmul_precision("highest"):
+            wants = jax.jit(fn)(*args)
+        gots = jf(*args)
+        if fn is f:
+            gots, wants = [gots], [wants]
+        for a, want in zip(gots, wants):
+            a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
+            assert np.linalg.norm(a - want) / np.linalg.norm(want) < tol, (name, dtype)

@@ -44,9 +44,16 @@ def causal_keep(qq, kq, DIR: tl.constexpr):
 
 
 @triton.jit
+def band_keep(qq, kk, DELTA, WHI, DIR: tl.constexpr):
+    """The causal test q DIR k + DELTA and a window's other bound q - k <= WHI (NO_WINDOW,
+    2^30, when the mask has none: always true)."""
+    return causal_keep(qq, kk + DELTA, DIR) & (qq - kk <= WHI)
+
+
+@triton.jit
 def _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V, Bias, Mask,
             kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn, smm, smn,
-            M, N, D, DV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+            M, N, D, DV, SCALE1, SCALE2, BIAS_SIGN, DELTA, WHI, FILL_C, FILL_M,
             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
             CAUSAL: tl.constexpr, DIR: tl.constexpr, EDGE: tl.constexpr,
             IEEE: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
@@ -87,7 +94,8 @@ def _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V, Bias, 
                         mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0)
             s = (s + BIAS_SIGN * b.to(tl.float32)) * SCALE2
         if CAUSAL and EDGE:
-            s = tl.where(causal_keep(qpos[:, None], offs_n[None, :] + DELTA, DIR), s, FILL_C)
+            s = tl.where(band_keep(qpos[:, None], offs_n[None, :], DELTA, WHI, DIR), s,
+                         FILL_C)
         if HAS_MASK:
             mk = tl.load(Mask + mbase + offs_m[:, None] * smm + offs_n[None, :] * smn,
                          mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0)
@@ -117,15 +125,19 @@ def _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V, Bias, 
 
 
 @triton.jit
-def key_range(pid_m, M, N, DELTA, Q_LEN, Q_DIV, CAUSAL: tl.constexpr, DIR: tl.constexpr,
-              SKIP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """(full, hi) for query block ``pid_m``: key blocks [0, full) need neither the causal
-    nor the length mask, keys from ``hi`` on are masked for every row (skipped). Row r has
-    query position (r // Q_DIV) % Q_LEN; SKIP holds only where that is monotonic within a
-    block (ScorePlan.skip_for: jax.nn's grouped rows [q, g] with Q_DIV = g, or a grouped
-    einsum's [g, q] with BM dividing Q_LEN)."""
+def key_range(pid_m, M, N, DELTA, WHI, Q_LEN, Q_DIV, CAUSAL: tl.constexpr,
+              DIR: tl.constexpr, SKIP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """(lo, wfull, full, hi) for query block ``pid_m``: keys below ``lo`` and from ``hi``
+    on are masked for every row (skipped); blocks [lo, wfull) cross a window's lower edge
+    (masked), [wfull, full) need neither the causal, window nor the length mask,
+    [full, hi) cross the diagonal (masked). Without a window (WHI = NO_WINDOW) lo = wfull
+    = 0. Row r has query position (r // Q_DIV) % Q_LEN; SKIP holds only where that is
+    monotonic within a block (ScorePlan.skip_for: jax.nn's grouped rows [q, g] with
+    Q_DIV = g, or a grouped einsum's [g, q] with BM dividing Q_LEN)."""
     hi = N
     full = 0
+    lo = 0
+    wfull = 0
     if SKIP:
         # keep k iff q >= k + DELTA (GE) or q > k + DELTA (GT)
         last_q = (tl.minimum(pid_m * BM + BM, M) - 1) // Q_DIV % Q_LEN
@@ -137,16 +149,22 @@ def key_range(pid_m, M, N, DELTA, Q_LEN, Q_DIV, CAUSAL: tl.constexpr, DIR: tl.co
             hi = tl.minimum(N, last_q - DELTA)
             full = first_q - DELTA
         full = tl.minimum(tl.maximum(full, 0), hi) // BN * BN
+        # the window keeps k >= q - WHI: keys below the first row's bound are dropped for
+        # the whole block, keys from the last row's bound on are kept by every row
+        lo = tl.minimum(tl.maximum(first_q - WHI, 0), hi) // BN * BN
+        full = tl.maximum(full, lo)
+        wfull = (tl.maximum(last_q - WHI, 0) + BN - 1) // BN * BN
+        wfull = tl.minimum(tl.maximum(wfull, lo), full)
     elif not CAUSAL:
         full = N // BN * BN
-    return full, hi
+    return lo, wfull, full, hi
 
 
 @triton.jit
 def _flash_fwd(Q, K, V, O, Bias, Mask,
                sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
                soz, soh, som, sod, sbz, sbh, sbm, sbn, smz, smh, smm, smn,
-               H, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+               H, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, WHI, FILL_C, FILL_M,
                RowMax, RowSum, srz, srh, srm, ssz, ssh, ssm,
                HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
                CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr,
@@ -180,18 +198,25 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
     vbase = z * svz + h * svh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
-    full, hi = key_range(pid_m, M, N, DELTA, Q_LEN, Q_DIV, CAUSAL, DIR, SKIP, BM, BN)
-    for start in range(0, full, BN):
+    lo, wfull, full, hi = key_range(pid_m, M, N, DELTA, WHI, Q_LEN, Q_DIV, CAUSAL, DIR, SKIP,
+                                    BM, BN)
+    for start in range(lo, wfull, BN):      # across the window's lower edge
         m_i, l_i, acc = _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V,
                                 Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd,
                                 sbm, sbn, smm, smn, M, N, D, DV, SCALE1, SCALE2, BIAS_SIGN,
-                                DELTA, FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
+                                DELTA, WHI, FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP,
+                                CAUSAL, DIR, True, IEEE, EVEN_N, EVEN_D, POS_SCALE, BN)
+    for start in range(wfull, full, BN):
+        m_i, l_i, acc = _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V,
+                                Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd,
+                                sbm, sbn, smm, smn, M, N, D, DV, SCALE1, SCALE2, BIAS_SIGN,
+                                DELTA, WHI, FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
                                 DIR, False, IEEE, EVEN_N, EVEN_D, POS_SCALE, BN)
     for start in range(full, hi, BN):
         m_i, l_i, acc = _attend(q, m_i, l_i, acc, start, offs_m, qpos, offs_d, offs_dv, K, V,
                                 Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd,
                                 sbm, sbn, smm, smn, M, N, D, DV, SCALE1, SCALE2, BIAS_SIGN,
-                                DELTA, FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
+                                DELTA, WHI, FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
                                 DIR, True, IEEE, EVEN_N, EVEN_D, POS_SCALE, BN)
     o = acc / l_i[:, None]
     op = O + z * soz + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod
@@ -205,6 +230,18 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
                  (m_i * 0.6931471805599453).to(RowMax.dtype.element_ty), mask=offs_m < M)
         tl.store(RowSum + z * ssz + h * ssh + offs_m * ssm,
                  l_i.to(RowSum.dtype.element_ty), mask=offs_m < M)
+
+
+NO_WINDOW = 1 << 30     # WHI without a window: q - k <= 2^30 holds for every position pair
+
+
+def keeps_diagonal(c) -> bool:
+    """Whether a causal step keeps the diagonal side, k <= q + c with c <= 0 (and a band's
+    other bound q - k <= w has w >= 0): every row keeps its own position's key, and the
+    blocks above the diagonal (and, with a window, below it) can be skipped."""
+    return c is not None and (
+        (c.direction == "GE" and c.delta <= 0) or (c.direction == "GT" and c.delta < 0)) and \
+        (c.window is None or c.window >= 0)
 
 
 class Unsupported(Exception):
@@ -296,8 +333,9 @@ class ScorePlan:
         # row dim, or the position the outermost row dim (rows [q, g], q = row // Q_DIV),
         # or the innermost ([g, q], q = row % Q_LEN) with blocks that divide Q_LEN
         # (skip_for); and a mask that keeps the diagonal side (k <= q + c, c <= 0)
-        keeps = c is not None and (
-            (c.direction == "GE" and c.delta <= 0) or (c.direction == "GT" and c.delta < 0))
+        keeps = keeps_diagonal(c)
+        # a band's other bound, q - k <= whi (the kernels' WHI; NO_WINDOW: none)
+        self.whi = c.window if c is not None and c.window is not None else NO_WINDOW
         self.skip = keeps and (not self.multi_rows or q_dim == row_dims[0])
         self.skip_inner = keeps and self.multi_rows and q_dim == row_dims[-1]
 
@@ -333,9 +371,9 @@ class ScorePlan:
         return bias, bstr, mask, mstr, keep, fill_m
 
     def causal_args(self) -> tuple:
-        """(DELTA, FILL_C) and the constexprs CAUSAL, DIR, SKIP."""
+        """(DELTA, WHI, FILL_C) and the constexprs CAUSAL, DIR, SKIP."""
         c = self.causal
-        return (c.delta if c else 0, c.fill if c else 0.0,
+        return (c.delta if c else 0, self.whi, c.fill if c else 0.0,
                 dict(CAUSAL=c is not None, DIR=_DIRS[c.direction] if c else 0, SKIP=self.skip))
 
 
@@ -561,7 +599,7 @@ class FwdLaunch:
                  else (q, None) for s in ("max", "sum")]
         self.copies = [(o, copy_o)] + stats
         bias, bstr, mask, mstr, keep, fill_m = p.score_args(operands)
-        delta, fill_c, causal = p.causal_args()
+        delta, whi, fill_c, causal = p.causal_args()
         rmax, rsum = stats[0][0], stats[1][0]
         rstr = (rmax.stride() if p.tuple_out else (0, 0, 0))
         sstr = (rsum.stride() if p.tuple_out else (0, 0, 0))
@@ -572,7 +610,7 @@ class FwdLaunch:
             scale1, scale2 = p.scale1, p.scale2 * LOG2E
         self.args = (q, k, v, o, bias, mask, *q.stride(), *k.stride(), *v.stride(),
                      *o.stride(), *bstr, *mstr, H, M, N, D, DV, p.q_len, p.q_div, scale1, scale2,
-                     p.sign, delta, _log2_units(fill_c), _log2_units(fill_m), rmax, rsum,
+                     p.sign, delta, whi, _log2_units(fill_c), _log2_units(fill_m), rmax, rsum,
                      *rstr, *sstr)
         self.flags = dict(HAS_BIAS=p.bias is not None, HAS_MASK=p.mask is not None,
                           MASK_KEEP=keep, IEEE=q.element_size() >= 4, STATS=p.tuple_out,
@@ -581,7 +619,8 @@ class FwdLaunch:
                           BD=_pow2(D), BDV=_pow2(DV), **causal)
         self.shape = (Z, H, M, N, D, DV)
         self.key = (str(q.device), q.dtype, D, DV, Z * H, M, N, p.causal is not None,
-                    p.bias is not None, p.mask is not None, p.tuple_out)
+                    p.bias is not None, p.mask is not None, p.tuple_out) + \
+            ((whi,) if whi != NO_WINDOW else ())
         self.candidates = _candidates(q.element_size(), D)
         self.q = q
 

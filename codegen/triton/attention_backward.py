@@ -33,13 +33,13 @@ import triton.language as tl
 
 from passes.fusion.attention_grad import forward_output_perm
 
-from .attention import (ScorePlan, Unsupported, _pick, _pow2, _zh, cached_plan, causal_keep,
-                        key_range, zh_out)
+from .attention import (NO_WINDOW, ScorePlan, Unsupported, _pick, _pow2, _zh, band_keep,
+                        cached_plan, keeps_diagonal, key_range, zh_out)
 
 
 @triton.jit
 def _probs(s, qi, ki, m2, r2, Bias, Mask, bbase, mbase, sbm, sbn, smm, smn, M, N, Q_LEN,
-           Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+           Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, WHI, FILL_C, FILL_M,
            HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
            CAUSAL: tl.constexpr, DIR: tl.constexpr, EDGE: tl.constexpr,
            FOLD: tl.constexpr, KEYS: tl.constexpr):
@@ -56,7 +56,8 @@ def _probs(s, qi, ki, m2, r2, Bias, Mask, bbase, mbase, sbm, sbn, smm, smn, M, N
     if FOLD:
         t = s * (SCALE1 * SCALE2 * 1.4426950408889634)
         if CAUSAL and EDGE:
-            t = tl.where(causal_keep((qi // Q_DIV) % Q_LEN, ki + DELTA, DIR), t, float("-inf"))
+            t = tl.where(band_keep((qi // Q_DIV) % Q_LEN, ki, DELTA, WHI, DIR), t,
+                         float("-inf"))
         if KEYS:
             t = tl.where(ki < N, t, float("-inf"))
         p = tl.exp2(t - m2) * r2
@@ -70,7 +71,7 @@ def _probs(s, qi, ki, m2, r2, Bias, Mask, bbase, mbase, sbm, sbn, smm, smn, M, N
         s = s * SCALE2
         keep = inside
         if CAUSAL and EDGE:
-            ck = causal_keep((qi // Q_DIV) % Q_LEN, ki + DELTA, DIR)
+            ck = band_keep((qi // Q_DIV) % Q_LEN, ki, DELTA, WHI, DIR)
             s = tl.where(ck, s, FILL_C)
             keep = keep & ck
         if HAS_MASK:
@@ -98,7 +99,7 @@ def _row_stats(RMax, RSum, rbase, sbase, offs, srm, ssm, rows, FOLD: tl.constexp
 @triton.jit
 def _dq_block(q, do, m2, r2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias, Mask,
               kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn, smm, smn,
-              M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+              M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, WHI, FILL_C, FILL_M,
               DS_SCALE,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
               CAUSAL: tl.constexpr, DIR: tl.constexpr, EDGE: tl.constexpr,
@@ -126,7 +127,7 @@ def _dq_block(q, do, m2, r2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias, 
         s = tl.dot(q, kt)
         dp = tl.dot(do, vt)
     p, keep = _probs(s, qi, offs_n[None, :], m2, r2, Bias, Mask, bbase, mbase, sbm, sbn,
-                     smm, smn, M, N, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
+                     smm, smn, M, N, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, WHI, FILL_C,
                      FILL_M,
                      HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, EDGE, FOLD, EDGE)
     if GRAD:
@@ -145,26 +146,34 @@ def _dq_block(q, do, m2, r2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias, 
 
 
 @triton.jit
-def _dq_sweep(q, do, m2, r2, delta, dq, full, hi, qi, offs_d, offs_dv, K, V, Bias, Mask,
+def _dq_sweep(q, do, m2, r2, delta, dq, lo, wfull, full, hi, qi, offs_d, offs_dv, K, V, Bias, Mask,
               kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn, smm, smn,
-              M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+              M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, WHI, FILL_C, FILL_M,
               DS_SCALE,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
               CAUSAL: tl.constexpr, DIR: tl.constexpr, IEEE: tl.constexpr, FOLD: tl.constexpr,
               GRAD: tl.constexpr, BN: tl.constexpr):
-    """Every visible key block for a query block: [0, full) unmasked, [full, hi) masked."""
-    for start in range(0, full, BN):
+    """Every visible key block for a query block: [lo, wfull) masked (a window's lower
+    edge), [wfull, full) unmasked, [full, hi) masked (key_range)."""
+    for start in range(lo, wfull, BN):
         delta, dq = _dq_block(q, do, m2, r2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias,
                               Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn,
                               smm, smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN,
-                              DELTA,
+                              DELTA, WHI,
+                              FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
+                              DIR, True, IEEE, FOLD, GRAD, BN)
+    for start in range(wfull, full, BN):
+        delta, dq = _dq_block(q, do, m2, r2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias,
+                              Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn,
+                              smm, smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN,
+                              DELTA, WHI,
                               FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
                               DIR, False, IEEE, FOLD, GRAD, BN)
     for start in range(full, hi, BN):
         delta, dq = _dq_block(q, do, m2, r2, delta, dq, start, qi, offs_d, offs_dv, K, V, Bias,
                               Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm, sbn,
                               smm, smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN,
-                              DELTA,
+                              DELTA, WHI,
                               FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
                               DIR, True, IEEE, FOLD, GRAD, BN)
     return delta, dq
@@ -175,7 +184,7 @@ def _bwd_dq(Q, K, V, DO, RMax, RSum, Delta, DQ, Bias, Mask,
             sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
             sdz, sdh, sdm, sdd, srz, srh, srm, ssz, ssh, ssm, sez, seh, sem,
             sgz, sgh, sgm, sgd, sbz, sbh, sbm, sbn, smz, smh, smm, smn,
-            H, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+            H, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, WHI, FILL_C, FILL_M,
             DS_SCALE,
             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
             CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr, IEEE: tl.constexpr,
@@ -205,16 +214,17 @@ def _bwd_dq(Q, K, V, DO, RMax, RSum, Delta, DQ, Bias, Mask,
     vbase = z * svz + h * svh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
-    full, hi = key_range(pid_m, M, N, DELTA, Q_LEN, Q_DIV, CAUSAL, DIR, SKIP, BM, BN)
+    lo, wfull, full, hi = key_range(pid_m, M, N, DELTA, WHI, Q_LEN, Q_DIV, CAUSAL, DIR, SKIP,
+                                    BM, BN)
     dq = tl.zeros([BM, BD], tl.float32)
     if GRAD:
         delta = tl.load(Delta + z * sez + h * seh + offs_m * sem, mask=rows, other=0.0)
     else:
         delta = tl.zeros([BM], tl.float32)
-    delta, dq = _dq_sweep(q, do, m2, r2, delta, dq, full, hi, qi, offs_d, offs_dv, K, V,
+    delta, dq = _dq_sweep(q, do, m2, r2, delta, dq, lo, wfull, full, hi, qi, offs_d, offs_dv, K, V,
                           Bias, Mask, kbase, vbase, bbase, mbase, skn, skd, svn, svd, sbm,
                           sbn, smm, smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN,
-                          DELTA, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
+                          DELTA, WHI, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
                           CAUSAL, DIR, IEEE, FOLD, GRAD, BN)
     if GRAD:
         tl.store(DQ + z * sgz + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
@@ -245,7 +255,7 @@ def _bwd_delta_o(DO, O, Delta, sdz, sdh, sdm, sdd, soz, soh, som, sod, sez, seh,
 def _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta, Bias, Mask,
                 qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm, sqd, sdm,
                 sdd, srm, ssm, sem, sbm, sbn, smm, smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1,
-                SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
+                SCALE2, BIAS_SIGN, DELTA, WHI, FILL_C, FILL_M, DS_SCALE,
                 HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
                 CAUSAL: tl.constexpr, DIR: tl.constexpr, EDGE: tl.constexpr,
                 IEEE: tl.constexpr, FOLD: tl.constexpr, KEYS: tl.constexpr, BM: tl.constexpr):
@@ -267,7 +277,7 @@ def _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Del
         dpt = tl.dot(v, tl.trans(do))
     pt, keep = _probs(st, offs_m[None, :], ki, m[None, :], r[None, :], Bias, Mask, bbase,
                       mbase, sbm, sbn, smm, smn, M, N, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN,
-                      DELTA,
+                      DELTA, WHI,
                       FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, EDGE, FOLD,
                       KEYS)
     dst = pt * (dpt - delta[None, :])
@@ -284,27 +294,35 @@ def _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Del
 
 
 @triton.jit
-def _dkdv_rows(k, v, dk, dv, lo, full, hi, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
+def _dkdv_rows(k, v, dk, dv, lo, full, wfull, whi, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
                Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm, sqd, sdm,
                sdd, srm, ssm, sem, sbm, sbn, smm, smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1,
-               SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M, DS_SCALE,
+               SCALE2, BIAS_SIGN, DELTA, WHI, FILL_C, FILL_M, DS_SCALE,
                HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
                CAUSAL: tl.constexpr, DIR: tl.constexpr, IEEE: tl.constexpr,
                FOLD: tl.constexpr, KEYS: tl.constexpr, BM: tl.constexpr):
-    """The query blocks of rows [lo, hi) for one key block: [lo, full) across the causal
-    diagonal (masked), [full, hi) wholly inside it."""
+    """The query blocks of rows [lo, whi) for one key block: [lo, full) across the causal
+    diagonal (masked), [full, wfull) wholly inside it, [wfull, whi) across a window's
+    upper edge (masked; empty without a window)."""
+    for start in range(wfull, whi, BM):
+        dk, dv = _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
+                             Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm,
+                             sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn,
+                             M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, WHI,
+                             FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
+                             DIR, True, IEEE, FOLD, KEYS, BM)
     for start in range(lo, full, BM):
         dk, dv = _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
                              Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm,
                              sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn,
-                             M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
+                             M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, WHI, FILL_C,
                              FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, True,
                              IEEE, FOLD, KEYS, BM)
-    for start in range(full, hi, BM):
+    for start in range(full, wfull, BM):
         dk, dv = _dkdv_block(k, v, dk, dv, start, ki, offs_d, offs_dv, Q, DO, RMax, RSum, Delta,
                              Bias, Mask, qbase, dobase, rbase, sbase, ebase, bbase, mbase, sqm,
                              sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm, smn,
-                             M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C,
+                             M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, WHI, FILL_C,
                              FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL, DIR, False,
                              IEEE, FOLD, KEYS, BM)
     return dk, dv
@@ -316,7 +334,7 @@ def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, Bias, Mask,
               sdz, sdh, sdm, sdd, srz, srh, srm, ssz, ssh, ssm, sez, seh, sem,
               skgz, skgh, skgn, skgd, svgz, svgh, svgn, svgd,
               sbz, sbh, sbm, sbn, smz, smh, smm, smn,
-              H, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, FILL_C, FILL_M,
+              H, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, WHI, FILL_C, FILL_M,
               DS_SCALE,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
               CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr, IEEE: tl.constexpr,
@@ -359,21 +377,28 @@ def _bwd_dkdv(Q, K, V, DO, RMax, RSum, Delta, DK, DV_, Bias, Mask,
         lo = tl.minimum(tl.maximum(first, 0) * Q_DIV, seg) // BM * BM
         full = tl.maximum(tl.minimum((tl.maximum(last, 0) * Q_DIV + BM - 1) // BM * BM, seg),
                           lo)
+        # a window keeps q <= k + WHI: rows past the first key's bound cross its upper
+        # edge, rows past the last key's see none of this block (WHI = NO_WINDOW: none;
+        # positions are clamped to Q_LEN before scaling by Q_DIV, no overflow)
+        wfull = tl.maximum(tl.minimum(tl.minimum(pid_n * BN + WHI + 1, Q_LEN) * Q_DIV // BM * BM,
+                                      seg), full)
+        whi = tl.maximum(tl.minimum((tl.minimum(pid_n * BN + BN + WHI, Q_LEN) * Q_DIV + BM - 1)
+                                    // BM * BM, seg), wfull)
         for base in range(0, M, seg):
             dk, dv = _dkdv_rows(k, v, dk, dv, base + lo, base + full,
-                                tl.minimum(base + seg, M), ki, offs_d, offs_dv, Q, DO, RMax,
+                                tl.minimum(base + wfull, M), tl.minimum(base + whi, M), ki, offs_d, offs_dv, Q, DO, RMax,
                                 RSum, Delta, Bias, Mask, qbase, dobase, rbase, sbase, ebase,
                                 bbase, mbase, sqm, sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm,
                                 smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN,
-                                DELTA, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
+                                DELTA, WHI, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
                                 CAUSAL, DIR, IEEE, FOLD, not EVEN_N, BM)
     else:          # query blocks [full, M) see every key of this block: no causal mask
         full = M if CAUSAL else 0
-        dk, dv = _dkdv_rows(k, v, dk, dv, 0, full, M, ki, offs_d, offs_dv, Q, DO, RMax,
+        dk, dv = _dkdv_rows(k, v, dk, dv, 0, full, M, M, ki, offs_d, offs_dv, Q, DO, RMax,
                             RSum, Delta, Bias, Mask, qbase, dobase, rbase, sbase, ebase,
                             bbase, mbase, sqm, sqd, sdm, sdd, srm, ssm, sem, sbm, sbn, smm,
                             smn, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN,
-                            DELTA, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
+                            DELTA, WHI, FILL_C, FILL_M, DS_SCALE, HAS_BIAS, HAS_MASK, MASK_KEEP,
                             CAUSAL, DIR, IEEE, FOLD, not EVEN_N, BM)
     tl.store(DK + z * skgz + h * skgh + offs_n[:, None] * skgn + offs_d[None, :] * skgd,
              dk.to(DK.dtype.element_ty), mask=keys[:, None] & (offs_d[None, :] < D))
@@ -529,10 +554,8 @@ def _fold(p: BackwardPlan) -> bool:
     """Whether every score the kernels see is q·k times a constant and every row keeps a
     key (no bias, no boolean mask, a causal mask that keeps the diagonal side): then P is
     exp2 of one multiply-subtract (``_probs`` FOLD)."""
-    c = p.causal
-    return p.bias is None and p.mask is None and (
-        c is None or (c.direction == "GE" and c.delta <= 0) or
-        (c.direction == "GT" and c.delta < 0))
+    return p.bias is None and p.mask is None and (p.causal is None or
+                                                   keeps_diagonal(p.causal))
 
 
 def flash_attention_backward(inst, operands: list, out: Optional[Any] = None) -> tuple:
@@ -560,8 +583,9 @@ def flash_attention_backward(inst, operands: list, out: Optional[Any] = None) ->
     grads = {n: zh_out(by_name[n].permute(p.perms[n]), shapes[n], nb) for n in shapes}
     dq, dk, dv = (grads[n][0] for n in ("dq", "dk", "dv"))
     bias, bstr, mask, mstr, keep, fill_m = p.score_args(operands)
-    dlt, fill_c, causal = p.causal_args()
-    common = (H, M, N, D, DV, p.q_len, p.q_div, p.scale1, p.scale2, p.sign, dlt, fill_c, fill_m,
+    dlt, whi, fill_c, causal = p.causal_args()
+    common = (H, M, N, D, DV, p.q_len, p.q_div, p.scale1, p.scale2, p.sign, dlt, whi, fill_c,
+              fill_m,
               p.ds_scale)
     flags = dict(HAS_BIAS=p.bias is not None, HAS_MASK=p.mask is not None, MASK_KEEP=keep,
                  IEEE=q.element_size() >= 4, FOLD=_fold(p), BD=_pow2(D), BDV=_pow2(DV),
@@ -577,7 +601,8 @@ def flash_attention_backward(inst, operands: list, out: Optional[Any] = None) ->
                    o, skip_for=p.skip_for)
     cands = _CANDIDATES(q.element_size(), max(D, DV))
     key = (str(q.device), q.dtype, D, DV, Z * H, M, N, p.causal is not None,
-           p.bias is not None, p.mask is not None, "backward")
+           p.bias is not None, p.mask is not None, "backward") + \
+        ((whi,) if whi != NO_WINDOW else ())
     # delta first (the other two read it); each kernel's candidates are timed on their own
     if o is not None:
         run.run_delta_o()

@@ -38,7 +38,7 @@ FLASH_ATTENTION = "__flash_attention"
 # Ops the mask's generated cone (iota compares, constant masks) may hold.
 _GENERATED = frozenset({"iota", "constant", "broadcast", "reshape", "transpose", "bitcast",
                         "copy", "compare", "select", "and", "or", "not", "convert", "add",
-                        "subtract"})
+                        "subtract", "negate"})
 _VIEWS = frozenset({"broadcast", "reshape", "transpose", "bitcast", "copy"})
 
 
@@ -48,8 +48,8 @@ class ScoreStep:
 
     kind: scale (value), bias (tensor, sign), mask (tensor, fill, keep_if_true),
     causal (fill, q_side_lhs, direction, delta: keep iff (q + a) DIR (k + b), delta = b - a,
-    q_dim: the score dim q counts along, -1 for the last but one),
-    convert (dtype name)."""
+    q_dim: the score dim q counts along, -1 for the last but one; window: a band's other
+    bound, keep also iff q - k <= window, None for none), convert (dtype name)."""
     kind: str
     inst: Instruction
     value: float = 1.0
@@ -61,6 +61,7 @@ class ScoreStep:
     delta: int = 0
     dtype: str = ""
     q_dim: int = -1                          # causal: the score dim of the query position
+    window: Optional[int] = None             # causal GE/GT: also keep iff q - k <= window
 
 
 class QKOperands:
@@ -112,6 +113,7 @@ class AttentionMatch(QKOperands):
         """What the backend config says about the match (for people; kernels re-match)."""
         c = self.causal
         return {"causal": c is not None, "scale": round(self.scale, 8),
+                **({"window": band_text(c)} if c is not None and c.window is not None else {}),
                 "bias": any(s.kind == "bias" for s in self.steps),
                 "mask": any(s.kind == "mask" for s in self.steps),
                 "q": str(self.q.shape), "k": str(self.k.shape), "v": str(self.v.shape)}
@@ -342,13 +344,138 @@ def _mask_step(sel: Instruction, path: Instruction, fill_inst: Instruction,
             if np.array_equal(arr, tril if keep_if_true else ~tril):
                 return (ScoreStep("causal", sel, fill=fill, direction="GE", delta=0),
                         insts + [pred])
-    # Any other mask (a sliding window's two compares, a causal compare on a row dim that
-    # is not the last but one) stays outside: the fusion reads it as an operand, [q, k]
+    band = _band(pred, where, k_dim) if keep_if_true else None
+    if band is not None:
+        row, lo, hi = band
+        cone = _cone(pred)
+        if cone:
+            step = ScoreStep("causal", sel, fill=fill, direction="GE", delta=lo, q_dim=row,
+                             window=hi) if lo is not None else \
+                ScoreStep("causal", sel, fill=fill, direction="LE", delta=hi, q_dim=row)
+            return step, insts + cone
+    # Any other mask (one that is not a band of q - k, e.g. a random boolean mask) stays
+    # outside: the fusion reads it as an operand, [q, k]
     # before its broadcasts, as it reads a mask argument. Inside, only the kernels' own
     # causal test is computed; a generated mask there would leave the GPU kernel unable to
     # run the fusion (the host would).
     return (ScoreStep("mask", sel, tensor=pred, where=where, fill=fill,
                       keep_if_true=keep_if_true), insts)
+
+
+def band_text(c: ScoreStep) -> str:
+    """How explain-fusion names a causal step: "causal", "causal, window 256" (keys
+    q-255..q), or the band's bounds when it is not the usual sliding window."""
+    if c.window is None:
+        return "causal"
+    lo = c.delta + (1 if c.direction == "GT" else 0)
+    if lo == 0:
+        return f"causal, window {c.window + 1} (keys q-{c.window}..q)"
+    def key(off: int) -> str:
+        return "q" if off == 0 else f"q{-off:+d}"
+    return f"band of {c.window - lo + 1} keys ({key(c.window)}..{key(lo)})"
+
+
+def _linear(inst: Instruction, where: tuple) -> Optional[tuple[dict, int]]:
+    """``inst`` (an integer tensor of the mask's cone) as sum(coeff * position along a
+    score dim) + constant: ({score dim: coeff}, constant), or None. ``where``: score dim
+    -> ``inst`` dim. Positions are iotas, or constants that count 0, 1, 2, ... (the
+    simplifier folds jnp.arange into one), plus scalar constants, adds and subtracts."""
+    src, w2, _ = _through(inst, converts=False)
+    where = tuple(None if w is None else w2[w] for w in where)
+    op = src.opcode
+    if op in ("add", "subtract") and len(src.operands) == 2:
+        a, b = (_linear(o, where) for o in src.operands)
+        if a is None or b is None:
+            return None
+        sign = 1 if op == "add" else -1
+        coeffs = dict(a[0])
+        for d, c in b[0].items():
+            coeffs[d] = coeffs.get(d, 0) + sign * c
+        return {d: c for d, c in coeffs.items() if c}, a[1] + sign * b[1]
+    if op == "negate":
+        a = _linear(src.operands[0], where)
+        return None if a is None else ({d: -c for d, c in a[0].items()}, -a[1])
+    if not src.shape.dtype.is_integer:
+        return None
+    if op == "iota":
+        dim, offset = src.attrs.get("iota_dimension", 0), 0
+    elif op == "constant" and src.literal is not None:
+        c = _scalar_constant(src)
+        if c is not None:
+            return ({}, int(c)) if c == int(c) else None
+        arr = np.asarray(src.literal)
+        if arr.ndim != 1 or arr.dtype.kind not in "iu" or \
+                not np.array_equal(arr, arr[0] + np.arange(arr.size)):
+            return None
+        dim, offset = 0, int(arr[0])
+    else:
+        return None
+    at = [s for s, w in enumerate(where) if w == dim]
+    return ({at[0]: 1}, offset) if len(at) == 1 else None
+
+
+def _band(pred: Instruction, where: tuple, k_dim: int
+          ) -> Optional[tuple[int, Optional[int], Optional[int]]]:
+    """(query dim, lo, hi) when the mask ``pred`` (``where``: score dim -> pred dim) keeps
+    exactly lo <= q - k <= hi (either bound may be None), q counted along one row dim and
+    k along the keys: an ``and`` of compares of iota positions (a sliding window written
+    as two compares, jax.nn's local_window_size, ``|q - k| <= w``), through views,
+    select(c, true, false) and all-true constants. The kernels test it themselves and
+    skip the key blocks outside it on both sides."""
+    lo: Optional[int] = None
+    hi: Optional[int] = None
+    rows: set[int] = set()
+    stack = [(pred, where)]
+    while stack:
+        inst, w = stack.pop()
+        src, w2, _ = _through(inst, converts=False)
+        w = tuple(None if x is None else w2[x] for x in w)
+        op = src.opcode
+        if op == "and":
+            stack.extend((o, w) for o in src.operands)
+            continue
+        if op == "select":
+            t, f = _scalar_constant(src.operands[1]), _scalar_constant(src.operands[2])
+            if t is None or f is None or not t or f:
+                return None
+            stack.append((src.operands[0], w))
+            continue
+        if op == "constant":
+            if _scalar_constant(src) != 1:
+                return None
+            continue
+        if op != "compare":
+            return None
+        a, b = (_linear(o, w) for o in src.operands)
+        if a is None or b is None:
+            return None
+        coeffs = dict(a[0])
+        for d, c in b[0].items():
+            coeffs[d] = coeffs.get(d, 0) - c
+        coeffs = {d: c for d, c in coeffs.items() if c}
+        const = a[1] - b[1]
+        # coeffs·pos + const DIR 0 with coeffs = {q: s, k: -s}, s = ±1: s(q - k) DIR -const
+        direction = src.attrs.get("direction", "EQ")
+        direction = str(getattr(direction, "value", direction)).split(".")[-1]
+        row = [d for d in coeffs if d != k_dim]
+        if len(coeffs) != 2 or len(row) != 1 or row[0] > k_dim or \
+                coeffs.get(k_dim) != -coeffs[row[0]] or abs(coeffs[row[0]]) != 1:
+            return None
+        v = -const
+        if coeffs[row[0]] < 0:      # -(q - k) DIR v  <=>  (q - k) DIR' -v
+            direction, v = _FLIP[direction], const
+        rows.add(row[0])
+        if direction in ("GE", "GT", "EQ"):
+            b_lo = v + (1 if direction == "GT" else 0)
+            lo = b_lo if lo is None else max(lo, b_lo)
+        if direction in ("LE", "LT", "EQ"):
+            b_hi = v - (1 if direction == "LT" else 0)
+            hi = b_hi if hi is None else min(hi, b_hi)
+        if direction == "NE":
+            return None
+    if len(rows) != 1 or (lo is None and hi is None):
+        return None
+    return rows.pop(), lo, hi
 
 
 def _cone(inst: Instruction) -> list[Instruction]:

@@ -191,11 +191,25 @@ def reason_for(m) -> str:
             why += (f"; grouped-query heads: {group} query heads share each K/V head (rows "
                     f"{rows} per K/V head), so dK and dV sum over the group "
                     "inside the kernel")
-        return why
+        return why + _window_note(m.steps, backward=True)
     if group > 1:
         return (f"{REASON}; grouped-query heads: {group} query heads share each K/V head "
-                f"(rows {rows} per K/V head), K and V read once per group")
-    return REASON
+                f"(rows {rows} per K/V head), K and V read once per group" +
+                _window_note(m.steps))
+    return REASON + _window_note(m.steps)
+
+
+def _window_note(steps: list, backward: bool = False) -> str:
+    """What the explanation says about a recognized band mask (a sliding window): the
+    kernels test it themselves (no mask operand) and skip the key blocks outside it."""
+    from .attention import band_text
+    c = next((s for s in steps if s.kind == "causal"), None)
+    if c is None or c.window is None:
+        return ""
+    blocks = "key blocks (query blocks for dK/dV)" if backward else "key blocks"
+    return (f"; {band_text(c)}: the mask's compares are recognized as a band of q - k that "
+            f"the kernels test themselves (no mask operand), skipping the {blocks} outside "
+            "it on both sides")
 
 
 def find_attention(instructions: list[Instruction], report=None, backward: bool = False

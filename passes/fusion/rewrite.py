@@ -355,6 +355,16 @@ class FusionState:
         return g
 
 
+def _is_arange(inst: Instruction) -> bool:
+    """A 1-D integer constant that counts 0, 1, 2, ... (what jax emits for jnp.arange)."""
+    import numpy as np
+    if inst.opcode != "constant" or inst.literal is None or inst.shape.rank != 1 or \
+            not inst.shape.dtype.is_integer:
+        return False
+    arr = np.asarray(inst.literal)
+    return arr.ndim == 1 and np.array_equal(arr, np.arange(arr.size))
+
+
 def _unique(items: list[Instruction]) -> list[Instruction]:
     seen: set[int] = set()
     out = []
@@ -413,6 +423,10 @@ def materialize(state: FusionState) -> dict[int, Instruction]:
                 if o.opcode == "constant" and elements(o.shape) <= SMALL_CONSTANT_ELEMENTS:
                     c = Instruction("constant", [], o.shape, dict(o.attrs), name=o.name,
                                     literal=o.literal)
+                elif g.kind == "attention" and _is_arange(o):
+                    # jnp.arange positions (a sliding window's compares): an iota in the
+                    # body, so the kernels see the band test instead of a position vector
+                    c = Instruction("iota", [], o.shape, {"iota_dimension": 0}, name=o.name)
                 else:
                     c = Instruction("parameter", [], o.shape, name=f"param_{len(operands)}",
                                     parameter_number=len(operands))
