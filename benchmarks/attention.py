@@ -208,7 +208,8 @@ def main() -> None:
                     help="comma-separated sections: kernel (flash kernel alone, SDPA), xent "
                          "(cross-entropy), suite (forward/grad/training step via run_one), "
                          "dpa (jax.nn.dot_product_attention vs XLA and cuDNN), gqa_forms "
-                         "(grouped einsum in both group orders)")
+                         "(grouped einsum in both group orders), window (sliding-window "
+                         "attention, S8192 window 1024, beside full causal)")
     ap.add_argument("--out", default="")
     ap.add_argument("--kernels", action="store_true",
                     help="with suite: per-kernel device time of the training step (CUPTI "
@@ -254,6 +255,79 @@ def main() -> None:
         dpa_section()
     if "gqa_forms" in only:
         gqa_forms_section()
+    if "window" in only:
+        window_section()
+
+
+def window_pairs(s: int, w: int) -> int:
+    """(q, k) pairs a causal window of ``w`` keys (q-w+1..q) keeps over ``s`` positions."""
+    return sum(min(q + 1, w) for q in range(s))
+
+
+def window_section(b: int = 2, s: int = 8192, h: int = 16, d: int = 128, w: int = 1024) -> None:
+    """``--only window``: sliding-window (local) causal attention, bf16 B2 H16 S8192 D128,
+    window 1024 (jax.nn local_window_size=(1023, 0), and the same as two iota compares):
+    hlotk vs jax.jit (XLA) and cuDNN, forward and value_and_grad, beside hlotk's full
+    causal attention at the same shape; pipelined per-call ms. TFLOP/s count the kept
+    (q, k) pairs only (4·d flops each forward, 3.5x that with the gradient)."""
+    import jax
+    import jax.numpy as jnp
+
+    import runtime
+    from passes.fusion import fusion_kind
+    ks = jax.random.split(jax.random.PRNGKey(5), 4)
+    q, k, v, do = (jax.random.normal(kk, (b, s, h, d), jnp.bfloat16) for kk in ks)
+    win_flops = 4 * b * h * d * window_pairs(s, w)
+    causal_flops = 4 * b * h * d * s * (s + 1) / 2
+
+    def dpa(window: bool, impl: str = "xla"):
+        kw = dict(local_window_size=(w - 1, 0)) if window else {}
+        return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                                            implementation=impl, **kw)
+
+    def compares(q, k, v):
+        pos = jnp.arange(s)
+        keep = (pos[:, None] >= pos[None, :]) & (pos[:, None] - pos[None, :] < w)
+        sc = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / d ** 0.5
+        p = jax.nn.softmax(jnp.where(keep, sc, -jnp.inf), axis=-1).astype(v.dtype)
+        return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+    def vg(f):
+        return jax.value_and_grad(lambda q, k, v, do: jnp.sum(
+            f(q, k, v).astype(jnp.float32) * do.astype(jnp.float32)), argnums=(0, 1, 2))
+    rows = []
+    cases = [("jax.nn window", dpa(True), win_flops, True),
+             ("two compares window", compares, win_flops, False),
+             ("jax.nn full causal", dpa(False), causal_flops, False)]
+    for label, f, flops, others in cases:
+        for name, fn, args, fl in (("forward", f, (q, k, v), flops),
+                                   ("value_and_grad", vg(f), (q, k, v, do), 3.5 * flops)):
+            jf = runtime.jit(fn, backend="cuda")
+            c = jf.lower(*args).compile()
+            fused = [i for i in c.module.entry.instructions if i.opcode == "fusion"
+                     and fusion_kind(i) in ("attention", "attention_backward")]
+            preds = sum(1 for i in fused for o in i.operands if o.shape.dtype.name == "pred")
+            xla = jax.jit(fn)
+            err = max(float(jnp.linalg.norm(a.astype(jnp.float32) - b.astype(jnp.float32)) /
+                            jnp.linalg.norm(b.astype(jnp.float32)))
+                      for a, b in zip(jax.tree_util.tree_leaves(jf(*args)),
+                                      jax.tree_util.tree_leaves(xla(*args))))
+            print(f"{label} {name}: attention fusions {len(fused)}, mask operands {preds}, "
+                  f"relative error vs jax.jit {err:.3g}", flush=True)
+            timed = [("hlotk", lambda: jf(*args))]
+            if others:
+                timed.append(("jax.jit XLA", lambda: xla(*args)))
+                try:
+                    cf = dpa(True, "cudnn")
+                    cud = jax.jit(cf if name == "forward" else vg(cf))
+                    jax.block_until_ready(cud(*args))
+                    timed.append(("jax.jit cuDNN", lambda: cud(*args)))
+                except Exception as e:  # noqa: BLE001  (not in every jaxlib / cuDNN)
+                    print(f"  cudnn unavailable: {type(e).__name__}: {str(e)[:160]}")
+            for who, call in timed:
+                ms = pipelined_ms(call, n=20, rounds=5)
+                rows.append((f"{label} {name}: {who}, pipelined", ms, fl / (ms * 1e-3) / 1e12))
+    print_rows(rows)
 
 
 def gqa_forms_section() -> None:

@@ -284,7 +284,7 @@ def _masked_rows_case():
 
 
 def _sliding_window(q, k, v):
-    """Causal attention over the last 16 keys: two iota compares, a mask the kernel reads."""
+    """Causal attention over the last 16 keys: two iota compares (a band the kernels test)."""
     n = q.shape[1]
     i = jnp.arange(n)
     keep = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < 16)
