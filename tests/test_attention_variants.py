@@ -578,3 +578,34 @@ def test_window_cuda_kernels(name, dtype, d, s, heads, kv, width):
         for a, want in zip(gots, wants):
             a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
             assert np.linalg.norm(a - want) / np.linalg.norm(want) < tol, (name, dtype)
+
+
+@pytest.mark.usefixtures("triton_attention_on_cpu")
+@pytest.mark.parametrize("window", [False, True])
+def test_jax_nn_gqa_forward_reads_q_and_writes_o_in_place(window):
+    """jax.nn's grouped form has rows [t, g] of q [b, t, kv, g, d], which do not merge into
+    one row stride: the forward kernel addresses them as two runs (row r at (r // g) and
+    r % g) instead of copying q into [z, h, rows, d] and O back; outputs equal jax.jit's
+    (interpreter, f32, with and without a window)."""
+    import torch
+    from codegen.triton.attention import FwdLaunch, flash_attention
+    kw = dict(local_window_size=(20, 0)) if window else {}
+
+    def f(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla", **kw)
+    args = _gqa_inputs(40, 8, 2, batch=2)
+    jf = runtime.jit(f, target="h200")
+    c = jf.lower(*args).compile()
+    (fa,) = _fusions(c, "attention")
+    ops = []
+    for o in fa.operands:
+        src = o.operands[0] if o.opcode == "bitcast" else o
+        a = args[next(n for n, p in enumerate(c.module.entry.parameters) if p is src)]
+        ops.append(torch.from_numpy(np.ascontiguousarray(a)).reshape(tuple(o.shape.dims)))
+    run = FwdLaunch(fa, ops)
+    assert run.q.data_ptr() == ops[run.plan.q].data_ptr()
+    assert run.copies[0][1] is None, "O is written in place"
+    out = flash_attention(fa, ops)
+    want = np.asarray(jax.jit(f)(*args))
+    np.testing.assert_allclose(out.numpy().reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(jf(*args), want, rtol=1e-4, atol=1e-4)

@@ -165,7 +165,7 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
                sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
                soz, soh, som, sod, sbz, sbh, sbm, sbn, smz, smh, smm, smn,
                H, M, N, D, DV, Q_LEN, Q_DIV, SCALE1, SCALE2, BIAS_SIGN, DELTA, WHI, FILL_C, FILL_M,
-               RowMax, RowSum, srz, srh, srm, ssz, ssh, ssm,
+               RowMax, RowSum, srz, srh, srm, ssz, ssh, ssm, sqg, sog, QG, OG,
                HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_KEEP: tl.constexpr,
                CAUSAL: tl.constexpr, DIR: tl.constexpr, SKIP: tl.constexpr,
                IEEE: tl.constexpr, STATS: tl.constexpr, EVEN_N: tl.constexpr,
@@ -185,7 +185,10 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
-    qp = Q + z * sqz + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd
+    # rows in two runs (grouped query heads, rows [t, g] of q [b, t, kv, g, d]): row r is
+    # at (r // QG) * sqm + (r % QG) * sqg, read in place instead of a copy (QG = 1: one run)
+    q_rows = (offs_m // QG) * sqm + (offs_m % QG) * sqg
+    qp = Q + z * sqz + h * sqh + q_rows[:, None] + offs_d[None, :] * sqd
     if EVEN_D:
         q = tl.load(qp, mask=offs_m[:, None] < M, other=0.0)
     else:
@@ -219,7 +222,8 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
                                 DELTA, WHI, FILL_C, FILL_M, HAS_BIAS, HAS_MASK, MASK_KEEP, CAUSAL,
                                 DIR, True, IEEE, EVEN_N, EVEN_D, POS_SCALE, BN)
     o = acc / l_i[:, None]
-    op = O + z * soz + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod
+    o_rows = (offs_m // OG) * som + (offs_m % OG) * sog
+    op = O + z * soz + h * soh + o_rows[:, None] + offs_dv[None, :] * sod
     if EVEN_D:
         tl.store(op, o.to(O.dtype.element_ty), mask=offs_m[:, None] < M)
     else:
@@ -576,7 +580,7 @@ class FwdLaunch:
         import torch
         p = self.plan = plan_for(inst)
         nb = p.nb
-        q = _zh(operands[p.q].permute(p.q_perm), nb)
+        q, q_str, q_run = zh_runs(operands[p.q].permute(p.q_perm), nb)
         k = _zh(operands[p.k].permute(p.k_perm), nb)
         v = _zh(operands[p.v].permute(p.v_perm), nb)
         if k.shape[1] != q.shape[1] or k.shape[0] != q.shape[0]:
@@ -593,7 +597,7 @@ class FwdLaunch:
         outs = list(out) if p.tuple_out else [out]
         by_kind = dict(zip(p.outputs, outs))
         o_view = by_kind["o"].permute(p.out_perm).permute(p.o_perm)
-        o, copy_o = zh_out(o_view, (Z, H, M, DV), nb)
+        o, copy_o, o_str, o_run = zh_out_runs(o_view, (Z, H, M, DV), nb)
         # the row statistics are in the scores' order without the keys: as [batch, rows]
         stats = [zh_out(by_kind[s].permute(p.canon[:-1]), (Z, H, M), nb) if s in by_kind
                  else (q, None) for s in ("max", "sum")]
@@ -608,10 +612,10 @@ class FwdLaunch:
             scale1, scale2 = p.scale1 * p.scale2 * LOG2E, 1.0
         else:
             scale1, scale2 = p.scale1, p.scale2 * LOG2E
-        self.args = (q, k, v, o, bias, mask, *q.stride(), *k.stride(), *v.stride(),
-                     *o.stride(), *bstr, *mstr, H, M, N, D, DV, p.q_len, p.q_div, scale1, scale2,
+        self.args = (q, k, v, o, bias, mask, *q_str, *k.stride(), *v.stride(),
+                     *o_str, *bstr, *mstr, H, M, N, D, DV, p.q_len, p.q_div, scale1, scale2,
                      p.sign, delta, whi, _log2_units(fill_c), _log2_units(fill_m), rmax, rsum,
-                     *rstr, *sstr)
+                     *rstr, *sstr, q_run[0], o_run[0], q_run[1], o_run[1])
         self.flags = dict(HAS_BIAS=p.bias is not None, HAS_MASK=p.mask is not None,
                           MASK_KEEP=keep, IEEE=q.element_size() >= 4, STATS=p.tuple_out,
                           EVEN_D=_pow2(D) == D and _pow2(DV) == DV,
@@ -647,6 +651,66 @@ def flash_attention(inst, operands: list, out: Optional[Any] = None) -> Any:
     run = FwdLaunch(inst, operands, out)
     run.launch(_pick(run.key, run.candidates, run.launch, run.q))
     return run.finish()
+
+
+def _row_runs(t: Any, nb: int) -> Optional[tuple[Any, tuple, tuple[int, int]]]:
+    """[batch..., rows..., x] as (a [z, h, rows, x] tensor on the same storage, its
+    strides with the outer run's row stride, (inner run's stride, inner run's length)):
+    row r lies at (r // length) * outer + (r % length) * inner. Grouped query heads have
+    rows [t, g] whose strides do not merge (q is [b, t, kv, g, d]); the kernel reads them
+    in place. None when no split of the rows into two runs gives views."""
+    import torch
+    shape = list(t.shape)
+    batch, rows, x = shape[:nb], shape[nb:-1], shape[-1]
+    z = math.prod(batch[:-1]) if nb >= 2 else 1
+    h = batch[-1] if nb >= 1 else 1
+    for cut in range(1, len(rows)):
+        a, b = math.prod(rows[:cut]), math.prod(rows[cut:])
+        try:
+            v5 = t.view(z, h, a, b, x)
+        except RuntimeError:
+            continue
+        st = v5.stride()
+        try:    # (the shape the host reads; the kernel gets the strides below)
+            v4 = torch.as_strided(t, (z, h, a * b, x), (st[0], st[1], st[3], st[4]),
+                                  t.storage_offset())
+        except RuntimeError:
+            continue
+        return v4, (st[0], st[1], st[2], st[4]), (st[3], b)
+    return None
+
+
+def zh_runs(t: Any, nb: int) -> tuple[Any, tuple, tuple[int, int]]:
+    """(q as [z, h, rows, d], the strides the kernel uses, (inner row stride, inner run
+    length)) for the forward kernel: a view with one row stride ((0, 1)), or one with two
+    runs of rows (``_row_runs``), or a copy."""
+    try:
+        shape = list(t.shape)
+        z = math.prod(shape[:nb - 1]) if nb >= 2 else 1
+        h = shape[nb - 1] if nb >= 1 else 1
+        v = t.view(z, h, math.prod(shape[nb:-1]), shape[-1])
+        return v, tuple(v.stride()), (0, 1)
+    except RuntimeError:
+        pass
+    runs = _row_runs(t, nb)
+    if runs is not None:
+        return runs
+    c = _zh(t, nb)
+    return c, tuple(c.stride()), (0, 1)
+
+
+def zh_out_runs(view: Any, shape: tuple, nb: int
+                ) -> tuple[Any, Optional[Any], tuple, tuple[int, int]]:
+    """zh_out for the forward's output O, also written in place through two runs of rows
+    (``_row_runs``): (tensor, copy-back target or None, the kernel's strides, (inner
+    stride, run length))."""
+    t, dst = zh_out(view, shape, nb)
+    if dst is None:
+        return t, None, tuple(t.stride()), (0, 1)
+    runs = _row_runs(view, nb)
+    if runs is not None and tuple(runs[0].shape) == tuple(shape):
+        return runs[0], None, runs[1], runs[2]
+    return t, dst, tuple(t.stride()), (0, 1)
 
 
 def zh_out(view: Any, shape: tuple, nb: int) -> tuple[Any, Optional[Any]]:
