@@ -207,7 +207,8 @@ def main() -> None:
     ap.add_argument("--only", default="kernel,xent,suite",
                     help="comma-separated sections: kernel (flash kernel alone, SDPA), xent "
                          "(cross-entropy), suite (forward/grad/training step via run_one), "
-                         "dpa (jax.nn.dot_product_attention vs XLA and cuDNN), gqa_forms "
+                         "dpa (jax.nn.dot_product_attention vs XLA and cuDNN; dpa_fwd: "
+                         "without the gradient rows), gqa_forms "
                          "(grouped einsum in both group orders), window (sliding-window "
                          "attention, S8192 window 1024, beside full causal)")
     ap.add_argument("--out", default="")
@@ -251,8 +252,8 @@ def main() -> None:
         sys.stdout.flush()
     if only & {"kernel", "xent"}:
         kernel_and_xent(only)
-    if "dpa" in only:
-        dpa_section()
+    if only & {"dpa", "dpa_fwd"}:
+        dpa_section(grad="dpa" in only)
     if "gqa_forms" in only:
         gqa_forms_section()
     if "window" in only:
@@ -297,36 +298,39 @@ def window_section(b: int = 2, s: int = 8192, h: int = 16, d: int = 128, w: int 
             f(q, k, v).astype(jnp.float32) * do.astype(jnp.float32)), argnums=(0, 1, 2))
     rows = []
     cases = [("jax.nn window", dpa(True), win_flops, True),
-             ("two compares window", compares, win_flops, False),
-             ("jax.nn full causal", dpa(False), causal_flops, False)]
-    for label, f, flops, others in cases:
-        for name, fn, args, fl in (("forward", f, (q, k, v), flops),
-                                   ("value_and_grad", vg(f), (q, k, v, do), 3.5 * flops)):
-            jf = runtime.jit(fn, backend="cuda")
-            c = jf.lower(*args).compile()
-            fused = [i for i in c.module.entry.instructions if i.opcode == "fusion"
-                     and fusion_kind(i) in ("attention", "attention_backward")]
-            preds = sum(1 for i in fused for o in i.operands if o.shape.dtype.name == "pred")
-            xla = jax.jit(fn)
-            err = max(float(jnp.linalg.norm(a.astype(jnp.float32) - b.astype(jnp.float32)) /
-                            jnp.linalg.norm(b.astype(jnp.float32)))
-                      for a, b in zip(jax.tree_util.tree_leaves(jf(*args)),
-                                      jax.tree_util.tree_leaves(xla(*args))))
-            print(f"{label} {name}: attention fusions {len(fused)}, mask operands {preds}, "
-                  f"relative error vs jax.jit {err:.3g}", flush=True)
-            timed = [("hlotk", lambda: jf(*args))]
-            if others:
-                timed.append(("jax.jit XLA", lambda: xla(*args)))
-                try:
-                    cf = dpa(True, "cudnn")
-                    cud = jax.jit(cf if name == "forward" else vg(cf))
-                    jax.block_until_ready(cud(*args))
-                    timed.append(("jax.jit cuDNN", lambda: cud(*args)))
-                except Exception as e:  # noqa: BLE001  (not in every jaxlib / cuDNN)
-                    print(f"  cudnn unavailable: {type(e).__name__}: {str(e)[:160]}")
-            for who, call in timed:
-                ms = pipelined_ms(call, n=20, rounds=5)
-                rows.append((f"{label} {name}: {who}, pipelined", ms, fl / (ms * 1e-3) / 1e12))
+             ("jax.nn full causal", dpa(False), causal_flops, False),
+             ("two compares window", compares, win_flops, False)]
+    # the forwards first, then the gradients (each row printed as it is measured)
+    for name, label, f, flops, others in [("forward",) + c for c in cases] + \
+            [("value_and_grad",) + c for c in cases]:
+        fn, args, fl = (f, (q, k, v), flops) if name == "forward" else \
+            (vg(f), (q, k, v, do), 3.5 * flops)
+        jf = runtime.jit(fn, backend="cuda")
+        c = jf.lower(*args).compile()
+        fused = [i for i in c.module.entry.instructions if i.opcode == "fusion"
+                 and fusion_kind(i) in ("attention", "attention_backward")]
+        preds = sum(1 for i in fused for o in i.operands if o.shape.dtype.name == "pred")
+        xla = jax.jit(fn)
+        err = max(float(jnp.linalg.norm(a.astype(jnp.float32) - b.astype(jnp.float32)) /
+                        jnp.linalg.norm(b.astype(jnp.float32)))
+                  for a, b in zip(jax.tree_util.tree_leaves(jf(*args)),
+                                  jax.tree_util.tree_leaves(xla(*args))))
+        print(f"{label} {name}: attention fusions {len(fused)}, mask operands {preds}, "
+              f"relative error vs jax.jit {err:.3g}", flush=True)
+        timed = [("hlotk", lambda: jf(*args))]
+        if others:
+            timed.append(("jax.jit XLA", lambda: xla(*args)))
+            try:
+                cf = dpa(True, "cudnn")
+                cud = jax.jit(cf if name == "forward" else vg(cf))
+                jax.block_until_ready(cud(*args))
+                timed.append(("jax.jit cuDNN", lambda: cud(*args)))
+            except Exception as e:  # noqa: BLE001  (not in every jaxlib / cuDNN)
+                print(f"  cudnn unavailable: {type(e).__name__}: {str(e)[:160]}")
+        for who, call in timed:
+            ms = pipelined_ms(call, n=20, rounds=5)
+            rows.append((f"{label} {name}: {who}, pipelined", ms, fl / (ms * 1e-3) / 1e12))
+            print(f"  {rows[-1][0]}: {ms:.3f} ms, {rows[-1][2]:.4g} TFLOP/s", flush=True)
     print_rows(rows)
 
 
@@ -468,7 +472,7 @@ def kernel_and_xent(only: set) -> None:
     print_rows(rows)
 
 
-def dpa_section() -> None:
+def dpa_section(grad: bool = True) -> None:
     """``jax.nn.dot_product_attention`` as users call it (``--only dpa``): hlotk compiling
     its XLA implementation vs jax.jit of the same and of cuDNN's, pipelined per-call ms,
     causal bf16 at the issue's MHA shape and a Llama-style GQA shape (32 q heads, 8 kv)."""
@@ -508,7 +512,7 @@ def dpa_section() -> None:
         for name, call in timed:
             ms = pipelined_ms(call)
             rows.append((f"jax.nn.dpa {label}: {name}", ms, flops / (ms * 1e-3) / 1e12))
-        if kv != h:
+        if kv != h and grad:
             rows += _dpa_grad_rows(label, attn, (q, k, v), flops)
     print_rows(rows)
 
