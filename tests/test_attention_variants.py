@@ -609,3 +609,32 @@ def test_jax_nn_gqa_forward_reads_q_and_writes_o_in_place(window):
     want = np.asarray(jax.jit(f)(*args))
     np.testing.assert_allclose(out.numpy().reshape(want.shape), want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(jf(*args), want, rtol=1e-4, atol=1e-4)
+
+
+def _two_selects(width: int):
+    """A causal jnp.where and then a window jnp.where (two selects, each one compare)."""
+    def f(q, k, v):
+        s = q.shape[1]
+        pos = jnp.arange(s)
+        sc = jnp.einsum("bqhd,bkhd->bhqk", q, k) * 0.3
+        sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -jnp.inf)
+        sc = jnp.where(pos[:, None] - pos[None, :] < width, sc, -jnp.inf)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(sc, axis=-1), v)
+    return f
+
+
+@pytest.mark.usefixtures("triton_attention_on_cpu", "tiny_triton_blocks")
+def test_causal_and_window_in_two_selects_triton_kernels():
+    """Two selects (a causal one, then a window one) are two causal steps: the kernels
+    apply their intersection (one band, ``merge_bands``), not the last one only; forward
+    and gradient equal jax.jit's."""
+    from codegen.triton.attention import plan_for
+    f = _two_selects(24)
+    args = _gqa_inputs(70, 2, 2)
+    jf = runtime.jit(f, target="h200")
+    (fa,) = _fusions(jf.lower(*args).compile(), "attention")
+    c = plan_for(fa).causal
+    assert (c.direction, c.delta, c.window) == ("GE", 0, 23)
+    np.testing.assert_allclose(jf(*args), jax.jit(f)(*args), rtol=1e-4, atol=1e-4)
+    g, jg, _ = _gpu_pipeline_grad(f, args)
+    _assert_close(jg(*args), jax.jit(g)(*args), 1e-4)

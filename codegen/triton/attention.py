@@ -239,6 +239,28 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
 NO_WINDOW = 1 << 30     # WHI without a window: q - k <= 2^30 holds for every position pair
 
 
+def merge_bands(steps: list) -> Any:
+    """One causal step keeping what every step of ``steps`` keeps (each a bound on
+    q - k, maybe with a window's other bound), or Unsupported."""
+    import dataclasses
+    if len(steps) == 1:
+        return steps[0]
+    lo: Optional[int] = None
+    hi: Optional[int] = None
+    for c in steps:
+        if c.direction == "NE" or c.q_dim != steps[0].q_dim:
+            raise Unsupported("two causal compares that are not one band of q - k")
+        b_lo = {"GE": c.delta, "GT": c.delta + 1, "EQ": c.delta}.get(c.direction)
+        b_hi = {"LE": c.delta, "LT": c.delta - 1, "EQ": c.delta}.get(c.direction)
+        if c.window is not None:
+            b_hi = c.window if b_hi is None else min(b_hi, c.window)
+        lo = b_lo if lo is None else (lo if b_lo is None else max(lo, b_lo))
+        hi = b_hi if hi is None else (hi if b_hi is None else min(hi, b_hi))
+    if lo is None:
+        return dataclasses.replace(steps[0], direction="LE", delta=hi, window=None)
+    return dataclasses.replace(steps[0], direction="GE", delta=lo, window=hi)
+
+
 def keeps_diagonal(c) -> bool:
     """Whether a causal step keeps the diagonal side, k <= q + c with c <= 0 (and a band's
     other bound q - k <= w has w >= 0): every row keeps its own position's key, and the
@@ -302,6 +324,7 @@ class ScorePlan:
         self.multi_rows = rank - nb - 1 > 1
         self.scale1, self.scale2, self.bias, self.sign = 1.0, 1.0, None, 1.0
         self.causal = self.mask = None
+        causals = []
         fills = []
         for s in steps:
             if s.kind == "scale":
@@ -316,7 +339,7 @@ class ScorePlan:
                     raise Unsupported("two biases, or a bias after a mask")
                 self.bias, self.sign = (self.param(s.tensor), s.where), s.value
             elif s.kind == "causal":
-                self.causal = s
+                causals.append(s)
                 fills.append(s.fill)
             elif s.kind == "mask":
                 if self.mask is not None:
@@ -325,7 +348,9 @@ class ScorePlan:
                 fills.append(s.fill)
         if len(set(fills)) > 1:
             raise Unsupported("a causal and a boolean mask with different fill values")
-        c = self.causal
+        # two selects with position compares (jnp.where(tril) then jnp.where(q - k < w)):
+        # the kernels apply one band, their intersection
+        self.causal = c = merge_bands(causals) if causals else None
         q_dim = row_dims[-1] if c is None or c.q_dim < 0 else c.q_dim
         if c is not None:
             if q_dim not in row_dims:
