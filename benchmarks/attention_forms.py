@@ -131,8 +131,21 @@ def measure(fn, q_shape, kv_shape, grad: bool) -> dict:
         misses = [d.reason for d in report.decisions if "attention" in d.reason.lower()
                   and not d.fused]
         why = misses[0] if misses else ""
+    fused = [i for i in c.module.entry.instructions if i.opcode == "fusion"
+             and fusion_kind(i) in ("attention", "attention_backward")]
+    # what the kernels read besides q, k, v (dO, m, l, O): a mask tensor, or the mask
+    # recognized as causal / a band the kernels test (i14-window)
+    masks = "operand" if any(o.shape.dtype.name == "pred" for i in fused for o in i.operands) \
+        else ""
+    for i in fused[:1]:
+        cfg = str(i.attrs.get("backend_config", ""))
+        if '"window":' in cfg:
+            masks = cfg.split('"window":"')[1].split('"')[0]
+        elif '"causal":true' in cfg and not masks:
+            masks = "causal"
     return {"fwd": kinds.count("attention"), "bwd": kinds.count("attention_backward"),
-            "biggest_mib": biggest / 2**20, "scores_in_memory": biggest >= scores, "why": why}
+            "biggest_mib": biggest / 2**20, "scores_in_memory": biggest >= scores, "why": why,
+            "masks": masks}
 
 
 def main() -> None:
@@ -145,19 +158,20 @@ def main() -> None:
             try:
                 r = measure(fn, qs, kvs, grad)
             except Exception as e:  # noqa: BLE001  (a form the pipeline refuses: say so)
-                r = {"fwd": "-", "bwd": "-", "biggest_mib": float("nan"),
+                r = {"fwd": "-", "bwd": "-", "biggest_mib": float("nan"), "masks": "",
                      "scores_in_memory": "?", "why": f"{type(e).__name__}: {e}"[:200]}
             fused = r["fwd"] == 1 and (not grad or r["bwd"] == 1)
             rows.append(f"| {name} | {'grad' if grad else 'forward'} | "
                         f"{'yes' if fused else 'no'} | {r['fwd']} / {r['bwd']} | "
                         f"{r['biggest_mib']:.2f} | {'yes' if r['scores_in_memory'] is True else 'no'}"
-                        f" | {r['why'][:160]} |")
+                        f" | {r['masks']} | {r['why'][:160]} |")
             print(rows[-1], flush=True)
     head = [f"# Attention forms that fuse (issue 14; deviceless, CUDA pipeline, target h200)",
             "", f"bf16 q/k/v, B={B} S={S} H={H} D={D} (GQA: {H // 2} kv heads); "
             "`python -m benchmarks.attention_forms`.", "",
             "| form | program | fused | attention / backward fusions | largest buffer MiB "
-            "| B·H·S·S scores in memory | why not |", "|---|---|---|---|---|---|---|"]
+            "| B·H·S·S scores in memory | mask (operand, or tested in the kernels) | why not |",
+            "|---|---|---|---|---|---|---|---|"]
     text = "\n".join(head + rows) + "\n"
     tmp = opts.out + ".tmp"
     with open(tmp, "w") as fh:
