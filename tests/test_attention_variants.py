@@ -638,3 +638,28 @@ def test_causal_and_window_in_two_selects_triton_kernels():
     np.testing.assert_allclose(jf(*args), jax.jit(f)(*args), rtol=1e-4, atol=1e-4)
     g, jg, _ = _gpu_pipeline_grad(f, args)
     _assert_close(jg(*args), jax.jit(g)(*args), 1e-4)
+
+
+@pytest.mark.parametrize("name,kv", [("jax_nn", 4), ("jax_nn", 2), ("compares", 4)])
+def test_cpu_reference_skips_key_blocks_outside_the_band(name, kv, monkeypatch):
+    """The CPU reference kernel walks rows in blocks of 16 query positions and visits only
+    the key blocks the band reaches (window 20: at most 3 key blocks of 16 per row block,
+    against up to 8 under full causal); its result equals jax.jit's."""
+    from codegen.cpu import attention as cpu_attention
+    from passes.fusion.attention import attention_root, canonical, match_attention
+    visited = []
+    real = cpu_attention._band_blocks
+
+    def spy(m, canon, scores, step):
+        q_dim, blocks = real(m, canon, scores, step)
+        visited.extend(-(-(hi - lo) // step) for _, _, lo, hi in blocks)
+        return q_dim, blocks
+    monkeypatch.setattr(cpu_attention, "_band_blocks", spy)
+    f = _window_form(name, 20)
+    args = _gqa_inputs(128, 4, kv, batch=2)
+    jf = runtime.jit(f, target="h200")
+    np.testing.assert_allclose(jf(*args), jax.jit(f)(*args), rtol=2e-5, atol=2e-5)
+    assert len(visited) == 8 and max(visited) <= 3 and visited[0] == 1, visited
+    (fa,) = _fusions(jf.lower(*args).compile(), "attention")
+    m = match_attention(attention_root(fa.attrs["calls"].root)[0])
+    assert canonical(m.logits, m.qk)[m.n_batch] == m.causal.q_dim

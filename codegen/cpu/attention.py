@@ -26,13 +26,16 @@ BLOCK_K = 128
 
 class _Slicer:
     """Values of body instructions, whole (``dim=None``) or restricted to ``ks`` along one
-    dimension of the scores' shape."""
+    dimension of the scores' shape (the keys), and optionally to ``qs`` along a second
+    (``qdim``: the query position, for row blocks that skip the key blocks outside a
+    causal band)."""
 
     def __init__(self, params: dict[int, np.ndarray], qk: Instruction, ctx: EvalContext):
         self.params, self.qk, self.ctx = params, qk, ctx
         self.whole: dict[int, np.ndarray] = {}
-        self.block: dict[tuple[int, Optional[int]], np.ndarray] = {}
+        self.block: dict[tuple, np.ndarray] = {}
         self.ks = slice(0, 0)
+        self.qs = slice(None)
 
     def full(self, inst: Instruction) -> np.ndarray:
         v = self.whole.get(id(inst))
@@ -46,24 +49,32 @@ class _Slicer:
             self.whole[id(inst)] = v
         return v
 
-    def at(self, inst: Instruction, dim: Optional[int]) -> np.ndarray:
-        """``inst``'s value with dimension ``dim`` restricted to the current key block."""
-        if dim is None:
+    def at(self, inst: Instruction, dim: Optional[int],
+           qdim: Optional[int] = None) -> np.ndarray:
+        """``inst``'s value with dimension ``dim`` restricted to the current key block (and
+        ``qdim`` to the current query rows ``qs``)."""
+        if dim is None and qdim is None:
             return self.full(inst)
-        key = (id(inst), dim)
+        key = (id(inst), dim, qdim)
         v = self.block.get(key)
         if v is None:
-            v = self._at(inst, dim)
+            v = self._at(inst, dim, qdim)
             self.block[key] = v
         return v
 
-    def _shape(self, inst: Instruction, dim: int) -> tuple[int, ...]:
+    def _cuts(self, dim: Optional[int], qdim: Optional[int]) -> list[tuple[int, slice]]:
+        return [(d, c) for d, c in ((dim, self.ks), (qdim, self.qs)) if d is not None]
+
+    def _shape(self, inst: Instruction, dim: Optional[int], qdim: Optional[int]
+               ) -> tuple[int, ...]:
         dims = list(inst.shape.dims)
-        dims[dim] = len(range(*self.ks.indices(dims[dim])))
+        for d, c in self._cuts(dim, qdim):
+            dims[d] = len(range(*c.indices(dims[d])))
         return tuple(dims)
 
-    def _at(self, inst: Instruction, dim: int) -> np.ndarray:
+    def _at(self, inst: Instruction, dim: Optional[int], qdim: Optional[int]) -> np.ndarray:
         op = inst.opcode
+        cuts = self._cuts(dim, qdim)
         if op == "dot":
             a = inst.attrs
             lb, lc = list(a.get("lhs_batch_dims", ())), list(a.get("lhs_contracting_dims", ()))
@@ -71,12 +82,13 @@ class _Slicer:
             lhs, rhs = self.full(inst.operands[0]), self.full(inst.operands[1])
             lf = [d for d in range(lhs.ndim) if d not in lb and d not in lc]
             rf = [d for d in range(rhs.ndim) if d not in rb and d not in rc]
-            cut = lambda x, d: x[(slice(None),) * d + (self.ks,)]  # noqa: E731
-            if dim >= len(lb):          # a free dim: slice the operand it comes from
-                if dim < len(lb) + len(lf):
-                    lhs = cut(lhs, lf[dim - len(lb)])
-                else:
-                    rhs = cut(rhs, rf[dim - len(lb) - len(lf)])
+            cut = lambda x, d, c: x[(slice(None),) * d + (c,)]  # noqa: E731
+            if all(d >= len(lb) for d, _ in cuts):   # free dims: slice their operands
+                for d, c in cuts:
+                    if d < len(lb) + len(lf):
+                        lhs = cut(lhs, lf[d - len(lb)], c)
+                    else:
+                        rhs = cut(rhs, rf[d - len(lb) - len(lf)], c)
                 res = inst.shape.dtype
                 out = dot_general(lhs, rhs, a.get("lhs_batch_dims", ()), rb,
                                   a.get("lhs_contracting_dims", ()), rc,
@@ -89,18 +101,22 @@ class _Slicer:
         elif op == "iota":
             d = inst.attrs.get("iota_dimension", 0)
             n = inst.shape.dims[d]
-            r = np.arange(n)[self.ks] if d == dim else np.arange(n)
-            shape = self._shape(inst, dim)
+            r = np.arange(n)
+            for cd, c in cuts:
+                if cd == d:
+                    r = r[c]
+            shape = self._shape(inst, dim, qdim)
             r = r.reshape([-1 if i == d else 1 for i in range(len(shape))])
             return np.broadcast_to(r, shape).astype(inst.shape.dtype.np_dtype)
         elif op == "broadcast":
             dims = list(inst.attrs.get("dimensions", ()))
             src = inst.operands[0]
             j = dims.index(dim) if dim in dims else None
-            v = self.at(src, j)
+            jq = dims.index(qdim) if qdim in dims else None
+            v = self.at(src, j, jq)
             order = sorted(range(len(dims)), key=lambda i: dims[i])
             v = np.transpose(v, order)
-            shape = self._shape(inst, dim)
+            shape = self._shape(inst, dim, qdim)
             expand = [1] * len(shape)
             for i in order:
                 expand[dims[i]] = v.shape[order.index(i)]
@@ -108,12 +124,17 @@ class _Slicer:
         elif op == "transpose" or (op in ("bitcast", "copy") and _permutes(inst)):
             # a bitcast to another layout that permutes the dims is a transpose
             perm = list(inst.attrs["dimensions"]) if op == "transpose" else _permutes(inst)
-            return np.transpose(self.at(inst.operands[0], perm[dim]), perm)
+            return np.transpose(self.at(inst.operands[0], None if dim is None else perm[dim],
+                                        None if qdim is None else perm[qdim]), perm)
         else:   # elementwise (select, compare, convert, arithmetic)
-            ops = [self.at(o, dim if o.shape.rank == inst.shape.rank else None)
-                   for o in inst.operands]
+            same = [o.shape.rank == inst.shape.rank for o in inst.operands]
+            ops = [self.at(o, dim if s else None, qdim if s else None)
+                   for o, s in zip(inst.operands, same)]
             return inst.op.evaluate(inst, ops, self.ctx)
-        return np.take(self.full(inst), np.arange(inst.shape.dims[dim])[self.ks], axis=dim)
+        v = self.full(inst)
+        for d, c in cuts:
+            v = np.take(v, np.arange(inst.shape.dims[d])[c], axis=d)
+        return v
 
 
 def _permutes(inst: Instruction) -> Optional[list]:
@@ -172,22 +193,27 @@ def run_attention(comp, operands: list[np.ndarray], block_k: Optional[int] = Non
     l_run = np.zeros(bshape + (flat_rows,), acc_t)
     acc = np.zeros(bshape + (flat_rows, vc_t.shape[-1]), acc_t)
     step = block_k or BLOCK_K
-    for start in range(0, n_keys, step):
-        sl.ks = slice(start, min(start + step, n_keys))
-        sl.block.clear()
-        x = np.transpose(sl.at(x_inst, last), canon).astype(acc_t).reshape(
-            bshape + (flat_rows, -1))
-        m_new = np.maximum(m_run, x.max(axis=-1))
-        # A row with nothing unmasked so far keeps 0 as its shift (exp(-inf) = 0, not NaN).
-        shift = np.where(np.isneginf(m_new), 0, m_new)
-        with np.errstate(invalid="ignore", over="ignore"):
-            e = np.exp(x - shift[..., None])
-            alpha = np.exp(m_run - shift)
-        p = e.astype(p_dtype).astype(acc_t)
-        vblk = vc_t[..., sl.ks, :].astype(acc_t)
-        acc = acc * alpha[..., None] + np.matmul(p, vblk)
-        l_run = l_run * alpha + e.sum(axis=-1)
-        m_run = m_new
+    q_dim, blocks = _band_blocks(m, canon, scores, step)
+    for qs, rs, k_lo, k_hi in blocks:
+        sl.qs = qs
+        for start in range(k_lo, k_hi, step):
+            sl.ks = slice(start, min(start + step, n_keys))
+            sl.block.clear()
+            x = np.transpose(sl.at(x_inst, last, q_dim), canon).astype(acc_t).reshape(
+                bshape + (len(range(*rs.indices(flat_rows))), -1))
+            m_old = m_run[..., rs]
+            m_new = np.maximum(m_old, x.max(axis=-1))
+            # A row with nothing unmasked so far keeps 0 as its shift (exp(-inf) = 0, not
+            # NaN).
+            shift = np.where(np.isneginf(m_new), 0, m_new)
+            with np.errstate(invalid="ignore", over="ignore"):
+                e = np.exp(x - shift[..., None])
+                alpha = np.exp(m_old - shift)
+            p = e.astype(p_dtype).astype(acc_t)
+            vblk = vc_t[..., sl.ks, :].astype(acc_t)
+            acc[..., rs, :] = acc[..., rs, :] * alpha[..., None] + np.matmul(p, vblk)
+            l_run[..., rs] = l_run[..., rs] * alpha + e.sum(axis=-1)
+            m_run[..., rs] = m_new
     with np.errstate(invalid="ignore", divide="ignore"):
         out = acc / l_run[..., None]
     out = out.reshape(bshape + tuple(rows) + (out.shape[-1],))
@@ -212,6 +238,35 @@ def run_attention(comp, operands: list[np.ndarray], block_k: Optional[int] = Non
             raise InvalidArgumentError(f"{comp.name}: output %{r.name} of a flash-attention "
                                        "fusion is not its result, row max or row sum")
     return tuple(results)
+
+
+def _band_blocks(m, canon: list, scores: tuple, step: int
+                 ) -> tuple[Optional[int], list[tuple[slice, slice, int, int]]]:
+    """(query score dim or None, [(query positions, canonical rows, first key, end key)]):
+    the row blocks and the key range each must visit. With a causal band that keeps the
+    diagonal (k in [q - hi, q - lo], lo <= 0 <= hi) on the outermost row dim, rows go in
+    blocks of ``step`` query positions and visit only the key blocks the band reaches,
+    as the GPU kernels skip them; otherwise one block of all rows and every key."""
+    from passes.fusion.attention import keeps_diagonal
+    nb, last = m.n_batch, len(scores) - 1
+    n_keys = scores[last]
+    everything = (None, [(slice(None), slice(None), 0, n_keys)])
+    c = m.causal
+    if c is None or not keeps_diagonal(c) or canon[nb] != c.q_dim or \
+            sum(s.kind == "causal" for s in m.steps) != 1:
+        return everything
+    q_len = scores[c.q_dim]
+    q_div = math.prod(scores[d] for d in canon[nb + 1:last])
+    if q_len > n_keys:      # rows past the keys keep nothing: leave them to the general path
+        return everything
+    lo = c.delta + (1 if c.direction == "GT" else 0)
+    blocks = []
+    for q0 in range(0, q_len, step):
+        q1 = min(q0 + step, q_len)
+        k_lo = 0 if c.window is None else max(0, q0 - c.window) // step * step
+        k_hi = min(n_keys, q1 - lo)
+        blocks.append((slice(q0, q1), slice(q0 * q_div, q1 * q_div), k_lo, k_hi))
+    return c.q_dim, blocks
 
 
 def _strip(inst: Instruction) -> Instruction:

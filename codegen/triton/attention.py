@@ -261,15 +261,6 @@ def merge_bands(steps: list) -> Any:
     return dataclasses.replace(steps[0], direction="GE", delta=lo, window=hi)
 
 
-def keeps_diagonal(c) -> bool:
-    """Whether a causal step keeps the diagonal side, k <= q + c with c <= 0 (and a band's
-    other bound q - k <= w has w >= 0): every row keeps its own position's key, and the
-    blocks above the diagonal (and, with a window, below it) can be skipped."""
-    return c is not None and (
-        (c.direction == "GE" and c.delta <= 0) or (c.direction == "GT" and c.delta < 0)) and \
-        (c.window is None or c.window >= 0)
-
-
 class Unsupported(Exception):
     """A matched attention this kernel does not run (the reason); the host runs it."""
 
@@ -293,7 +284,7 @@ class ScorePlan:
     [batch..., keys, d], the scales, bias, causal and boolean masks."""
 
     def __init__(self, comp, qk, k_is_lhs: bool, logits, steps: list, nb: int):
-        from passes.fusion.attention import canonical, score_dims
+        from passes.fusion.attention import canonical, keeps_diagonal, score_dims
         self.params = {id(p): p.attrs.get("parameter_number", k)
                        for k, p in enumerate(comp.parameters)}
         self.q, self.k = self.param(qk.operands[1 if k_is_lhs else 0]), \

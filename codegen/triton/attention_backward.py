@@ -34,7 +34,7 @@ import triton.language as tl
 from passes.fusion.attention_grad import forward_output_perm
 
 from .attention import (NO_WINDOW, ScorePlan, Unsupported, _pick, _pow2, _zh, band_keep,
-                        cached_plan, keeps_diagonal, key_range, zh_out)
+                        cached_plan, key_range, zh_out)
 
 
 @triton.jit
@@ -554,6 +554,7 @@ def _fold(p: BackwardPlan) -> bool:
     """Whether every score the kernels see is q·k times a constant and every row keeps a
     key (no bias, no boolean mask, a causal mask that keeps the diagonal side): then P is
     exp2 of one multiply-subtract (``_probs`` FOLD)."""
+    from passes.fusion.attention import keeps_diagonal
     return p.bias is None and p.mask is None and (p.causal is None or
                                                    keeps_diagonal(p.causal))
 

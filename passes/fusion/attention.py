@@ -362,6 +362,15 @@ def _mask_step(sel: Instruction, path: Instruction, fill_inst: Instruction,
                       keep_if_true=keep_if_true), insts)
 
 
+def keeps_diagonal(c: Optional[ScoreStep]) -> bool:
+    """Whether a causal step keeps the diagonal side, k <= q + c with c <= 0 (and a band's
+    other bound q - k <= w has w >= 0): every row keeps its own position's key, and the
+    blocks above the diagonal (and, with a window, below it) can be skipped."""
+    return c is not None and (
+        (c.direction == "GE" and c.delta <= 0) or (c.direction == "GT" and c.delta < 0)) and \
+        (c.window is None or c.window >= 0)
+
+
 def band_text(c: ScoreStep) -> str:
     """How explain-fusion names a causal step: "causal", "causal, window 256" (keys
     q-255..q), or the band's bounds when it is not the usual sliding window."""
