@@ -261,3 +261,15 @@ def test_gelu_between_two_2d_matmuls_is_the_first_ones_epilogue():
     got = np.asarray(compiled(*args), np.float32)
     np.testing.assert_allclose(got, np.asarray(jax.jit(f)(*args), np.float32), rtol=2e-2,
                                atol=2e-2)
+
+
+def test_explain_fusion_lists_the_library_epilogues():
+    from passes.fusion import report_for
+    args = _mlp_args(bias=True)
+    compiled = runtime.jit(_mlp_bias, target="h200",
+                           pipeline=PIPELINES["default"]["cuda"]).lower(*args).compile()
+    table = report_for(compiled.module).table()
+    notes = table[table.index("library GEMMs with an epilogue:"):].splitlines()[1:]
+    assert len(notes) == 2, table
+    assert any("bias + GELU epilogue" in n for n in notes) and \
+        any("bias + RELU epilogue" in n for n in notes), table

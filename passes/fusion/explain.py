@@ -20,7 +20,7 @@ class FusionDecision:
     producer: str            # instruction names in the unfused module
     consumer: str
     fused: bool
-    action: str              # merge | duplicate | sibling | normalization | none
+    action: str              # merge | duplicate | sibling | normalization | none | library-epilogue
     reason: str
     unfused_us: float = 0.0  # predicted time of the two kernels apart
     fused_us: float = 0.0    # predicted time of the one kernel
@@ -88,7 +88,14 @@ class FusionReport:
         widths = [max(len(str(r[k])) for r in [head] + body) for k in range(5)]
         lines = ["  ".join(str(c).ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5]
                  for r in [head] + body]
-        return self.summary() + "\n" + "\n".join(lines + self.pattern_notes())
+        return self.summary() + "\n" + "\n".join(lines + self.pattern_notes()
+                                                  + self.library_notes())
+
+    def library_notes(self) -> list[str]:
+        """GEMM fusions a library runs with their epilogue (split_gemm.fusion_epilogue)."""
+        notes = [f"%{d.producer}: {d.reason}" for d in self.decisions
+                 if d.consumer == "-" and d.fused and d.action == "library-epilogue"]
+        return ["", "library GEMMs with an epilogue:"] + notes if notes else []
 
     def pattern_notes(self) -> list[str]:
         """Pattern fusions (attention, normalization) tried at an instruction and not

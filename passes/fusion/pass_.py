@@ -21,6 +21,7 @@ from . import greedy, priority  # noqa: F401  (register the built-in policies)
 from .cost_model import count_kernels, get_device, predict, resolve_target
 from .attention_pass import find_attention, form_attention_group
 from .explain import FusionDecision, FusionReport, attach
+from .kinds import fusion_kind
 from .legality import Decision, can_duplicate, can_fuse_siblings, can_merge, fusible
 from .normalization import form_groups
 from .policy import Candidate, FusionPolicy, estimates, resolve_policy
@@ -214,11 +215,30 @@ class Fusion:
             # Small constants are copied into every fusion that reads them (XLA does the
             # same); the originals left without readers go.
             comp.remove_dead()
+        if self.split_gemms:
+            _record_library_epilogues(module, report)
         after = predict(module, spec)
         report.kernels_after = count_kernels(module)
         report.time_after_us, report.bytes_after = after.time_us, after.bytes_moved
         attach(module, report)
         return made > 0
+
+
+def _record_library_epilogues(module: Module, report: FusionReport) -> None:
+    """One line per GEMM fusion whose rest cuBLASLt applies as its epilogue (explain-fusion
+    lists them: the decisions alone do not say how the fused GEMM runs)."""
+    from .split_gemm import fusion_epilogue
+    for comp in module.computations:
+        for inst in comp.instructions:
+            if inst.opcode != "fusion" or fusion_kind(inst) in ("attention", "attention_backward"):
+                continue
+            lib = fusion_epilogue(inst)
+            if lib is not None:
+                dot = next(i for i in inst.attrs["calls"].instructions if i.opcode == "dot")
+                report.record(FusionDecision(
+                    dot.name, "-", True, "library-epilogue",
+                    f"one cuBLASLt GEMM with the {lib.label} epilogue (%{inst.name})",
+                    computation=comp.name))
 
 
 def with_target(spec: str, target: str | None) -> str:

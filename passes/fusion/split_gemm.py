@@ -119,6 +119,20 @@ def epilogue_of_group(instances: Sequence[Instruction],
     return library_epilogue(dot, epilogue_after(dot, outputs, inside), outputs)
 
 
+def fusion_epilogue(fusion: Instruction) -> Optional[LibraryEpilogue]:
+    """The epilogue the CUDA backend has cuBLASLt apply for a GEMM fusion it runs split
+    (runtime/cuda/split.py), or None: explain-fusion reports it."""
+    comp = fusion.attrs["calls"]
+    instances = list(comp.instructions)
+    root = comp.root
+    outs = list(root.operands) if root.opcode == "tuple" else [root]
+    dots = [i for i in instances if i.opcode == "dot"]
+    if len(dots) != 1 or len(outs) != 1 or split_reason(instances, outs) is None:
+        return None
+    return library_epilogue(dots[0], epilogue_after(dots[0], outs, {id(i) for i in instances}),
+                            outs)
+
+
 def epilogue_after(dot: Instruction, outputs: Sequence[Instruction],
                    inside: set[int]) -> list[Instruction]:
     """What of ``inside`` (ids) ``outputs`` compute from ``dot``'s result, operands first;
