@@ -520,20 +520,6 @@ def _unique_insts(items: list[Instruction]) -> list[Instruction]:
     return out
 
 
-def check_closed(b: BackwardMatch, recompute: set[int]) -> None:
-    """The backward's instructions are read only by each other and its outputs by anyone;
-    whatever they read of the forward (``recompute``) is recomputed by the copy."""
-    ids = {id(i) for i in b.nodes}
-    outs = {id(i) for i in b.outputs}
-    for i in b.nodes:
-        if id(i) in outs:
-            continue
-        for u in i.users:
-            if id(u) not in ids:
-                raise NoMatch(f"%{i.name} (in the attention backward) is also read by "
-                              f"%{u.name} outside it (a bias gradient or a returned dS)")
-
-
 def split_backward(b: BackwardMatch, recompute: list[Instruction]) -> list[Instruction]:
     """Give the backward instructions their own copies of the ``recompute`` instructions
     (q·k, score function, mask cone, x - m, exp, P) they read; returns the copies."""
