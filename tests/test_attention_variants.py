@@ -43,6 +43,23 @@ def _kinds(c) -> list:
     return [fusion_kind(i) for i in c.module.entry.instructions if i.opcode == "fusion"]
 
 
+def _assert_cuda_gradient(g, args, tol: float, label) -> None:
+    """``g`` (a jax.grad) through runtime.jit(backend="cuda"): one forward and one backward
+    attention fusion, both Triton kernels (no host fallback), gradients equal jax.jit's at
+    full f32 precision (relative Frobenius error below ``tol``)."""
+    from runtime.cuda import executable_of
+    jf = runtime.jit(g, backend="cuda")
+    c = jf.lower(*args).compile()
+    kinds = _kinds(c)
+    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
+    assert not [t for t in executable_of(c).host_fallbacks() if "attention" in t.reason]
+    with jax.default_matmul_precision("highest"):
+        wants = jax.jit(g)(*args)
+    for a, want in zip(jf(*args), wants):
+        a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
+        assert np.linalg.norm(a - want) / np.linalg.norm(want) < tol, label
+
+
 def _assert_close(got, want, tol):
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
@@ -109,21 +126,11 @@ def test_jax_nn_gqa_gradient_cuda_kernels(dtype, d, s, heads, kv):
     fusions run as Triton kernels (no host fallback), gradients equal jax.jit's (relative
     Frobenius error; jax.jit at full f32 precision)."""
     import ml_dtypes
-    from runtime.cuda import executable_of
     dt = {"bf16": ml_dtypes.bfloat16, "f32": np.float32}[dtype]
     args = _gqa_inputs(s, heads, kv, d=d, batch=2, dtype=dt)
     g = _loss_grad(_jax_nn(True), args)
-    jf = runtime.jit(g, backend="cuda")
-    c = jf.lower(*args).compile()
-    kinds = _kinds(c)
-    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
-    assert not [t for t in executable_of(c).host_fallbacks() if "attention" in t.reason]
     tol = 1e-4 if dtype == "f32" else 3e-2
-    with jax.default_matmul_precision("highest"):
-        wants = jax.jit(g)(*args)
-    for a, want in zip(jf(*args), wants):
-        a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
-        assert np.linalg.norm(a - want) / np.linalg.norm(want) < tol, (dtype, heads, kv)
+    _assert_cuda_gradient(g, args, tol, (dtype, heads, kv))
 
 
 # --- a sliding window (two iota compares): a band both fusions test themselves ---------------
@@ -187,21 +194,11 @@ def test_sliding_window_gradient_triton_kernels():
 @pytest.mark.parametrize("dtype,d,s", [("bf16", 128, 300), ("f32", 32, 70)])
 def test_sliding_window_gradient_cuda_kernels(dtype, d, s):
     import ml_dtypes
-    from runtime.cuda import executable_of
     dt = {"bf16": ml_dtypes.bfloat16, "f32": np.float32}[dtype]
     args = [np.random.default_rng(i).standard_normal((2, s, 4, d)).astype(dt) for i in range(3)]
     g = _loss_grad(_window(64), args)
-    jf = runtime.jit(g, backend="cuda")
-    c = jf.lower(*args).compile()
-    kinds = _kinds(c)
-    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
-    assert not [t for t in executable_of(c).host_fallbacks() if "attention" in t.reason]
     tol = 1e-4 if dtype == "f32" else 3e-2
-    with jax.default_matmul_precision("highest"):
-        wants = jax.jit(g)(*args)
-    for a, want in zip(jf(*args), wants):
-        a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
-        assert np.linalg.norm(a - want) / np.linalg.norm(want) < tol, (dtype, s)
+    _assert_cuda_gradient(g, args, tol, (dtype, s))
 
 
 # --- grouped-query attention written group-major: scores [b, g, kv, q, k] -------------------
@@ -289,21 +286,11 @@ def test_group_major_gqa_triton_kernels(causal, scaled):
 @pytest.mark.parametrize("dtype,d,s", [("bf16", 128, 200), ("f32", 32, 70)])
 def test_group_major_gqa_gradient_cuda_kernels(dtype, d, s):
     import ml_dtypes
-    from runtime.cuda import executable_of
     dt = {"bf16": ml_dtypes.bfloat16, "f32": np.float32}[dtype]
     args = _gqa_inputs(s, 8, 2, d=d, batch=2, dtype=dt)
     g = _loss_grad(_group_major(4), args)
-    jf = runtime.jit(g, backend="cuda")
-    c = jf.lower(*args).compile()
-    kinds = _kinds(c)
-    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
-    assert not [t for t in executable_of(c).host_fallbacks() if "attention" in t.reason]
     tol = 1e-4 if dtype == "f32" else 3e-2
-    with jax.default_matmul_precision("highest"):
-        wants = jax.jit(g)(*args)
-    for a, want in zip(jf(*args), wants):
-        a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
-        assert np.linalg.norm(a - want) / np.linalg.norm(want) < tol, (dtype, s)
+    _assert_cuda_gradient(g, args, tol, (dtype, s))
 
 
 # --- jax.nn.dot_product_attention's other arguments -----------------------------------------
@@ -370,20 +357,10 @@ def test_jax_nn_arguments_cuda_kernels(name):
     """jax.nn's local window (grouped kv heads), key lengths, mask and bias arguments,
     bf16, through the Triton kernels (no host fallback); gradients equal jax.jit's."""
     import ml_dtypes
-    from runtime.cuda import executable_of
     f, kv = _jax_nn_form(name, 2, 200, 8)
     args = _gqa_inputs(200, 8, kv, d=64, batch=2, dtype=ml_dtypes.bfloat16)
     g = _loss_grad(f, args)
-    jf = runtime.jit(g, backend="cuda")
-    c = jf.lower(*args).compile()
-    kinds = _kinds(c)
-    assert kinds.count("attention") == 1 and kinds.count("attention_backward") == 1, kinds
-    assert not [t for t in executable_of(c).host_fallbacks() if "attention" in t.reason]
-    with jax.default_matmul_precision("highest"):
-        wants = jax.jit(g)(*args)
-    for a, want in zip(jf(*args), wants):
-        a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
-        assert np.linalg.norm(a - want) / np.linalg.norm(want) < 3e-2, name
+    _assert_cuda_gradient(g, args, 3e-2, name)
 
 
 @pytest.mark.usefixtures("triton_attention_on_cpu")
