@@ -244,9 +244,10 @@ def cublas_epilogue_call(epilogue: Any) -> Any:
         bias = operands[2].contiguous() if len(operands) > 2 else \
             _zero_bias(p.N, odt, lhs.device)
         with _fp32_precision(p.tf32):
-            # torch runs these as cuBLASLt's BIAS / RELU_BIAS / GELU_BIAS epilogues; where
-            # cuBLASLt cannot (a layout it refuses) it runs the GEMM, then its own ReLU or
-            # tanh-form GELU: the same function.
+            # torch runs these on CUDA tensors as cuBLASLt's BIAS / RELU_BIAS / GELU_BIAS
+            # epilogues; where cuBLASLt cannot (a layout it refuses) it runs the GEMM, then
+            # its own ReLU or tanh-form GELU: the same function. (On CPU tensors torch's
+            # use_gelu is the erf form: this call is for CUDA tensors only.)
             if epilogue.activation == "none":
                 torch.addmm(bias, a, b, out=target)
             else:

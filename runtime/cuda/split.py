@@ -116,4 +116,3 @@ def split_gemm_fusion(inst: Instruction, operand_slots: list[Slot], output_slots
     f, ins = extract(comp, outs, known, f"{inst.name}.epilogue")
     thunks.append(kernel(f, ins, output_slots))
     return thunks
-
