@@ -612,6 +612,11 @@ def test_causal_and_window_in_two_selects_triton_kernels():
     (fa,) = _fusions(jf.lower(*args).compile(), "attention")
     c = plan_for(fa).causal
     assert (c.direction, c.delta, c.window) == ("GE", 0, 23)
+    # explain-fusion and the backend config name the band of both selects, not the first
+    assert "causal, window 24 (keys q-23..q)" in str(fa.attrs["backend_config"])
+    reasons = [d.reason for d in report_for(jf.lower(*args).compile().module).decisions
+               if d.fused]
+    assert any("causal, window 24" in r for r in reasons), reasons
     np.testing.assert_allclose(jf(*args), jax.jit(f)(*args), rtol=1e-4, atol=1e-4)
     g, jg, _ = _gpu_pipeline_grad(f, args)
     _assert_close(jg(*args), jax.jit(g)(*args), 1e-4)

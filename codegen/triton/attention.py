@@ -240,25 +240,13 @@ NO_WINDOW = 1 << 30     # WHI without a window: q - k <= 2^30 holds for every po
 
 
 def merge_bands(steps: list) -> Any:
-    """One causal step keeping what every step of ``steps`` keeps (each a bound on
-    q - k, maybe with a window's other bound), or Unsupported."""
-    import dataclasses
-    if len(steps) == 1:
-        return steps[0]
-    lo: Optional[int] = None
-    hi: Optional[int] = None
-    for c in steps:
-        if c.direction == "NE" or c.q_dim != steps[0].q_dim:
-            raise Unsupported("two causal compares that are not one band of q - k")
-        b_lo = {"GE": c.delta, "GT": c.delta + 1, "EQ": c.delta}.get(c.direction)
-        b_hi = {"LE": c.delta, "LT": c.delta - 1, "EQ": c.delta}.get(c.direction)
-        if c.window is not None:
-            b_hi = c.window if b_hi is None else min(b_hi, c.window)
-        lo = b_lo if lo is None else (lo if b_lo is None else max(lo, b_lo))
-        hi = b_hi if hi is None else (hi if b_hi is None else min(hi, b_hi))
-    if lo is None:
-        return dataclasses.replace(steps[0], direction="LE", delta=hi, window=None)
-    return dataclasses.replace(steps[0], direction="GE", delta=lo, window=hi)
+    """One causal step keeping what every step of ``steps`` keeps
+    (``passes.fusion.attention.merged_band``), or Unsupported."""
+    from passes.fusion.attention import merged_band
+    band = merged_band(steps)
+    if band is None:
+        raise Unsupported("two causal compares that are not one band of q - k")
+    return band
 
 
 class Unsupported(Exception):

@@ -22,6 +22,7 @@ runs both matchers in the fusion pass.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Optional
@@ -103,7 +104,10 @@ class AttentionMatch(QKOperands):
 
     @property
     def causal(self) -> Optional[ScoreStep]:
-        return next((s for s in self.steps if s.kind == "causal"), None)
+        """The causal band: the steps' intersection when several selects compare positions
+        (a causal one, then a window one), else the first such step."""
+        causal = [s for s in self.steps if s.kind == "causal"]
+        return (merged_band(causal) or causal[0]) if causal else None
 
     @property
     def scale(self) -> float:
@@ -360,6 +364,29 @@ def _mask_step(sel: Instruction, path: Instruction, fill_inst: Instruction,
     # run the fusion (the host would).
     return (ScoreStep("mask", sel, tensor=pred, where=where, fill=fill,
                       keep_if_true=keep_if_true), insts)
+
+
+def merged_band(steps: list) -> Optional[ScoreStep]:
+    """One causal step keeping what every one of ``steps`` (causal steps, each a bound on
+    q - k, maybe with a window's other bound) keeps: two selects with position compares
+    (jnp.where(tril), then jnp.where(q - k < w)) are one band, their intersection. None
+    when they are not one band (a NE compare, compares on different row dims)."""
+    if len(steps) == 1:
+        return steps[0]
+    lo: Optional[int] = None
+    hi: Optional[int] = None
+    for c in steps:
+        if c.direction == "NE" or c.q_dim != steps[0].q_dim:
+            return None
+        b_lo = {"GE": c.delta, "GT": c.delta + 1, "EQ": c.delta}.get(c.direction)
+        b_hi = {"LE": c.delta, "LT": c.delta - 1, "EQ": c.delta}.get(c.direction)
+        if c.window is not None:
+            b_hi = c.window if b_hi is None else min(b_hi, c.window)
+        lo = b_lo if lo is None else (lo if b_lo is None else max(lo, b_lo))
+        hi = b_hi if hi is None else (hi if b_hi is None else min(hi, b_hi))
+    if lo is None:
+        return dataclasses.replace(steps[0], direction="LE", delta=hi, window=None)
+    return dataclasses.replace(steps[0], direction="GE", delta=lo, window=hi)
 
 
 def keeps_diagonal(c: Optional[ScoreStep]) -> bool:

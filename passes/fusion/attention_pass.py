@@ -202,8 +202,10 @@ def reason_for(m) -> str:
 def _window_note(steps: list, backward: bool = False) -> str:
     """What the explanation says about a recognized band mask (a sliding window): the
     kernels test it themselves (no mask operand) and skip the key blocks outside it."""
-    from .attention import band_text
-    c = next((s for s in steps if s.kind == "causal"), None)
+    from .attention import band_text, merged_band
+    causal = [s for s in steps if s.kind == "causal"]
+    # several selects (a causal one, then a window one): the band the kernels apply
+    c = (merged_band(causal) or causal[0]) if causal else None
     if c is None or c.window is None:
         return ""
     blocks = "key blocks (query blocks for dK/dV)" if backward else "key blocks"
