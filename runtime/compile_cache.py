@@ -100,10 +100,7 @@ def compiled(module: hlo.Module, spec: str, backend: str,
         data = pickle.dumps((copy, records, report_for(copy), check is not None),
                             protocol=pickle.HIGHEST_PROTOCOL)
         if pickle.loads(data)[0].to_text() == copy.to_text():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            _store(path, data)
     except Exception:  # noqa: BLE001  (an unpicklable attribute: just not cached)
         pass
     return copy, records, False
@@ -146,10 +143,14 @@ def imported(exported: object) -> hlo.Module:
     try:
         data = pickle.dumps(module, protocol=pickle.HIGHEST_PROTOCOL)
         if pickle.loads(data).to_text() == module.to_text():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            _store(path, data)
     except Exception:  # noqa: BLE001  (unpicklable or unwritable: just not cached)
         pass
     return module
+
+
+def _store(path: Path, data: bytes) -> None:
+    """Write an entry through a temporary file and a rename (no partial entry, no stray
+    temporary file on a failure); only on a miss, so dump's writer is imported here."""
+    from .dump import atomic_write
+    atomic_write(path, data)

@@ -853,13 +853,14 @@ def _expensive_prologue(fusion: Instruction) -> bool:
     """A GEMM fusion whose dot operands are computed with transcendental functions (gelu's
     tanh before the second matmul of an MLP, say): the GEMM template recomputes an operand
     tile for every output tile that reads it (N / BLOCK_N times), which costs more than
-    writing the operand out once and reading it back; such fusions are split."""
-    from passes.fusion.cost_model import TRANSCENDENTAL
+    writing the operand out once and reading it back; such fusions are split. The fusion
+    pass prices them the same way (split_gemm.transcendental_prologue)."""
+    from passes.fusion.split_gemm import transcendental_prologue
     comp = fusion.attrs["calls"]
     dots = [i for i in comp.instructions if i.opcode == "dot"]
     if len(dots) != 1:
         return False
-    return any(o.reads_any(TRANSCENDENTAL) for o in dots[0].operands)
+    return transcendental_prologue(dots[0], {id(i) for i in comp.instructions}) is not None
 
 
 def scratch_like(view: Any) -> Any:
