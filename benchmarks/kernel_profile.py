@@ -107,6 +107,44 @@ def _spans(records: list[dict]) -> list[float]:
     return spans
 
 
+def call_sequence(records: list[dict]) -> list[dict]:
+    """The kernels of the last complete call (split as ``_spans`` splits), in start order,
+    each with its start offset, duration and the idle gap before it (µs): where a call's
+    span exceeds its kernel sum."""
+    recs = sorted(records, key=lambda r: r["ts"])
+    calls: list[list[dict]] = []
+    end = None
+    for r in recs:
+        if end is None or r["ts"] - end > CALL_GAP_US:
+            calls.append([])
+            end = r["ts"] + r["dur"]
+        calls[-1].append(r)
+        end = max(end, r["ts"] + r["dur"])
+    if not calls:
+        return []
+    call = calls[-2] if len(calls) > 1 else calls[-1]      # the last may be cut short
+    t0 = call[0]["ts"]
+    out, busy_until = [], t0
+    for r in call:
+        out.append({"name": r["name"], "start": r["ts"] - t0, "dur": r["dur"],
+                    "gap": max(0.0, r["ts"] - busy_until), "cat": r.get("cat", "")})
+        busy_until = max(busy_until, r["ts"] + r["dur"])
+    return out
+
+
+def format_sequence(seq: list[dict], names: Optional[dict[str, list[str]]] = None) -> str:
+    """One line per kernel of ``call_sequence``: gap before, start, duration, name."""
+    lines = [f"{'gap':>7} {'start':>8} {'dur':>8}  kernel"]
+    for r in seq:
+        label = r["name"][:90]
+        if names and r["name"] in names:
+            label += "  " + ",".join(names[r["name"]])[:80]
+        lines.append(f"{r['gap']:7.2f} {r['start']:8.2f} {r['dur']:8.2f}  {label}")
+    lines.append(f"gaps {sum(r['gap'] for r in seq):.1f} us over {len(seq)} records; "
+                 f"kernels {sum(r['dur'] for r in seq):.1f} us")
+    return "\n".join(lines)
+
+
 def hlotk_kernel_names(exe: Any) -> dict[str, list[str]]:
     """Triton kernel function name -> the thunks (instruction names) that launch it."""
     out: dict[str, list[str]] = defaultdict(list)
@@ -169,6 +207,7 @@ def summarize(records: list[dict], steps: int,
             "sum_us": sum(k["us"] for k in kernels),
             "launches": sum(k["calls"] for k in kernels),
             "span_us": statistics.median(spans) if spans else float("nan"),
+            "sequence": call_sequence(records),
             "calls_seen": len(spans), "steps": steps}
 
 
