@@ -338,6 +338,42 @@ def test_multi_output_reduction_sum_and_sum_of_squares():
     assert k.template == "normalization"
 
 
+def _residual_layernorm(width: int):
+    """x + y (the residual stream, an output) beside the layer norm of it: two row-shaped
+    outputs of one Triton normalization fusion (a transformer block's second LN)."""
+    w = width
+    return make(f"""  %x = bf16[6,{w}] parameter(0)
+  %y = bf16[6,{w}] parameter(1)
+  %r = bf16[6,{w}] add(%x, %y)
+  %rf = f32[6,{w}] convert(%r)
+  %z = f32[] constant(0)
+  %s = f32[6] reduce(%rf, %z), dimensions={{1}}, to_apply=%add
+  %n = f32[] constant({w})
+  %nb = f32[6] broadcast(%n), dimensions={{}}
+  %mu = f32[6] divide(%s, %nb)
+  %mub = f32[6,{w}] broadcast(%mu), dimensions={{0}}
+  %d = f32[6,{w}] subtract(%rf, %mub)
+  %sq = f32[6,{w}] multiply(%d, %d)
+  %v = f32[6] reduce(%sq, %z), dimensions={{1}}, to_apply=%add
+  %var = f32[6] divide(%v, %nb)
+  %eps = f32[] constant(1e-05)
+  %eb = f32[6] broadcast(%eps), dimensions={{}}
+  %ve = f32[6] add(%var, %eb)
+  %rs = f32[6] rsqrt(%ve)
+  %rsb = f32[6,{w}] broadcast(%rs), dimensions={{0}}
+  %h = f32[6,{w}] multiply(%d, %rsb)
+  %hb = bf16[6,{w}] convert(%h)
+  ROOT %t = (bf16[6,{w}], bf16[6,{w}]) tuple(%r, %hb)""", [f"x: bf16[6,{w}]", f"y: bf16[6,{w}]"],
+                f"(bf16[6,{w}], bf16[6,{w}])", kind="kCustom", extra=ADD,
+                backend_config='{"fusion_backend_config":{"kind":"__triton"}}')
+
+
+@pytest.mark.parametrize("width,template", [(1000, "normalization"), (40000, "rows_onepass")])
+def test_normalization_stores_a_second_row_shaped_output(width, template):
+    k = check_fusion(_residual_layernorm(width))
+    assert k.template == template
+
+
 def _softmax_rows_20000():
     """A softmax over rows of 20000 (wider than one tile) as a Triton fusion."""
     return make("""  %p0 = f32[2,20000] parameter(0)

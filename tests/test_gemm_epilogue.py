@@ -273,3 +273,92 @@ def test_explain_fusion_lists_the_library_epilogues():
     assert len(notes) == 2, table
     assert any("bias + GELU epilogue" in n for n in notes) and \
         any("bias + RELU epilogue" in n for n in notes), table
+
+
+# --- a residual added to the product: cuBLAS's beta = 1 --------------------------------------
+@pytest.mark.parametrize("f", [lambda a, w, r: a @ w + r, lambda a, w, r: r + a @ w])
+@pytest.mark.parametrize("dtype", [bf16, jnp.float32])
+def test_residual_add_matches(f, dtype):
+    a, w, r = jnp.zeros((64, 32), dtype), jnp.zeros((32, 48), dtype), jnp.zeros((64, 48), dtype)
+    got = _epilogue_of(f, a, w, r)
+    assert got is not None and (got.activation, got.bias) == ("none", None)
+    assert got.addend is not None and got.addend.opcode == "parameter"
+    assert got.label == "residual add" and got.inputs == [got.addend]
+
+
+def test_residual_after_an_activation_or_of_another_type_does_not_match():
+    a, w = jnp.zeros((64, 32), bf16), jnp.zeros((32, 48), bf16)
+    r = jnp.zeros((64, 48), bf16)
+    assert _epilogue_of(lambda a, w, r: jax.nn.relu(a @ w) + r, a, w, r) is None
+    assert _epilogue_of(lambda a, w, r: a @ w + 2 * r + r, a, w, r) is None
+    wide = jnp.zeros((64, 48), jnp.float32)     # promotes the sum to f32: not the dot's type
+    assert _epilogue_of(lambda a, w, r: a @ w + r, a, w, wide) is None
+
+
+def _ln(x, g, b):
+    xf = x.astype(jnp.float32)
+    mu = xf.mean(-1, keepdims=True)
+    var = ((xf - mu) ** 2).mean(-1, keepdims=True)
+    return ((xf - mu) * jax.lax.rsqrt(var + 1e-5) * g + b).astype(x.dtype)
+
+
+def _residual_block(x, o, wo, g, b, w1, w2):
+    """A pre-LN transformer block after its attention (o): two residual adds."""
+    x = x + o @ wo
+    return x + jax.nn.gelu(_ln(x, g, b) @ w1, approximate=True) @ w2
+
+
+def _block_args(b=2, s=64, d=64, f=256, seed=0):
+    r = np.random.default_rng(seed)
+    bf = ml_dtypes.bfloat16
+    return (r.standard_normal((b, s, d)).astype(bf), r.standard_normal((b, s, d)).astype(bf),
+            (r.standard_normal((d, d)) / np.sqrt(d)).astype(bf),
+            (1 + 0.1 * r.standard_normal(d)).astype(np.float32),
+            (0.1 * r.standard_normal(d)).astype(np.float32),
+            (r.standard_normal((d, f)) / np.sqrt(d)).astype(bf),
+            (r.standard_normal((f, d)) / np.sqrt(f)).astype(bf))
+
+
+def test_residual_block_fuses_the_last_add_into_its_gemm_in_place():
+    """The stream after attention (x + o @ wo) is stored by the layer norm's kernel beside
+    the normalized rows; the block's last add is the second MLP GEMM's residual, and buffer
+    assignment gives that GEMM's result the stream's buffer (it dies there): no add kernel.
+    The first residual reads the argument x, which is never overwritten: it stays fused
+    into the layer norm rather than cost a copy."""
+    from passes.buffer_assignment import assign_buffers
+    from passes.fusion.split_gemm import fusion_epilogue
+    args = _block_args()
+    compiled = runtime.jit(_residual_block, target="h200",
+                           pipeline=PIPELINES["default"]["cuda"]).lower(*args).compile()
+    entry = compiled.module.entry
+    root = entry.root
+    assert root.opcode == "fusion", compiled.as_text()
+    lib = fusion_epilogue(root)
+    assert lib is not None and lib.label == "residual add", compiled.as_text()
+    stream = root.operands[[p.parameter_number for p in root.attrs["calls"].parameters
+                            if p is lib.addend][0]]
+    assert stream.opcode == "get-tuple-element", compiled.as_text()
+    norm = stream.operands[0]
+    assert norm.opcode == "fusion" and norm.shape.is_tuple, compiled.as_text()
+    assert (root.name, stream.name) in assign_buffers(compiled.module).shared_in_place
+    loops = [i for i in entry.instructions if i.opcode == "fusion" and
+             not any(j.opcode in ("dot", "reduce") for j in i.attrs["calls"].instructions)]
+    assert not loops, compiled.as_text()
+    got = np.asarray(compiled(*args), np.float32)
+    want = np.asarray(jax.jit(_residual_block)(*args), np.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+def test_gpu_residual_block_is_one_gemm_per_residual():
+    from runtime.cuda import executable_of
+    args = _block_args(b=4, s=256, d=256, f=1024, seed=1)
+    compiled = runtime.jit(_residual_block, backend="cuda").lower(*args).compile()
+    want = np.asarray(jax.jit(_residual_block)(*args), np.float32)
+    for _ in range(3):          # eager, captured, replayed: the in-place GEMM each time
+        got = np.asarray(compiled(*args), np.float32)
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+    described = executable_of(compiled).describe()
+    assert "residual add epilogue" in described, described
+    assert ".epilogue" not in described, described

@@ -141,8 +141,10 @@ def test_training_step_matches_jax(spec):
                      and i.operands[0].opcode == "parameter"
                      and i.operands[0].shape.dtype.name == "f32"]
         assert len(f32_casts) == 6        # wq wk wv wo w1 w2, each cast once for fwd and bwd
-    else:       # every one of the 18 GEMMs computes an operand in a prologue kernel (30 here)
-        assert len(_computed_dot_operands(c.module)) >= 18
+    else:       # 16 of the 18 GEMMs compute an operand in a prologue kernel (the two that
+        # read the second layer norm take it from the row kernel that also stores the
+        # residual stream)
+        assert len(_computed_dot_operands(c.module)) >= 16
     got = jax.tree_util.tree_leaves(jf(*args))
     want = jax.tree_util.tree_leaves(jax.jit(step)(*args))
     for g, w in zip(got, want):

@@ -221,9 +221,22 @@ def _zero_bias(n: int, dtype: Any, device: Any) -> Any:
     return t
 
 
+def _residual_gemm(a: Any, b: Any, addend: Any, target: Any, m: int, n: int) -> None:
+    """``target = a @ b + addend`` as one cuBLAS GEMM with beta = 1. When buffer assignment
+    gave the result the residual's buffer (the same bytes), the residual tensor itself is
+    passed as ``out``: torch then skips its copy of the input into the result (it checks
+    tensor identity, not addresses) and the GEMM reads and writes C in place."""
+    import torch
+    c = addend.reshape(m, n) if addend.is_contiguous() else addend.contiguous().view(m, n)
+    if c.data_ptr() == target.data_ptr() and c.stride() == target.stride():
+        torch.addmm(c, a, b, out=c)
+    else:
+        torch.addmm(c, a, b, out=target)
+
+
 def cublas_epilogue_call(epilogue: Any) -> Any:
     """The library call for a dot with ``epilogue`` (a ``LibraryEpilogue``:
-    passes/fusion/gemm_epilogue.py): ``call(inst, [lhs, rhs(, bias)], out=)``."""
+    passes/fusion/gemm_epilogue.py): ``call(inst, [lhs, rhs(, bias or residual)], out=)``."""
 
     def call(inst: Instruction, operands: Sequence[Any], out: Optional[Any] = None) -> Any:
         import torch
@@ -241,6 +254,12 @@ def cublas_epilogue_call(epilogue: Any) -> Any:
         o3 = _out_view(out, 1, p.M, p.N)
         target = o3[0] if o3 is not None else torch.empty((p.M, p.N), dtype=odt,
                                                           device=lhs.device)
+        if epilogue.addend is not None:
+            with _fp32_precision(p.tf32):
+                _residual_gemm(a, b, operands[2], target, p.M, p.N)
+            if o3 is None:
+                out.copy_(target.view(out.shape))
+            return out
         bias = operands[2].contiguous() if len(operands) > 2 else \
             _zero_bias(p.N, odt, lhs.device)
         with _fp32_precision(p.tf32):

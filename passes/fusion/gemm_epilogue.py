@@ -1,4 +1,5 @@
-"""Epilogues a library GEMM applies itself: a bias vector, then GELU (tanh form) or ReLU.
+"""Epilogues a library GEMM applies itself: a bias vector, then GELU (tanh form) or ReLU;
+or a residual added to the product.
 
 cuBLASLt runs ``act(A @ B + bias)`` as one GEMM whose epilogue transforms each accumulator
 tile before it is stored; a bias over the output columns, ReLU and the tanh approximation
@@ -14,6 +15,12 @@ GELU is matched by value, not by the shape of the expression tree: each node aft
 writing it (``x * 0.5 * (1 + tanh(...))``, ``0.5 * x * ...``, ``x**3`` as ``x * x * x``)
 gives the same A, B and T. Coefficients must agree to the precision of the type the
 epilogue computes in (bf16 constants are rounded: 0.044715 is stored as 0.04468).
+
+A residual ``dot + c`` (c an array of the product's shape and type, a transformer block's
+``x + mlp(x)``) is the GEMM's ``beta = 1`` form, ``D = A @ B + C``, also what XLA's GEMM
+rewriter makes of it. cuBLAS reads C once as it stores D; where buffer assignment lets the
+result take over C's buffer (C dies at the GEMM) nothing else moves, otherwise the call
+copies C into the result first, which moves what a separate add kernel would.
 """
 from __future__ import annotations
 
@@ -132,15 +139,24 @@ def _close(poly: Poly, want: Poly, tol: float) -> bool:
 
 @dataclass(frozen=True)
 class LibraryEpilogue:
-    """What the GEMM applies before storing: ``activation(dot + bias)``."""
+    """What the GEMM applies before storing: ``activation(dot + bias)``, or ``dot + addend``
+    (no bias, no activation: torch's cuBLAS entry points take one or the other)."""
     activation: str                 # "gelu_tanh" | "relu" | "none"
     bias: Optional[Instruction]     # a vector over the last output dim, read from outside
+    addend: Optional[Instruction] = None   # an array of the product's shape, read from outside
 
     @property
     def label(self) -> str:
+        if self.addend is not None:
+            return "residual add"
         parts = (["bias"] if self.bias is not None else []) + \
             ([] if self.activation == "none" else [self.activation.split("_")[0].upper()])
         return " + ".join(parts)
+
+    @property
+    def inputs(self) -> list[Instruction]:
+        """The arrays the library call reads besides the dot's operands, in call order."""
+        return [x for x in (self.bias, self.addend) if x is not None]
 
 
 def _bias_of(add: Instruction, dot: Instruction, inside: set[int]) -> Optional[Instruction]:
@@ -157,6 +173,18 @@ def _bias_of(add: Instruction, dot: Instruction, inside: set[int]) -> Optional[I
             (rank - 1,) or vec.shape.dtype != dot.shape.dtype:
         return None
     return vec
+
+
+def _addend_of(out: Instruction, dot: Instruction, inside: set[int]) -> Optional[Instruction]:
+    """The array ``c`` of ``out = add(dot, c)`` (either order) when it comes from outside
+    the epilogue with the product's shape and type; else None."""
+    if out.opcode != "add" or dot not in out.operands or out.operands[0] is out.operands[1]:
+        return None
+    c = out.operands[1] if out.operands[0] is dot else out.operands[0]
+    if id(c) in inside or _scalar_constant(c) is not None or not c.shape.is_array or \
+            c.shape.dims != dot.shape.dims or c.shape.dtype != dot.shape.dtype:
+        return None
+    return c
 
 
 def _is_relu_of(out: Instruction, v: Instruction) -> bool:
@@ -184,7 +212,8 @@ def library_epilogue(dot: Instruction, epilogue: Sequence[Instruction],
     """The epilogue cuBLASLt can apply when ``epilogue`` (the instructions after ``dot`` in a
     GEMM fusion, constants included) computes the group's one output, of the dot's shape
     and type, as GELU (tanh form), ReLU or nothing of ``dot`` or of ``dot + bias`` (a vector
-    broadcast over the last dim); else None."""
+    broadcast over the last dim), or as ``dot + c`` (``c`` an array of that shape and type
+    read from outside); else None."""
     if len(outputs) != 1 or not epilogue:
         return None
     out = outputs[0]
@@ -192,6 +221,11 @@ def library_epilogue(dot: Instruction, epilogue: Sequence[Instruction],
             out.shape.dtype != dot.shape.dtype or not dot.shape.dtype.is_float:
         return None
     inside = {id(i) for i in epilogue}
+    addend = _addend_of(out, dot, inside)
+    if addend is not None:
+        # Only the add itself: anything more would have to run after the GEMM anyway.
+        rest = [i for i in epilogue if i is not out and _scalar_constant(i) is None]
+        return None if rest else LibraryEpilogue("none", None, addend)
     biased = [(i, b) for i in epilogue if (b := _bias_of(i, dot, inside)) is not None]
     v, bias = biased[0] if len(biased) == 1 else (dot, None)
     allowed = {id(dot)} | ({id(bias)} if bias is not None else set())

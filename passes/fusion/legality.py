@@ -12,7 +12,7 @@ The rules (XLA's, simplified where noted):
   normalization fusion (softmax/layer norm);
 - a normalization fusion takes in elementwise producers and index maps computed at the
   row's index (broadcast, reshape, slice, dynamic-slice, gather: a cross-entropy's label
-  logit is read beside its row);
+  logit is read beside its row); several outputs only if each is row-shaped;
 - outputs of a multi-output fusion share one iteration space (same dimensions; for an
   input fusion, the reduction's input dimensions);
 - a GEMM fusion holds one dot with operand prologues and an elementwise epilogue, and has
@@ -177,9 +177,14 @@ def check_group(state: FusionState, instances: list[Instruction], members: list[
                                                       "dynamic-update-slice", "pad", "concatenate")]
         if bad:
             return no(f"%{bad[0].name} ({bad[0].opcode}) does not fit a row-wise Triton kernel")
-        if len(outs) > 1:
-            return no("a Triton normalization fusion has one output; "
-                      + ", ".join("%" + o.name for o in outs) + " are all read outside")
+        rows = {_hero_space(i) for i in instances if i.opcode == "reduce"}
+        if len(outs) > 1 and not (len(rows) == 1 and all(
+                o.shape.is_array and o.shape.dims in rows for o in outs)):
+            # Several outputs are stored from the row tile the kernel holds (a residual
+            # sum beside the layer norm it feeds); each must be row-shaped for that.
+            return no("a Triton normalization fusion stores several outputs only where each "
+                      "is row-shaped; " + ", ".join("%" + o.name for o in outs)
+                      + " are all read outside")
         return YES
     if dots:
         if len(dots) > 1:

@@ -172,9 +172,19 @@ def split_estimate(instances: Sequence[Instruction], outputs: Sequence[Instructi
     lib = None if copied else library_epilogue(dot, epilogue, outputs)
     if lib is not None:
         # The GEMM applies it to each tile before storing (gemm_epilogue.py): its arithmetic
-        # and the bias vector only, no kernel.
-        bias = array_bytes(lib.bias.shape) if lib.bias is not None else 0
-        return total + Estimate(e.compute_us, bias, 0, e.flops, 0, 0.0, e.compute_us)
+        # and reading the bias vector or the residual once, no kernel. A residual computed
+        # here is priced as dying at the GEMM (the result takes its buffer; buffer
+        # assignment decides): where it does not, the call copies it into the result
+        # first, which moves what the add kernel it replaces would.
+        read = sum(array_bytes(x.shape) for x in lib.inputs)
+        written, launches = 0, 0
+        if lib.addend is not None and lib.addend.opcode in ("parameter", "constant"):
+            # An argument or a constant is never overwritten: the call copies it into the
+            # result first, one more kernel that reads and writes it.
+            read, written, launches = 2 * read, read, 1
+        memory = (read + written) / spec.bytes_per_us
+        return total + Estimate(e.compute_us + memory + launches * spec.kernel_launch_us,
+                                read, written, e.flops, launches, memory, e.compute_us)
     if copied:
         extra = copied / spec.bytes_per_us
         e = Estimate(e.time_us + extra, e.bytes_read + copied, e.bytes_written, e.flops,

@@ -68,7 +68,7 @@ def split_gemm_fusion(inst: Instruction, operand_slots: list[Slot], output_slots
     """Thunks running fusion ``inst`` as prologue kernels + cuBLAS + an epilogue kernel, or
     None when it has no single dot cuBLAS takes. ``scratch(shape)`` makes a buffer;
     ``kernel(fusion, ins, outs)`` / ``library(dot, ins, outs[, epilogue])`` make thunks (an
-    epilogue the library applies, a ``LibraryEpilogue``, the bias its third input)."""
+    epilogue the library applies, a ``LibraryEpilogue``, its bias or residual the third input)."""
     from codegen.library.cublas import epilogue_supports, plan
     from passes.fusion.gemm_epilogue import library_epilogue
     from passes.fusion.split_gemm import epilogue_after
@@ -104,10 +104,11 @@ def split_gemm_fusion(inst: Instruction, operand_slots: list[Slot], output_slots
     lib = library_epilogue(dot, epilogue_after(dot, outs, {id(i) for i in comp.instructions}),
                            outs) if len(outs) == 1 else None
     if lib is not None and output_slots[0].shape.layout == dot.shape.layout and \
-            epilogue_supports(dot) and (lib.bias is None or id(lib.bias) in known):
-        # The bias and activation are cuBLASLt's epilogue: one GEMM, no epilogue kernel.
-        dins = [known[id(x)] for x in dot.operands] + \
-            ([known[id(lib.bias)]] if lib.bias is not None else [])
+            epilogue_supports(dot) and all(id(x) in known for x in lib.inputs) and \
+            (lib.addend is None or known[id(lib.addend)].shape.layout == dot.shape.layout):
+        # The bias and activation, or the residual, are cuBLAS's epilogue: one GEMM, no
+        # epilogue kernel.
+        dins = [known[id(x)] for x in dot.operands] + [known[id(x)] for x in lib.inputs]
         thunks.append(library(dot, dins, [output_slots[0]], lib))
         return thunks
     dslot = scratch(dot.shape)
