@@ -118,6 +118,13 @@ def start(device: Any) -> None:
         return
     freeze_gc()
     try:
+        # Triton's driver answered from torch, Triton's own (cuda_utils) built only if a
+        # launch needs it (codegen/triton/direct_launch.py)
+        from codegen.triton.direct_launch import install_driver
+        install_driver()
+    except Exception:  # noqa: BLE001  (no Triton, or Triton's own driver: as before)
+        pass
+    try:
         from codegen.triton import triton_key
         if triton_key.install(compute=False) is None:
             triton_key.original()           # Triton's modules imported here, not there
