@@ -335,3 +335,27 @@ def test_gpu_captured_parameter_bytes_match_triton(monkeypatch):
     assert blobs[0] == blobs[1]
     words = struct.unpack_from("<3Q", blobs[1])
     assert list(words) == [x.data_ptr(), y.data_ptr(), out.data_ptr()]
+
+
+def test_worker_skips_launcher_only_for_direct_kernels(monkeypatch):
+    """The compile worker (loaded by path, as the pool starts it) builds Triton's C launcher
+    only for kernels the launching process will not launch itself."""
+    triton = pytest.importorskip("triton")
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "codegen" / "triton" / "compile_worker.py"
+    spec = importlib.util.spec_from_file_location("hlotk_compile_worker_test", path)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.delenv("HLOTK_TRITON_LAUNCH", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    plain = Compiled(Src({"x": "*fp32", "n": "i32", "B": "constexpr"}), meta(), {})
+    cluster = Compiled(Src({"x": "*fp32"}), meta(num_ctas=2), {})
+    assert worker.launched_directly(plain)
+    assert not worker.launched_directly(cluster)
+    monkeypatch.setenv("HLOTK_TRITON_LAUNCH", "triton")
+    assert not worker.launched_directly(plain)
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    monkeypatch.delenv("HLOTK_TRITON_LAUNCH")
+    assert not worker.launched_directly(plain)
