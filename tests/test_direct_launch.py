@@ -359,3 +359,39 @@ def test_worker_skips_launcher_only_for_direct_kernels(monkeypatch):
     monkeypatch.setattr(triton, "__version__", "3.9.0")
     monkeypatch.delenv("HLOTK_TRITON_LAUNCH")
     assert not worker.launched_directly(plain)
+
+
+def test_lazy_driver_answers_from_torch_and_delegates_the_rest(dl, monkeypatch):
+    """The driver installed at the client's creation: device, stream, target and
+    benchmarking from torch; anything else (Triton's ``utils``: cuda_utils) from Triton's
+    own driver, made only then."""
+    torch = pytest.importorskip("torch")
+    from triton.runtime.driver import driver
+
+    class Real:
+        utils = "cuda_utils of Triton's own driver"
+    made: list = []
+    monkeypatch.setattr(driver, "_active", None)
+    monkeypatch.setattr(driver, "_default", None)
+    monkeypatch.setattr(type(driver), "default", property(lambda self: made.append(1) or Real()))
+    monkeypatch.setattr(dl, "_ENABLED", "")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert dl.install_driver()
+    lazy = driver._active
+    assert type(lazy).__name__ == "LazyCudaDriver" and dl.install_driver()
+    assert lazy.get_device_interface() is torch.cuda
+    assert lazy.map_python_to_cpp_type("i32") == "int32_t"
+    monkeypatch.setattr(lazy, "get_device_capability", lambda dev: (9, 0))
+    monkeypatch.setattr(lazy, "get_current_device", lambda: 0)
+    target = lazy.get_current_target()
+    assert (target.backend, target.arch, target.warp_size) == ("cuda", 90, 32)
+    assert made == []                       # nothing so far needed Triton's own driver
+    assert lazy.utils == "cuda_utils of Triton's own driver" and made == [1]
+
+
+def test_no_lazy_driver_over_an_existing_one(dl, monkeypatch):
+    from triton.runtime.driver import driver
+    existing = object()
+    monkeypatch.setattr(driver, "_active", existing)
+    monkeypatch.setattr(dl, "_ENABLED", "")
+    assert not dl.install_driver() and driver._active is existing

@@ -23,9 +23,10 @@ line on the ``hlotk.triton.launch`` logger says why. So do launches inside
 ``parallel.collecting()`` (Triton's JIT reports them, nothing runs), under Triton's launch
 hooks (profilers), and every launch with ``HLOTK_TRITON_LAUNCH=triton``.
 
-``install_driver()`` makes Triton's active driver one that answers the device, stream and
-target from torch and builds Triton's own CUDA driver (and with it ``cuda_utils``) only when
-something asks for more (a launch that keeps Triton's path).
+``install_driver()`` (at the CUDA client's creation, ``runtime/cuda/prewarm.py``) makes
+Triton's active driver one that answers the device, stream and target from torch and makes
+Triton's own CUDA driver (and with it ``cuda_utils``) only when something asks for more (a
+launch that keeps Triton's path).
 """
 from __future__ import annotations
 
@@ -378,41 +379,44 @@ def _prepare(fn: Any, grid: Any, args: Sequence[Any], kwargs: dict,
 
 
 # --- Triton's driver, without cuda_utils until something needs it ---------------------------
-_INSTALLED = False
+_LAZY_CLASS: Any = None
 
 
 def install_driver() -> bool:
-    """Make Triton's active driver a ``LazyCudaDriver`` where Triton has made none yet and
+    """Make Triton's active driver a ``lazy_driver()`` where Triton has made none yet and
     the direct launch is on; returns whether one is active."""
-    global _INSTALLED
-    if _INSTALLED:
-        return True
+    from triton.runtime.driver import driver
+    active = getattr(driver, "_active", None)
+    if active is not None or getattr(driver, "_default", None) is not None:
+        return _LAZY_CLASS is not None and isinstance(active, _LAZY_CLASS)
     if disabled():
         return False
-    from triton.runtime.driver import driver
-    if getattr(driver, "_active", None) is not None or getattr(driver, "_default", None) is not None:
-        return isinstance(getattr(driver, "_active", None), LazyCudaDriver)
     try:
         import torch
         if torch.version.hip is not None or not torch.cuda.is_available():
             return False
-        driver.set_active(LazyCudaDriver())
+        driver.set_active(lazy_driver())
     except Exception as e:  # noqa: BLE001  (Triton's own driver, as before)
         _LOG.debug("Triton's own CUDA driver: %s", e)
         return False
-    _INSTALLED = True
     return True
+
+
+def lazy_driver() -> Any:
+    """A Triton ``GPUDriver`` for compiling and warming up (device, stream, target and
+    benchmarking answered from torch); anything else it is asked for (``utils``,
+    ``launcher_cls``: a launch that keeps Triton's path) comes from Triton's own driver,
+    made (and ``cuda_utils`` built) on that first use."""
+    global _LAZY_CLASS
+    if _LAZY_CLASS is None:
+        _LAZY_CLASS = _lazy_driver_class()
+    return _LAZY_CLASS()
 
 
 def _lazy_driver_class() -> Any:
     from triton.backends.driver import GPUDriver
 
-    class _Lazy(GPUDriver):
-        """Triton's CUDA driver as far as compiling and warming up need it (device, stream,
-        target, benchmarking: answered from torch); anything else (``utils``,
-        ``launcher_cls``: a launch that keeps Triton's path) goes to Triton's own driver,
-        made (and ``cuda_utils`` built) on that first use."""
-
+    class LazyCudaDriver(GPUDriver):
         def __init__(self) -> None:
             super().__init__()
             self._targets: dict[int, Any] = {}
@@ -447,31 +451,15 @@ def _lazy_driver_class() -> Any:
             return do_bench
 
         def get_empty_cache_for_benchmark(self) -> Any:
-            import torch
+            import torch     # 256 MB written between benchmark runs, as Triton's driver
             return torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int, device="cuda")
 
         def clear_cache(self, cache: Any) -> None:
             cache.zero_()
 
         def __getattr__(self, name: str) -> Any:
-            if name.startswith("__"):
+            if name.startswith("__") or name == "_targets":
                 raise AttributeError(name)
             from triton.runtime.driver import driver
             return getattr(driver.default, name)
-    return _Lazy
-
-
-class _LazyMeta(type):
-    def __instancecheck__(cls, obj: Any) -> bool:
-        return type(obj).__name__ == "_Lazy" and type(obj).__module__ == __name__
-
-
-class LazyCudaDriver(metaclass=_LazyMeta):
-    """``LazyCudaDriver()`` is an instance of a ``GPUDriver`` subclass made on first use
-    (Triton is imported only then); ``isinstance(x, LazyCudaDriver)`` recognizes it."""
-    _cls: Any = None
-
-    def __new__(cls) -> Any:
-        if cls._cls is None:
-            cls._cls = _lazy_driver_class()
-        return cls._cls()
+    return LazyCudaDriver
