@@ -238,8 +238,8 @@ def test_driver_failure_keeps_triton(dl, monkeypatch):
     compiled = Compiled(Src({"x": "*fp32"}), meta(), {"cubin": b""})
     fn = FakeFn(compiled)
     assert dl.launch(fn, (1,), (FakeTensor(0x1000),), {}) == "triton"
-    assert "no usable CUDA driver" in dl.STATS["why_triton"].get("?", "") or \
-        any("no usable CUDA driver" in v for v in dl.STATS["why_triton"].values())
+    assert fn.launched and any("no usable CUDA driver" in v
+                               for v in dl.STATS["why_triton"].values())
 
 
 def test_collecting_launches_go_to_triton(dl, monkeypatch):
