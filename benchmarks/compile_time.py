@@ -63,7 +63,8 @@ POOL_COLS = ("workers", "early", "jobs", "inproc", "spec_s", "job_med", "job_max
 def _program(name: str):
     from benchmarks.gpu_suite import programs
     from benchmarks.attention import suite_programs
-    for prog in programs() + suite_programs():
+    from benchmarks.heldout import programs as heldout
+    for prog in programs() + suite_programs() + heldout():
         if prog[0] == name:
             return prog
     raise SystemExit(f"unknown program {name!r}")
@@ -258,6 +259,10 @@ def child_gpu(name: str, level: str) -> dict:
     row["triton_key"] = dict(triton_key.STATS)
     row["precompile"] = exe.stats.get("precompile", {})
     row["pool_stats"] = dict(parallel.STATS)
+    from codegen.triton import direct_launch
+    # kernels launched through the CUDA driver / left to Triton's launcher (and why)
+    row["direct_launch"] = {k: v for k, v in direct_launch.STATS.items()}
+    row["launch_mode"] = direct_launch.mode()
     row.update(pool_summary(parallel.STATS))
     row["tuned_kernels"] = autotune.SECONDS["tuned_kernels"]
     row["triton_cache_new"] = [entries1 - entries0, _cache_entries() - entries1]
@@ -565,7 +570,9 @@ def main() -> None:
     only = set(filter(None, opts.only.split(",")))
     first = ("transformer", "mlp_train", "adam_step")     # the issue's table first
     from benchmarks.attention import suite_programs
-    extra = [p[0] for p in suite_programs() if p[0] in only]     # issue 14's, by name only
+    from benchmarks.heldout import programs as heldout
+    extra = [p[0] for p in suite_programs() + heldout()      # issue 14's, held out: by name
+             if p[0] in only]
     names = sorted([p[0] for p in programs() if not only or p[0] in only] + extra,
                    key=lambda n: (n not in first, first.index(n) if n in first else 0))
     phases = ("lower", "passes", "codegen", "kernels", "gc") if opts.interpret else \

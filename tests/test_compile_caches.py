@@ -323,8 +323,11 @@ def test_flash_candidates_compile_in_the_pool_and_the_jit_finds_them(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # Triton's launch path: the check turns its launches into compiles (JITFunction.run
+    # with warmup=True) on CPU tensors; the direct launch would launch them
     env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), HLOTK_CACHE_DIR=str(tmp_path / "c"),
-               PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", HLOTK_COMPILE_INPROCESS="0")
+               PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", HLOTK_COMPILE_INPROCESS="0",
+               HLOTK_TRITON_LAUNCH="triton")
     p = subprocess.run([sys.executable, "-c", "import sys, tests.test_compile_caches as t; "
                         "t._flash_pool_check(sys.argv[1])", str(tmp_path)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=400)

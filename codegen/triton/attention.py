@@ -18,6 +18,8 @@ from typing import Any, Optional
 import triton
 import triton.language as tl
 
+from . import direct_launch
+
 _DIRS = {"GE": 0, "GT": 1, "LE": 2, "LT": 3, "EQ": 4, "NE": 5}
 
 
@@ -639,8 +641,9 @@ class FwdLaunch:
         f = {**self.flags, "SKIP": skip, "HEAVY_FIRST": skip, **flags}
         grid = (Z * H, triton.cdiv(M, bm)) if f["HEAVY_FIRST"] else \
             (triton.cdiv(M, bm), Z * H)
-        _flash_fwd[grid](*self.args, EVEN_N=N % bn == 0, BM=bm, BN=bn, num_warps=warps,
-                         num_stages=stages, **f)
+        direct_launch.launch(_flash_fwd, grid, self.args,
+                             dict(EVEN_N=N % bn == 0, BM=bm, BN=bn, num_warps=warps,
+                                  num_stages=stages, **f))
 
     def finish(self) -> Any:
         for (t, dst) in self.copies:

@@ -33,6 +33,8 @@ import triton.language as tl
 
 from passes.fusion.attention_grad import forward_output_perm
 
+from . import direct_launch
+
 from .attention import (NO_WINDOW, ScorePlan, Unsupported, _pick, _pow2, _zh, band_keep,
                         cached_plan, key_range, zh_out)
 
@@ -489,10 +491,11 @@ class Launches:
         assert self.o is not None
         dv = self.do.shape[3]
         br = max(16, min(128, 8192 // _pow2(dv)))
-        return _bwd_delta_o[(self.zh, triton.cdiv(self.m, br))](
-            self.do, self.o, self.delta, *self.do.stride(), *self.o.stride(),
-            *self.delta.stride(), self.common[0], self.m, dv, BR=br, BDV=_pow2(dv),
-            num_warps=4)
+        return direct_launch.launch(
+            _bwd_delta_o, (self.zh, triton.cdiv(self.m, br)),
+            (self.do, self.o, self.delta, *self.do.stride(), *self.o.stride(),
+             *self.delta.stride(), self.common[0], self.m, dv),
+            dict(BR=br, BDV=_pow2(dv), num_warps=4))
 
     # each returns what the launch returned (Triton's compiled kernel: registers, spills)
     def run_delta(self, cfg: tuple) -> Any:
@@ -503,18 +506,21 @@ class Launches:
 
     def _dq(self, cfg: tuple, grad: bool) -> Any:
         bm, bn, warps, stages = cfg
-        return _bwd_dq[(self.zh, triton.cdiv(self.m, bm))](
-            *self.ins, self.dq, *self.score, *self.strides, *self.dq.stride(),
-            *self.score_strides, *self.common, GRAD=grad, BM=bm, BN=bn, num_warps=warps,
-            num_stages=stages, **{**self.flags, "SKIP": self.skip_for(bm)})
+        return direct_launch.launch(
+            _bwd_dq, (self.zh, triton.cdiv(self.m, bm)),
+            (*self.ins, self.dq, *self.score, *self.strides, *self.dq.stride(),
+             *self.score_strides, *self.common),
+            dict(GRAD=grad, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
+                 **{**self.flags, "SKIP": self.skip_for(bm)}))
 
     def run_dkdv(self, cfg: tuple) -> Any:
         bm, bn, warps, stages = cfg
-        return _bwd_dkdv[(self.zh, triton.cdiv(self.n, bn))](
-            *self.ins, self.dk, self.dv, *self.score, *self.strides, *self.dk.stride(),
-            *self.dv.stride(), *self.score_strides, *self.common, EVEN_N=self.n % bn == 0,
-            BM=bm, BN=bn, num_warps=warps, num_stages=stages,
-            **{**self.flags, "SKIP": self.skip_for(bm)})
+        return direct_launch.launch(
+            _bwd_dkdv, (self.zh, triton.cdiv(self.n, bn)),
+            (*self.ins, self.dk, self.dv, *self.score, *self.strides, *self.dk.stride(),
+             *self.dv.stride(), *self.score_strides, *self.common),
+            dict(EVEN_N=self.n % bn == 0, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
+                 **{**self.flags, "SKIP": self.skip_for(bm)}))
 
 
 def _candidates(dtype_bytes: int, d: int) -> dict[str, list[tuple[int, int, int, int]]]:

@@ -12,7 +12,9 @@ Then it reads one JSON job ``[path, name, specialization]`` per stdin line and a
 module, Triton's stages, the launcher) or ``error ...``. It exits at the end of stdin.
 It compiles without a GPU context (``preload_for_target``) and then builds the kernel's
 launcher where this Triton compiles one in C per signature (3.6 does; 3.9 launches from
-Python); ``HLOTK_WORKER_LAUNCHER=0`` leaves that to the launch.
+Python) and the launching process will not launch the kernel itself (``direct_launch.py``:
+the default for Triton 3.6, ``launch_params.direct_reason``); ``HLOTK_WORKER_LAUNCHER=0``
+leaves that to the launch.
 """
 from __future__ import annotations
 
@@ -208,12 +210,47 @@ def compile_job(path: str, name: str, data: str, target: str = "") -> dict:
     if _STAGES is not None and _STAGES.last:
         out["stages"] = _STAGES.last
     if kernel is not None and os.environ.get("HLOTK_WORKER_LAUNCHER", "1") == "1":
-        t0 = clock()
-        why = build_launcher(kernel)
-        out["launcher"] = clock() - t0
-        if why:
-            out["launcher_error"] = why
+        direct = launched_directly(kernel)
+        if direct:
+            out["launcher"] = 0.0
+            out["direct"] = 1.0
+        else:
+            t0 = clock()
+            why = build_launcher(kernel)
+            out["launcher"] = clock() - t0
+            if why:
+                out["launcher_error"] = why
     return out
+
+
+_PARAMS: Any = None
+
+
+def _launch_params() -> Any:
+    """``launch_params.py`` (standard library only), loaded by path like this file."""
+    global _PARAMS
+    if _PARAMS is None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        spec = importlib.util.spec_from_file_location(
+            "hlotk_launch_params", os.path.join(here, "launch_params.py"))
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["hlotk_launch_params"] = mod      # dataclasses look their module up
+        spec.loader.exec_module(mod)
+        _PARAMS = mod
+    return _PARAMS
+
+
+def launched_directly(kernel: Any) -> bool:
+    """Whether the launching process will launch ``kernel`` through the CUDA driver itself
+    (``direct_launch.py``, the same decision): then Triton's C launcher is not built."""
+    try:
+        import triton
+        lp = _launch_params()
+        return lp.direct_reason(kernel.src.signature, kernel.metadata, triton.__version__,
+                                os.environ) is None
+    except Exception:  # noqa: BLE001  (build it, as before)
+        return False
 
 
 # Where Triton versions define or import triton_key(): each module's name is rebound.

@@ -24,7 +24,7 @@ import numpy as np
 from hlo.ir import Computation, Instruction
 from codegen.cache import KernelCache, cache_root, content_key
 
-from . import jit_hash
+from . import direct_launch, jit_hash
 from .autotune import autotune_level, tune, tuned_config
 from .elemental import Emitter, TritonCodegenError, helpers_for
 from .reductions import Split, legacy as legacy_reductions
@@ -143,12 +143,14 @@ class TritonKernel:
         cfg = dict(config or self.config)
         warps, stages = cfg.pop("num_warps", 4), cfg.pop("num_stages", 1)
         grid = self.plan.grid(dict(cfg))
+        # through the CUDA driver where it can, else Triton's launcher (direct_launch.py)
+        kwargs = {**cfg, "num_warps": warps, "num_stages": stages}
         if stream is not None:
             import torch
             with torch.cuda.stream(stream):
-                self.fn[grid](*args, **cfg, num_warps=warps, num_stages=stages)
+                direct_launch.launch(self.fn, grid, args, kwargs)
         else:
-            self.fn[grid](*args, **cfg, num_warps=warps, num_stages=stages)
+            direct_launch.launch(self.fn, grid, args, kwargs)
         if not self._hash_primed:       # Triton's key for this function: next process reads it
             self._hash_primed = True
             jit_hash.record(self._fn, self.path, self.name)

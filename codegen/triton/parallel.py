@@ -462,6 +462,11 @@ def current_target() -> str:
         import dataclasses
 
         from triton.runtime.driver import driver
+
+        from .direct_launch import install_driver
+        # Triton's own driver would gcc-build its cuda_utils here on a cold cache (~0.3 s
+        # of i13-warm's softmax pool phase): the direct launch's driver answers from torch
+        install_driver()
         return json.dumps(dataclasses.asdict(driver.active.get_current_target()))
     except Exception:  # noqa: BLE001  (the worker then needs the target in the data)
         return ""

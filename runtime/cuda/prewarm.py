@@ -8,7 +8,10 @@
 - ``start(device)`` (when the CUDA client is made), once per process: Triton's installation
   key is read from the machine cache (``codegen/triton/triton_key.py``: ~3 ms, here);
   without a stored one a thread hashes Triton (~0.3 s) and stores it. The native library's
-  thread starts here too if it did not at import.
+  thread starts here too if it did not at import. Triton's active driver becomes the direct
+  launch's (``codegen/triton/direct_launch.py``: no ``cuda_utils`` build), and the modules
+  Triton's first argument specialization imports are imported here
+  (``import_specialization_modules``).
 - ``freeze_gc()`` (when the CUDA client is made): the objects alive then go to the
   cyclic collector's permanent generation, so that the first call's full collection does
   not re-scan every imported library (``HLOTK_GC_FREEZE=0``: off).
@@ -38,7 +41,8 @@ from typing import Any, Callable
 _THREADS: dict[str, threading.Thread] = {}
 _LOCK = threading.Lock()
 # Seconds of each background step and of the first call's wait for them (benchmarks).
-STATS: dict[str, float] = {"triton_key_s": 0.0, "native_s": 0.0, "wait_s": 0.0}
+STATS: dict[str, float] = {"triton_key_s": 0.0, "native_s": 0.0, "wait_s": 0.0,
+                           "triton_imports_s": 0.0}
 
 
 def _timed(what: str, fn: Callable[[], Any]) -> Callable[[], None]:
@@ -116,6 +120,15 @@ def start(device: Any) -> None:
     """When the CUDA client is made (once per process; not for Triton's interpreter)."""
     if getattr(device, "type", "") != "cuda" or _interpreting():
         return
+    try:
+        # Triton's driver answered from torch, Triton's own (cuda_utils) built only if a
+        # launch needs it (codegen/triton/direct_launch.py); before the freeze, which
+        # then covers the modules imported here
+        from codegen.triton.direct_launch import install_driver
+        install_driver()
+        import_specialization_modules()
+    except Exception:  # noqa: BLE001  (no Triton, or Triton's own driver: as before)
+        pass
     freeze_gc()
     try:
         from codegen.triton import triton_key
@@ -135,6 +148,32 @@ def start(device: Any) -> None:
             _start_pool(f"cuda,{major * 10 + minor},32", "client")
         except Exception:  # noqa: BLE001
             _start_pool(where="client")
+
+
+# What Triton 3.6's argument specialization (C++, ``native_specialize_impl``) imports on its
+# first use in a process, to tell tensor descriptors apart: gluon's packages and Triton's
+# tensor-descriptor tools, ~60 modules (they were in every first call's imports, i13-warm).
+SPECIALIZATION_MODULES = ("triton.tools.tensor_descriptor",
+                          "triton.experimental.gluon.nvidia.hopper",
+                          "triton.experimental.gluon.language._layouts",
+                          "triton.experimental.gluon.language.amd._layouts",
+                          "triton.experimental.gluon.language.nvidia.blackwell",
+                          "triton.language.extra.libdevice")
+
+
+def import_specialization_modules() -> None:
+    """Import SPECIALIZATION_MODULES once per process, here (the CUDA client's creation,
+    beside Triton's other per-process start-up), so that the first call's first kernel
+    specialization does not; a module this Triton lacks is skipped."""
+    import importlib
+    t0 = time.perf_counter()
+    for name in SPECIALIZATION_MODULES:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001  (another Triton: it imports what it needs)
+                pass
+    STATS["triton_imports_s"] = time.perf_counter() - t0
 
 
 _FROZEN = False
