@@ -21,7 +21,7 @@ PIPELINES: dict[str, dict[str, str]] = {
     # the decisions are the ones a GPU would get, runnable and testable without one); the
     # target spec is chosen with runtime.jit(target=...) / hlotk compile --target.
     "default": {
-        "cpu": f"inline,{SIMPLIFY},sink-gathers,layout-assignment{{target=cpu}},fusion,schedule",
+        "cpu": f"inline,{SIMPLIFY},dot-merger,sink-gathers,layout-assignment{{target=cpu}},fusion,schedule",
         # f32/f64/complex dots are cuBLAS calls on the GPU (Triton's TF32 GEMM measured at a
         # fraction of cuBLAS's rate on the H200, benchmarks/NOTES.md), so they fuse with
         # nothing and their neighbours fuse with each other, as after XLA's gemm rewriter.
@@ -30,7 +30,9 @@ PIPELINES: dict[str, dict[str, str]] = {
         # producers (layer norms, bf16 casts of weights) are computed once, not per GEMM.
         # Reductions to a few values (a loss summed to a scalar) become a row reduction +
         # a small one (split-reductions): the row template gets rows to spread.
-        "cuda": f"inline,{SIMPLIFY},sink-gathers,layout-assignment{{target=gpu}},"
+        # Dots that share an operand (q, k, v projections) run as one GEMM over their
+        # weights concatenated (dot-merger), before layout assignment lays out the slices.
+        "cuda": f"inline,{SIMPLIFY},dot-merger,sink-gathers,layout-assignment{{target=gpu}},"
                 f"split-reductions,fusion{{library_dots={CUDA_LIBRARY_DOTS},split_gemms=true}},schedule",
     },
     "simplify": {"cpu": SIMPLIFY, "cuda": SIMPLIFY},

@@ -1,0 +1,262 @@
+"""``dot-merger`` (passes/dot_merger.py): dots sharing an operand become one dot over the
+others concatenated, then slices that their readers take in place (a loop fusion, a
+flash-attention fusion). Results equal to jax.jit; the rule's refusals named by case."""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hlo
+import runtime
+from passes import run_pipeline
+from passes.fusion import fusion_kind
+from passes.pipelines import PIPELINES
+
+H, HD = 4, 16
+
+
+def _w(r, *shape):
+    return (r.standard_normal(shape) / 8).astype(np.float32)
+
+
+def _block(p, x):
+    """Causal self-attention with separate q, k, v projections (the suite's transformer's
+    first half, small): q/k/v split into heads, softmax attention, output projection."""
+    B, S, D = x.shape
+    q, k, v = x @ p["wq"], x @ p["wk"], x @ p["wv"]
+    split = lambda z: z.reshape(B, S, H, HD).transpose(0, 2, 1, 3)  # noqa: E731
+    s = jnp.einsum("bhqd,bhkd->bhqk", split(q), split(k)) / math.sqrt(HD)
+    s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, -1e9)
+    o = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, axis=-1), split(v))
+    return x + o.transpose(0, 2, 1, 3).reshape(B, S, H * HD) @ p["wo"]
+
+
+def _gqa(p, x):
+    """Grouped-query attention: q 4 heads, k and v 2 heads (weights of different widths)."""
+    B, S, _ = x.shape
+    q = (x @ p["wq"]).reshape(B, S, H, HD)
+    k = (x @ p["wk"]).reshape(B, S, 2, HD)
+    v = (x @ p["wv"]).reshape(B, S, 2, HD)
+    o = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    return o.reshape(B, S, H * HD) @ p["wo"]
+
+
+def _cross(p, x, ctx):
+    """Cross-attention: only k and v read the same activations (the context)."""
+    B, S, _ = x.shape
+    q = (x @ p["wq"]).reshape(B, S, H, HD)
+    k = (ctx @ p["wk"]).reshape(B, -1, H, HD)
+    v = (ctx @ p["wv"]).reshape(B, -1, H, HD)
+    return jax.nn.dot_product_attention(q, k, v).reshape(B, S, H * HD) @ p["wo"]
+
+
+def _params(kv_width=H * HD, d=64, seed=0):
+    r = np.random.default_rng(seed)
+    return {"wq": _w(r, d, H * HD), "wk": _w(r, d, kv_width), "wv": _w(r, d, kv_width),
+            "wo": _w(r, H * HD, d)}
+
+
+def _x(*shape, seed=1):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _entry_ops(compiled) -> list[tuple[str, str, list[str]]]:
+    """(name, opcode or fusion kind, operand names) of the entry's computing instructions."""
+    return [(i.name, fusion_kind(i) if i.opcode == "fusion" else i.opcode,
+             [o.name for o in i.operands]) for i in compiled.module.entry.instructions
+            if i.opcode not in ("parameter", "constant", "bitcast", "get-tuple-element")]
+
+
+def _check(f, args, target="h200", tol=2e-5, pipeline="default"):
+    jf = runtime.jit(f, target=target, pipeline=pipeline)
+    compiled = jf.lower(*args).compile()
+    got = jax.tree.leaves(jf(*args))
+    want = jax.tree.leaves(jax.jit(f)(*args))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol)
+    return compiled
+
+
+def test_qkv_projections_become_one_dot_read_by_the_attention_in_place():
+    p, x = _params(), _x(2, 160, 64)
+    c = _check(_block, (p, x))
+    ops = _entry_ops(c)
+    # one GEMM for q, k and v; the attention fusion reads its result itself (no slice copy)
+    assert ops == [("concatenate", "concatenate", ["p__wq.4", "p__wk.2", "p__wv.5"]),
+                   ("dot_merged", "dot", ["x.6", "concatenate"]),
+                   ("fusion", "attention", ["dot_merged"]),
+                   ("fusion.1", "gemm", ["fusion", "p__wo.3", "x.6"])], ops
+    att = ops[2]
+    fused = next(i for i in c.module.entry.instructions if i.name == att[0])
+    slices = [i for i in fused.attrs["calls"].instructions if i.opcode == "slice"]
+    assert sorted(i.attrs["slice"].dims[2].start for i in slices) == [0, 64, 128]
+
+
+def test_concatenated_operand_and_slices_in_the_hlo_text():
+    p, x = _params(), _x(2, 160, 64)
+    m = hlo.from_jax(_block, p, x)
+    run_pipeline(m, "inline,fixpoint(simplify,cse,dce),dot-merger", verify=True)
+    text = m.to_text()
+    assert "f32[64,192]{1,0} concatenate(" in text and "dimensions={1}" in text, text
+    assert "f32[2,160,192]{2,1,0} dot(" in text, text
+    assert text.count(" slice(%dot_merged)") == 3, text
+    assert "slice={[0:2], [0:160], [128:192]}" in text, text
+
+
+def test_grouped_query_weights_of_different_widths_merge():
+    p, x = _params(kv_width=2 * HD), _x(2, 160, 64)
+    c = _check(_gqa, (p, x))
+    ops = _entry_ops(c)
+    cat = [o for o in ops if o[1] == "concatenate"]
+    assert len(cat) == 1 and len(cat[0][2]) == 3, ops
+    assert next(o for o in ops if o[1] == "attention")[2] == ["dot_merged"], ops
+
+
+def test_cross_attention_merges_only_k_and_v():
+    p, x, ctx = _params(), _x(2, 160, 64), _x(2, 96, 64, seed=2)
+    c = _check(_cross, (p, x, ctx))
+    ops = _entry_ops(c)
+    (cat,) = [o for o in ops if o[1] == "concatenate"]
+    assert cat[2] == ["p__wk.2", "p__wv.5"], ops
+    att = next(o for o in ops if o[1] == "attention")
+    assert "dot_merged" in att[2] and len(att[2]) == 2, ops   # q from its own dot
+
+
+def test_a_slice_read_by_a_loop_fusion_is_read_in_place():
+    def f(x, w1, w2):
+        return jnp.tanh(x @ w1) * jax.nn.sigmoid(x @ w2)     # a gated unit
+    r = np.random.default_rng(3)
+    args = (_x(512, 64), _w(r, 64, 32), _w(r, 64, 32))
+    # the CUDA pipeline: f32 dots are cuBLAS calls, the gate a loop fusion after them
+    c = _check(f, args, pipeline=PIPELINES["default"]["cuda"])
+    ops = _entry_ops(c)
+    assert [o[1] for o in ops] == ["concatenate", "dot", "loop"], ops
+    loop = next(i for i in c.module.entry.instructions if i.name == ops[2][0])
+    assert [o.name for o in loop.operands] == ["dot_merged"]
+    assert sum(i.opcode == "slice" for i in loop.attrs["calls"].instructions) == 2
+
+
+def _merged(f, *args) -> hlo.Module:
+    m = hlo.from_jax(f, *args)
+    run_pipeline(m, "inline,fixpoint(simplify,cse,dce),dot-merger", verify=True)
+    return m
+
+
+def test_refused_when_the_concatenated_operand_is_activations():
+    """jax.grad's weight gradients of q/k/v projections share the input x but would
+    concatenate three activations: the rule refuses (bytes 0.69 of the GEMM's > 1/4)."""
+    def wgrads(x, dq, dk, dv):
+        g = lambda d: jnp.tanh(jnp.einsum("bsd,bsn->dn", x, d))   # noqa: E731
+        return g(dq) + g(dk) + g(dv)
+    x, dq, dk, dv = (_x(4, 256, 64, seed=s) for s in range(4))
+    m = _merged(wgrads, x, dq, dk, dv)
+    assert sum(i.opcode == "dot" for i in m.entry.instructions) == 3, m.to_text()
+    assert not any(i.opcode == "concatenate" for i in m.entry.instructions)
+    np.testing.assert_allclose(runtime.jit(wgrads)(x, dq, dk, dv),
+                               jax.jit(wgrads)(x, dq, dk, dv), rtol=2e-5, atol=2e-4)
+
+
+@pytest.mark.parametrize("case", ["output", "gemm_reader", "dependent", "small"])
+def test_refused(case):
+    """Merging would add a copy (a slice returned, or read by a library GEMM), the second
+    dot reads the first, or the GEMM is too small for its concatenate."""
+    r = np.random.default_rng(4)
+    x, w1, w2, w3 = _x(512, 64), _w(r, 64, 64), _w(r, 64, 64), _w(r, 64, 64)
+    if case == "output":
+        def f(x, w1, w2, w3):
+            return x @ w1, jnp.tanh(x @ w2)
+    elif case == "gemm_reader":
+        def f(x, w1, w2, w3):
+            return jnp.tanh((x @ w1) @ w3) + jnp.tanh(x @ w2)
+    elif case == "dependent":
+        def f(x, w1, w2, w3):
+            a = x @ w1
+            return jnp.tanh(x @ (w2 + a[:64])) + jnp.tanh(a)
+    else:
+        x = _x(16, 64)
+
+        def f(x, w1, w2, w3):
+            return jnp.tanh(x @ w1) + jnp.tanh(x @ w2)
+    m = _merged(f, x, w1, w2, w3)
+    assert not any(i.opcode == "concatenate" for i in m.entry.instructions), m.to_text()
+    got = jax.tree.leaves(runtime.jit(f)(x, w1, w2, w3))
+    for a, b in zip(got, jax.tree.leaves(jax.jit(f)(x, w1, w2, w3))):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+
+
+def test_explain_fusion_names_the_slices_read_in_place():
+    from passes.fusion.explain import explain
+    p, x = _params(), _x(2, 160, 64)
+    _, report = explain(hlo.from_jax(_block, p, x), "h200")
+    reasons = {d.reason for d in report.decisions if d.action == "attention" and d.fused}
+    assert any("of %dot_merged are read in place through strides" in r for r in reasons), \
+        reasons
+
+
+@pytest.fixture
+def triton_attention_on_cpu(monkeypatch):
+    """The CPU backend runs attention fusions through the Triton kernel (interpreter)."""
+    import os
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter check runs without a GPU (the gpu test covers it)")
+    os.environ.setdefault("TRITON_INTERPRET", "1")     # before triton's first import
+    pytest.importorskip("triton")
+    from codegen.cpu import attention as cpu_attention
+    from codegen.triton.attention import flash_attention
+
+    def call(self, *operands):
+        return flash_attention(self.fusion, [torch.from_numpy(np.array(a))
+                                             for a in operands]).numpy()
+    monkeypatch.setattr(cpu_attention.AttentionKernel, "__call__", call)
+
+
+@pytest.mark.usefixtures("triton_attention_on_cpu")
+@pytest.mark.parametrize("name", ["block", "gqa"])
+def test_triton_kernel_reads_the_merged_projection_through_strides(name):
+    from codegen.triton.attention import operand_view, plan_for
+    p = _params(kv_width=2 * HD) if name == "gqa" else _params()
+    f, x = (_gqa if name == "gqa" else _block), _x(2, 160, 64)
+    c = _check(f, (p, x), tol=1e-4)
+    att = next(i for i in c.module.entry.instructions if i.opcode == "fusion"
+               and fusion_kind(i) == "attention")
+    plan = plan_for(att)
+    assert len(plan.views) == 3 and {k for k, _ in plan.views} == {0}
+    import torch
+    base = torch.zeros(tuple(att.operands[0].shape.dims))
+    for _, chain in plan.views:      # column slices split into heads: views, no copies
+        assert operand_view(base, chain).untyped_storage().data_ptr() == \
+            base.untyped_storage().data_ptr()
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["block", "gqa", "cross"])
+def test_gpu_merged_projections_match_jax(name):
+    from runtime.cuda import executable_of
+    import ml_dtypes
+    bf = ml_dtypes.bfloat16
+    p = _params(kv_width=2 * HD, d=256) if name == "gqa" else _params(d=256)
+    p = {k: v.astype(bf) for k, v in p.items()}
+    x = _x(2, 512, 256).astype(bf)
+    f, args = {"block": (_block, (p, x)), "gqa": (_gqa, (p, x)),
+               "cross": (_cross, (p, x, _x(2, 384, 256, seed=5).astype(bf)))}[name]
+    compiled = runtime.jit(f, backend="cuda").lower(*args).compile()
+    assert any(i.name == "dot_merged" for i in compiled.module.entry.instructions)
+    got = np.asarray(compiled(*args), np.float32)
+    want = np.asarray(jax.jit(f)(*args), np.float32)
+    np.testing.assert_allclose(got, want, rtol=3e-2, atol=3e-2)
+    # the attention kernel reads the merged result through strides: no host fallback
+    assert not executable_of(compiled).host_fallbacks(), executable_of(compiled).describe()
