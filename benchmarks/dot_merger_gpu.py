@@ -19,9 +19,15 @@ import numpy as np
 
 
 def without_merger() -> str:
-    """The CUDA default pipeline without dot-merger (the comparison in the same run)."""
+    """The CUDA default pipeline (without dot-merger)."""
     from passes.pipelines import pipeline_spec
-    return pipeline_spec("default", "cuda").replace("dot-merger,", "")
+    return pipeline_spec("default", "cuda")
+
+
+def with_merger() -> str:
+    """The CUDA default pipeline with dot-merger (the comparison in the same run)."""
+    from passes.pipelines import pipeline_spec, with_dot_merger
+    return with_dot_merger(pipeline_spec("default", "cuda"))
 
 
 def programs() -> list[tuple]:
@@ -84,7 +90,7 @@ def seq(out_dir: str) -> None:
     from benchmarks.gpu_suite import programs as suite
     from benchmarks.kernel_profile import format_sequence, kernel_table
     p = [p for p in suite() if p[0] == "transformer"][0]
-    res = kernel_table(p[2], p[3], steps=6)
+    res = kernel_table(p[2], p[3], steps=6, pipeline=with_merger())
     res.update(kernel_table(p[2], p[3], steps=6, pipeline=without_merger(), xla=False,
                             tag="hlotk_no_merger"))
     for tag in ("hlotk", "hlotk_no_merger", "xla"):
@@ -112,7 +118,7 @@ def timed(out_dir: str) -> None:
         row = {"name": name, "label": label,
                "xla_ms": bench(lambda: jax.block_until_ready(xc(*dev_args)), rep=100),
                "xla_wall": wall_ms(lambda: jax.block_until_ready(xc(*dev_args)), reps=50)}
-        for tag, pipe in (("merged", "default"), ("no_merger", without_merger())):
+        for tag, pipe in (("merged", with_merger()), ("no_merger", without_merger())):
             hc = runtime.jit(fn, backend="cuda", pipeline=pipe).lower(*dev_args).compile()
             for _ in range(4):
                 got = jax.block_until_ready(hc(*dev_args))

@@ -25,12 +25,18 @@ GEMM, so it must be small against what merging saves (one read of the shared ope
 one launch per dot merged, a fuller GEMM). The rule: the concatenated operand's bytes are
 at most ``max_concat_fraction`` (1/4) of the merged GEMM's minimal bytes (shared operand +
 concatenated operand + output). Weights pass it: the suite's transformer concatenates
-3 x 2 MiB of weights for a GEMM of 16 + 6 + 48 MiB (0.09); the H200 ran XLA's merged
-8192x1024x3072 GEMM in 65.9 us + 3.9 us of concatenate against 79.9 us for three GEMMs
-(benchmarks/NOTES.md). Activations do not: jax.grad's weight gradients of the same
-projections (dot(h, dq), dot(h, dk), dot(h, dv) over the batch) would concatenate 3 x 16 MiB
-for a GEMM of 16 + 48 + 6 MiB (0.69): a 96 MiB copy (~25 us at the H200's bandwidth) to save
-two 16 MiB reads (~8 us).
+3 x 2 MiB of weights for a GEMM of 16 + 6 + 48 MiB (0.09); XLA on the H200 runs its merged
+8192x1024x3072 GEMM in 65.3 us + 3.9 us of concatenate against hlotk's three GEMMs' 79.7 us.
+Activations do not: jax.grad's weight gradients of the same projections (dot(h, dq),
+dot(h, dk), dot(h, dv) over the batch) would concatenate 3 x 16 MiB for a GEMM of
+16 + 48 + 6 MiB (0.69): a 96 MiB copy (~25 us at the H200's bandwidth) to save two 16 MiB
+reads (~8 us). And every reader of a slice must read it in place (``_sliced_in_place``):
+a slice returned, or read by a library GEMM or an attention backward, would be copied.
+
+Not in the default pipelines (passes/pipelines.py ``with_dot_merger`` adds it): on the H200
+hlotk's merged GEMM (torch.mm's cuBLAS heuristic, no algorithm search) took 72.6 us, its
+concatenate kernel 6.1 us, and a memset + launch gaps ~5 us came with the GEMM, so the
+transformer's kernel span went 406 -> 412 us (benchmarks/NOTES.md, i14-qkv).
 """
 from __future__ import annotations
 

@@ -14,7 +14,12 @@ import hlo
 import runtime
 from passes import run_pipeline
 from passes.fusion import fusion_kind
-from passes.pipelines import PIPELINES
+from passes.pipelines import PIPELINES, with_dot_merger
+
+# The default pipelines leave dot-merger out (it did not pay on the H200 yet,
+# passes/pipelines.py); these are them with it.
+CPU_MERGED = with_dot_merger(PIPELINES["default"]["cpu"])
+CUDA_MERGED = with_dot_merger(PIPELINES["default"]["cuda"])
 
 H, HD = 4, 16
 
@@ -71,7 +76,7 @@ def _entry_ops(compiled) -> list[tuple[str, str, list[str]]]:
             if i.opcode not in ("parameter", "constant", "bitcast", "get-tuple-element")]
 
 
-def _check(f, args, target="h200", tol=2e-5, pipeline="default"):
+def _check(f, args, target="h200", tol=2e-5, pipeline=CPU_MERGED):
     jf = runtime.jit(f, target=target, pipeline=pipeline)
     compiled = jf.lower(*args).compile()
     got = jax.tree.leaves(jf(*args))
@@ -132,7 +137,7 @@ def test_a_slice_read_by_a_loop_fusion_is_read_in_place():
     r = np.random.default_rng(3)
     args = (_x(512, 64), _w(r, 64, 32), _w(r, 64, 32))
     # the CUDA pipeline: f32 dots are cuBLAS calls, the gate a loop fusion after them
-    c = _check(f, args, pipeline=PIPELINES["default"]["cuda"])
+    c = _check(f, args, pipeline=CUDA_MERGED)
     ops = _entry_ops(c)
     assert [o[1] for o in ops] == ["concatenate", "dot", "loop"], ops
     loop = next(i for i in c.module.entry.instructions if i.name == ops[2][0])
@@ -188,10 +193,39 @@ def test_refused(case):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
 
 
-def test_explain_fusion_names_the_slices_read_in_place():
-    from passes.fusion.explain import explain
+def test_default_pipelines_leave_the_dots_apart():
     p, x = _params(), _x(2, 160, 64)
-    _, report = explain(hlo.from_jax(_block, p, x), "h200")
+    c = _check(_block, (p, x), pipeline="default")
+    ops = _entry_ops(c)
+    assert sum(o[1] == "dot" for o in ops) == 3 and "concatenate" not in [o[1] for o in ops]
+
+
+def _fused_qkv(p, x):
+    """One projection to q|k|v sliced by the program itself (GPT-2 style)."""
+    B, S, D = x.shape
+    qkv = x @ jnp.concatenate([p["wq"], p["wk"], p["wv"]], axis=1)
+    q, k, v = (qkv[..., i * D:(i + 1) * D].reshape(B, S, H, HD) for i in range(3))
+    o = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    return o.reshape(B, S, D) @ p["wo"]
+
+
+def test_slices_of_a_fused_qkv_projection_are_read_in_place_by_default():
+    """Without dot-merger too: a program's own slices of its q|k|v projection go into the
+    attention fusion (no copy fusion writes q, k and v first)."""
+    p, x = _params(), _x(2, 48, 64)
+    c = _check(_fused_qkv, (p, x), pipeline="default")
+    ops = _entry_ops(c)
+    att = next(o for o in ops if o[1] == "attention")
+    (proj,) = [o for o in ops if o[1] == "dot" and o[2][1].startswith("concatenate")]
+    assert att[2] == [proj[0]], ops
+    assert not [o for o in ops if o[1] == "loop"], ops
+
+
+def test_explain_fusion_names_the_slices_read_in_place():
+    from passes.fusion.explain import EXPLAIN_PIPELINE, explain
+    p, x = _params(), _x(2, 160, 64)
+    _, report = explain(hlo.from_jax(_block, p, x), "h200",
+                        prepare=EXPLAIN_PIPELINE + ",dot-merger")
     reasons = {d.reason for d in report.decisions if d.action == "attention" and d.fused}
     assert any("of %dot_merged are read in place through strides" in r for r in reasons), \
         reasons
@@ -253,10 +287,13 @@ def test_gpu_merged_projections_match_jax(name):
     x = _x(2, 512, 256).astype(bf)
     f, args = {"block": (_block, (p, x)), "gqa": (_gqa, (p, x)),
                "cross": (_cross, (p, x, _x(2, 384, 256, seed=5).astype(bf)))}[name]
-    compiled = runtime.jit(f, backend="cuda").lower(*args).compile()
+    compiled = runtime.jit(f, backend="cuda", pipeline=CUDA_MERGED).lower(*args).compile()
     assert any(i.name == "dot_merged" for i in compiled.module.entry.instructions)
-    got = np.asarray(compiled(*args), np.float32)
-    want = np.asarray(jax.jit(f)(*args), np.float32)
-    np.testing.assert_allclose(got, want, rtol=3e-2, atol=3e-2)
+    got = np.asarray(compiled(*args), np.float64)
+    want = np.asarray(jax.jit(f)(*args), np.float64)
+    # bf16 scores: XLA's softmax rounds them in bf16, the kernel keeps f32 (a few bf16
+    # ulps apart in 0.1% of the outputs, the block case on the H200)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.15)
     # the attention kernel reads the merged result through strides: no host fallback
     assert not executable_of(compiled).host_fallbacks(), executable_of(compiled).describe()

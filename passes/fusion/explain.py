@@ -170,10 +170,8 @@ def report_for(module: Module) -> Optional[FusionReport]:
 # The compile pipelines' simplification (passes/pipelines.py SIMPLIFY), so the fusion
 # explained is the one compiled: without tuple-simplify a jnp.tril mask inlined from a call
 # stays behind a tuple and no attention is matched.
-# What the default pipelines run before fusion that changes which instructions exist:
-# simplification, then dots sharing an operand merged (passes/dot_merger.py).
 EXPLAIN_PIPELINE = ("inline,fixpoint(simplify,tuple-simplify,control-flow-simplify,"
-                    "constant-folding,cse,dce),dot-merger")
+                    "constant-folding,cse,dce)")
 
 
 def explain(module: Module, target: str = "h100", policy: object = "priority",
