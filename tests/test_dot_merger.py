@@ -221,6 +221,49 @@ def test_slices_of_a_fused_qkv_projection_are_read_in_place_by_default():
     assert not [o for o in ops if o[1] == "loop"], ops
 
 
+def test_compile_dump_shows_the_pass_before_and_after(tmp_path):
+    """``hlotk compile --passes ...,dot-merger --dump``: the pass's diff like any other's."""
+    from runtime.cli import main
+    src = tmp_path / "block.hlo"
+    src.write_text(hlo.from_jax(_block, _params(), _x(2, 160, 64)).to_text())
+    dump = tmp_path / "dump"
+    assert main(["compile", str(src), "--passes", "inline,fixpoint(simplify,cse,dce),dot-merger",
+                 "--dump", str(dump), "--no-svg", "-q"]) == 0
+    (diff,) = dump.glob("*.dot-merger.diff.txt")
+    lines = diff.read_text().splitlines()
+    added = [ln for ln in lines if ln.startswith("+ ")]
+    removed = [ln for ln in lines if ln.startswith("- ")]
+    assert sum(" dot(%x." in ln for ln in removed) == 3, lines
+    assert any("f32[64,192]{1,0} concatenate(" in ln for ln in added), lines
+    assert sum(" slice(%dot_merged)" in ln for ln in added) == 3, lines
+
+
+def test_a_slice_also_read_outside_stays_outside_the_attention():
+    """q's slice is also returned: the attention reads it as an operand (its copy is
+    needed anyway), k's and v's slices are taken in; the result equals jax.jit's."""
+    def f(p, x):
+        B, S, D = x.shape
+        qkv = x @ jnp.concatenate([p["wq"], p["wk"], p["wv"]], axis=1)
+        q, k, v = (qkv[..., i * D:(i + 1) * D] for i in range(3))
+        heads = lambda z: z.reshape(B, S, H, HD)   # noqa: E731
+        o = jax.nn.dot_product_attention(heads(q), heads(k), heads(v))
+        return o.reshape(B, S, D), q
+    p, x = _params(), _x(2, 48, 64)
+    c = _check(f, (p, x), pipeline="default")
+    att = next(i for i in c.module.entry.instructions if i.opcode == "fusion"
+               and fusion_kind(i) == "attention")
+    body_slices = [i for i in att.attrs["calls"].instructions if i.opcode == "slice"]
+    assert sorted(i.attrs["slice"].dims[2].start for i in body_slices) == [64, 128]
+    assert len(att.operands) == 2, c.as_text()
+
+
+def test_with_dot_merger_refuses_a_spec_it_does_not_know():
+    from passes.base import PassError
+    assert with_dot_merger(CPU_MERGED) == CPU_MERGED
+    with pytest.raises(PassError, match="with_dot_merger expects a spec starting with"):
+        with_dot_merger("fusion,schedule")
+
+
 def test_explain_fusion_names_the_slices_read_in_place():
     from passes.fusion.explain import EXPLAIN_PIPELINE, explain
     p, x = _params(), _x(2, 160, 64)
