@@ -123,8 +123,10 @@ class DotMerger:
         todo, seen = [dot], set()
         while todo:
             inst = todo.pop()
-            if inst.is_root or id(inst) in seen:
-                return not inst.is_root
+            if inst.is_root:
+                return False
+            if id(inst) in seen:
+                continue
             seen.add(id(inst))
             for u in inst.users:
                 if u.opcode in ("bitcast", "reshape"):
