@@ -30,12 +30,31 @@ PIPELINES: dict[str, dict[str, str]] = {
         # producers (layer norms, bf16 casts of weights) are computed once, not per GEMM.
         # Reductions to a few values (a loss summed to a scalar) become a row reduction +
         # a small one (split-reductions): the row template gets rows to spread.
+        # Not in it: dot-merger (q, k, v projections as one GEMM over their weights
+        # concatenated). Measured on the H200 it does not pay yet: torch.mm's cuBLAS
+        # heuristic runs the merged 8192x1024x3072 GEMM in 72.6 us (XLA's autotuned one
+        # 65.3), the concatenate takes 6.1 us and a memset + gaps ~5 us come with the
+        # GEMM: the transformer's kernel span went 406 -> 412 us (benchmarks/NOTES.md,
+        # i14-qkv). ``with_dot_merger`` gives a spec with it.
         "cuda": f"inline,{SIMPLIFY},sink-gathers,layout-assignment{{target=gpu}},"
                 f"split-reductions,fusion{{library_dots={CUDA_LIBRARY_DOTS},split_gemms=true}},schedule",
     },
     "simplify": {"cpu": SIMPLIFY, "cuda": SIMPLIFY},
     "none": {"cpu": "", "cuda": ""},
 }
+
+
+def with_dot_merger(spec: str) -> str:
+    """``spec`` (a default pipeline) with ``dot-merger`` after its simplification, before
+    layout assignment lays out the slices it leaves."""
+    if "dot-merger" in spec:
+        return spec
+    head = f"inline,{SIMPLIFY},"
+    if not spec.startswith(head):
+        raise PassError(f"with_dot_merger expects a spec starting with {head!r}")
+    return head + "dot-merger," + spec[len(head):]
+
+
 # Backends that compile like another one (the reference-interpreter backend runs what the
 # CPU backend would).
 BACKEND_ALIASES = {"interpreter": "cpu"}

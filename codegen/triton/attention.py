@@ -353,11 +353,31 @@ class ScorePlan:
         """Whether kernels with row blocks of ``bm`` skip the causal blocks."""
         return self.skip or (self.skip_inner and self.q_len % bm == 0)
 
+    # Whether q, k and v may be slices (and row-major reshapes of them) of an operand taken
+    # into the fusion (passes/fusion/attention_pass.py ``operand_slices``): the forward
+    # reads them in place (``with_views``); the backward takes its operands as they are.
+    views_ok = False
+
     def param(self, inst) -> int:
-        if id(inst) not in self.params:
+        """The index of ``inst`` among the kernel's operands: a fusion parameter, or (where
+        ``views_ok``) a view of one appended after them by ``with_views``."""
+        if id(inst) in self.params:
+            return self.params[id(inst)]
+        chain, cur = [], inst
+        while self.views_ok and cur.opcode in ("slice", "bitcast", "reshape"):
+            chain.append(cur)
+            cur = cur.operands[0]
+        if not chain or id(cur) not in self.params:
             raise Unsupported(f"%{inst.name} ({inst.opcode}) is computed inside the fusion; "
                               "the kernel reads q, k, v, bias and mask as operands")
-        return self.params[id(inst)]
+        views = self.__dict__.setdefault("views", [])
+        views.append((self.params[id(cur)], chain[::-1]))
+        return len(self.params) + len(views) - 1
+
+    def with_views(self, operands: list) -> list:
+        """``operands`` and after them the views ``param`` handed out indices for."""
+        views = getattr(self, "views", ())
+        return list(operands) + [operand_view(operands[k], chain) for k, chain in views]
 
     def score_args(self, operands: list) -> tuple[Any, tuple, Any, tuple, bool, float]:
         """(bias, its [z,h,m,n] strides, mask, its strides, keep-if-true, mask fill) as
@@ -392,6 +412,8 @@ class Plan(ScorePlan):
     whose root is a tuple also outputs the softmax's row max and row sum (for a fused
     backward): ``outputs`` names each tuple element "o", "max" or "sum"."""
 
+    views_ok = True
+
     def __init__(self, comp):
         from passes.fusion.attention import NoMatch, attention_root, match_attention, row_stats
         outs = list(comp.root.operands) if comp.root.opcode == "tuple" else [comp.root]
@@ -424,6 +446,18 @@ class Plan(ScorePlan):
         # pv output: [batch, rows..., dv] (p lhs) or [batch, dv, rows...] (v lhs)
         self.o_perm = list(range(out_rank)) if m.p_is_lhs else \
             list(range(nb)) + list(range(nb + 1, out_rank)) + [nb]
+
+
+def operand_view(t: Any, chain: list) -> Any:
+    """``t`` (a fusion operand) seen through ``chain``, slices and row-major reshapes from
+    the operand outwards: a view on the same storage where strides allow (a column slice of
+    a merged q|k|v projection split into heads), else a copy."""
+    for inst in chain:
+        if inst.opcode == "slice":
+            t = t[tuple(slice(d.start, d.limit, d.stride) for d in inst.attrs["slice"].dims)]
+        else:
+            t = t.reshape(tuple(inst.shape.dims))
+    return t
 
 
 def _scores_view(t: Any, where: tuple, shape: tuple) -> Any:
@@ -585,6 +619,7 @@ class FwdLaunch:
     def __init__(self, inst, operands: list, out: Optional[Any] = None):
         import torch
         p = self.plan = plan_for(inst)
+        operands = p.with_views(operands)
         nb = p.nb
         q, q_str, q_run = zh_runs(operands[p.q].permute(p.q_perm), nb)
         k = _zh(operands[p.k].permute(p.k_perm), nb)

@@ -146,9 +146,47 @@ def _find(instructions: list[Instruction], backward: bool = False
             missed.append((inst, "shares instructions with another attention"))
             continue
         taken.update(id(i) for i in m.members)
+        if isinstance(m, AttentionMatch):
+            m.members = m.members + operand_slices(m)
         found.append(m)
     inside = {id(i) for m in found for i in m.members}
     return found, [(i, why) for i, why in missed if id(i) not in inside]
+
+
+# Views between a slice and the attention's q, k or v operand that the forward kernel
+# takes in place (codegen/triton/attention.py ``operand_view``): row-major reshapes only.
+_SLICE_VIEWS = ("bitcast", "reshape")
+
+
+def _row_major(inst: Instruction) -> bool:
+    lay = inst.shape.layout
+    return lay is None or lay.is_row_major
+
+
+def operand_slices(m: AttentionMatch) -> list[Instruction]:
+    """The slices (and the row-major reshapes after them) that q, k and v of a forward
+    match are read through, read by nothing else: taken into the attention fusion, so the
+    kernel reads its operand in place through strides instead of a copy kernel writing each
+    slice first (a merged q|k|v projection, passes/dot_merger.py)."""
+    members = {id(i) for i in m.members}
+    taken: list[Instruction] = []
+    for x in (m.q, m.k, m.v):
+        chain, cur = [], x
+        while cur.opcode in _SLICE_VIEWS and cur.shape.is_array and _row_major(cur) and \
+                _row_major(cur.operands[0]) and (cur.opcode == "reshape" or
+                                                 cur.shape.dtype == cur.operands[0].shape.dtype):
+            chain.append(cur)
+            cur = cur.operands[0]
+        if cur.opcode != "slice" or not cur.shape.is_array or \
+                any(d.stride < 1 for d in cur.attrs["slice"].dims):
+            continue
+        chain.append(cur)
+        inside = members | {id(i) for i in taken} | {id(i) for i in chain}
+        if any(id(u) not in inside for i in chain for u in i.users) or \
+                any(id(i) in members for i in chain):
+            continue
+        taken += [i for i in chain if i not in taken]
+    return taken
 
 
 # --- in the fusion pass ------------------------------------------------------------------------
@@ -195,8 +233,19 @@ def reason_for(m) -> str:
     if group > 1:
         return (f"{REASON}; grouped-query heads: {group} query heads share each K/V head "
                 f"(rows {rows} per K/V head), K and V read once per group" +
-                _window_note(m.steps))
-    return REASON + _window_note(m.steps)
+                _window_note(m.steps) + _slices_note(m))
+    return REASON + _window_note(m.steps) + _slices_note(m)
+
+
+def _slices_note(m: AttentionMatch) -> str:
+    """What the explanation says about slices taken in (``operand_slices``)."""
+    slices = [i for i in m.members if i.opcode == "slice"]
+    if not slices:
+        return ""
+    names = ", ".join(f"%{i.name}" for i in slices)
+    srcs = ", ".join(sorted({f"%{i.operands[0].name}" for i in slices}))
+    return (f"; the slices {names} of {srcs} are read in place through strides (no copy "
+            "kernel writes them)")
 
 
 def _window_note(steps: list, backward: bool = False) -> str:
