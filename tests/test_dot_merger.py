@@ -310,16 +310,8 @@ def test_triton_kernel_reads_the_merged_projection_through_strides(name):
             base.untyped_storage().data_ptr()
 
 
-def _cuda() -> bool:
-    try:
-        import torch
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
-
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["block", "gqa", "cross"])
 def test_gpu_merged_projections_match_jax(name):
     from runtime.cuda import executable_of

@@ -169,16 +169,8 @@ def test_epilogues_fuse_into_the_split_gemms_and_match_jax(fn, bias, fused):
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
 
 
-def _cuda():
-    try:
-        import torch
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
-
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("fn,bias,labels", [(_mlp, False, ["GELU epilogue"]),
                                             (_mlp_bias, True, ["bias + GELU epilogue",
                                                                "bias + RELU epilogue"])])
@@ -222,7 +214,6 @@ def test_tileable_gemm_with_a_library_epilogue_is_priced_and_run_split():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
 def test_gpu_tileable_gemm_with_epilogue_is_one_cublaslt_call():
     from runtime.cuda import executable_of
     r = np.random.default_rng(4)
@@ -350,7 +341,6 @@ def test_residual_block_fuses_the_last_add_into_its_gemm_in_place():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
 def test_gpu_residual_block_is_one_gemm_per_residual():
     from runtime.cuda import executable_of
     args = _block_args(b=4, s=256, d=256, f=1024, seed=1)
