@@ -14,14 +14,16 @@ from .dump import PassDumper, atomic_write
 
 def compile_module(module: hlo.Module, passes: str = "default", *, backend: str = "cpu",
                    dump_dir: Optional[str | Path] = None, verify: bool = False,
-                   render_svg: bool = True) -> tuple[list[PassRecord], Optional[Path]]:
-    """Run a pipeline (a name such as ``default`` or a spec) in place, optionally dumping."""
+                   render_svg: bool = True, verified: bool = False,
+                   ) -> tuple[list[PassRecord], Optional[Path]]:
+    """Run a pipeline (a name such as ``default`` or a spec) in place, optionally dumping.
+    ``verified``: the caller has just verified ``module`` (``run_pipeline``)."""
     spec = pipeline_spec(passes, backend)
     if dump_dir is None:
-        return run_pipeline(module, spec, verify=verify), None
+        return run_pipeline(module, spec, verify=verify, verified=verified), None
     dumper = PassDumper(Path(dump_dir), render_svg=render_svg,
                         title=f"hlotk: {module.name} through {spec or 'no passes'}")
-    records = run_pipeline(module, spec, verify=verify, hooks=[dumper])
+    records = run_pipeline(module, spec, verify=verify, hooks=[dumper], verified=verified)
     return records, dumper.finish(module)
 
 
