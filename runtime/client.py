@@ -370,7 +370,7 @@ class Client:
         else:
             if verify:
                 hlo.verify(module)
-            module = module.clone()
+            module = module.copy()
             if dump_dir is not None:
                 from .tools import compile_module
                 records, _ = compile_module(module, spec, backend=self.platform,

@@ -61,7 +61,7 @@ def compiled(module: hlo.Module, spec: str, backend: str,
     if not enabled():
         if check is not None:
             check(module)
-        copy = module.clone()
+        copy = module.copy()
         return copy, run(copy), False
     try:
         text = module.to_text()
@@ -92,7 +92,7 @@ def compiled(module: hlo.Module, spec: str, backend: str,
             pass
     if check is not None:
         check(module)
-    copy = module.clone()
+    copy = module.copy()
     records = run(copy)
     try:
         # Pickled (parsing the text back costs as much as the passes on a big module);
