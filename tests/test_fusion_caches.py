@@ -1,5 +1,5 @@
 """The fusion state's caches (consumers, node estimates, candidates per group, readers per
-value, candidate estimates) give the answers a fresh computation gives, at every call,
+value, user nodes, work per instruction, candidate estimates, priorities) give the answers a fresh computation gives, at every call,
 through whole CUDA-pipeline compiles (issue 13: they made the passes 2x faster on an Adam
 step, and must not change a decision)."""
 from __future__ import annotations
@@ -71,6 +71,8 @@ def _checked(monkeypatch, mismatches: list) -> None:
     check("consumers", "_consumers", ids)
     check("node_estimate", "_node_estimates")
     check("group_readers", "_group_readers", ids)
+    check("user_nodes", "_user_nodes", ids)
+    check("work_of", "_work")
     orig_pc = policy_mod.producer_consumer_candidates
 
     def pc(state, *a, **k):
@@ -90,6 +92,14 @@ def _checked(monkeypatch, mismatches: list) -> None:
     monkeypatch.setattr(policy_mod, "estimates", est)
     monkeypatch.setattr(priority_mod, "benefit_us",
                         lambda c, s: (lambda e: e[0].time_us - e[1].time_us)(est(c, s)))
+    orig_priority = priority_mod.PriorityPolicy.priority
+
+    def priority(self, c, state):
+        got = orig_priority(self, c, state)
+        if got != self._priority(c, state):
+            mismatches.append(("priority", c.key))
+        return got
+    monkeypatch.setattr(priority_mod.PriorityPolicy, "priority", priority)
 
 
 @pytest.mark.parametrize("name", ["adam", "transformer_block", "mlp_train_step",

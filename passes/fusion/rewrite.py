@@ -19,7 +19,8 @@ from hlo.attrs import Raw
 from hlo.ir import Computation, Instruction
 from hlo.shape import TupleShape
 
-from .cost_model import DeviceSpec, Estimate, elements, estimate_kernel, is_free
+from .cost_model import (DeviceSpec, Estimate, Work, elements, estimate_kernel, is_free,
+                         work_of)
 from .kinds import FLASH_ATTENTION_CONFIG, TRITON_GEMM, TRITON_NORMALIZATION
 
 _gids = itertools.count(1)
@@ -41,12 +42,18 @@ class Group:
     # operands (the attention backward reads the forward's output O for rowsum(dO∘O)).
     reads: list[Instruction] = field(default_factory=list)
     id: int = field(default_factory=lambda: next(_gids))
+    # ids of the instances, made on the first ``in``: a group's contents never change once
+    # it is made (a merge or a duplicate makes a new group), so it needs no invalidation.
+    _ids: Optional[frozenset[int]] = field(default=None, init=False, repr=False)
 
     def instances(self) -> list[Instruction]:
         return self.members + self.copies
 
     def __contains__(self, inst: Instruction) -> bool:
-        return any(i is inst for i in self.members) or any(i is inst for i in self.copies)
+        ids = self._ids
+        if ids is None:
+            ids = self._ids = frozenset(id(i) for i in self.members + self.copies)
+        return id(inst) in ids
 
     @property
     def label(self) -> str:
@@ -82,6 +89,7 @@ class FusionState:
         self._consumers: dict[int, list[Node]] = {}
         self._node_estimates: dict[int, Estimate] = {}
         self._group_readers: dict[int, list[Group]] = {}      # inst id -> group_readers
+        self._user_nodes: dict[int, list[Node]] = {}          # inst id -> user_nodes
         self._pc_candidates: dict[int, dict[tuple, list]] = {}  # group id -> flags -> list
         self.epoch = 0        # bumped when readers change in ways merges do not (duplicates)
         # Price groups whose dot the backend runs as library GEMM + loop kernels that way
@@ -89,6 +97,11 @@ class FusionState:
         self.split_gemms = False
         # candidate key -> whether it merges ops into a GEMM group (priority.py)
         self.gemm_merges: dict[tuple, bool] = {}
+        # inst id -> its arithmetic (cost_model.work_of): the graph does not change while
+        # the state lives (materialize rewrites it at the end), so it needs no invalidation.
+        self._work: dict[int, Work] = {}
+        # candidate key -> (the estimates it was computed from, priority) (priority.py)
+        self.priorities: dict[tuple, tuple[tuple[Estimate, Estimate], float]] = {}
         for inst in comp.instructions:
             if fusible is None or fusible(inst):
                 self._add(Group([inst]))
@@ -119,8 +132,17 @@ class FusionState:
         return self.home.get(id(inst), inst)
 
     # --- graph queries ----------------------------------------------------------------------
-    def user_nodes(self, inst: Instruction) -> Iterator[Node]:
-        """Every node (group or unfused instruction) holding an instance of a user of inst."""
+    def user_nodes(self, inst: Instruction) -> list[Node]:
+        """Every node (group or unfused instruction) holding an instance of a user of inst
+        (do not modify the list). Cached as ``group_readers`` is: the nodes holding inst's
+        users change only when a group holding one of them changes, and
+        ``_forget_readers_of`` drops the entries of those groups' instances' operands."""
+        out = self._user_nodes.get(id(inst))
+        if out is None:
+            out = self._user_nodes[id(inst)] = list(self._find_user_nodes(inst))
+        return out
+
+    def _find_user_nodes(self, inst: Instruction) -> Iterator[Node]:
         for u in inst.users:
             if u.parent is not self.comp:
                 continue
@@ -195,6 +217,7 @@ class FusionState:
             for i in g.instances():
                 for o in i.operands:
                     self._group_readers.pop(id(o), None)
+                    self._user_nodes.pop(id(o), None)
                     h = self.home.get(id(o))
                     if h is not None:
                         self._consumers.pop(h.id, None)
@@ -277,9 +300,17 @@ class FusionState:
                 from .split_gemm import split_estimate
                 est = split_estimate(instances, outs, self.spec, SMALL_CONSTANT_ELEMENTS)
             if est is None:
-                est = estimate_kernel(instances, outs, self.spec, SMALL_CONSTANT_ELEMENTS)
+                est = estimate_kernel(instances, outs, self.spec, SMALL_CONSTANT_ELEMENTS,
+                                      self.work_of)
             self._estimates[key] = est
         return est
+
+    def work_of(self, inst: Instruction) -> Work:
+        """``cost_model.work_of(inst)``, once per instruction."""
+        w = self._work.get(id(inst))
+        if w is None:
+            w = self._work[id(inst)] = work_of(inst)
+        return w
 
     def candidate_estimates(self, key: tuple, compute: Callable[[], tuple[Estimate, Estimate]]
                             ) -> tuple[Estimate, Estimate]:
@@ -344,6 +375,8 @@ class FusionState:
             for m in producer.members:
                 del self.home[id(m)]
                 self.dissolved.add(id(m))
+                for o in m.operands:    # m is no longer a node reading them
+                    self._user_nodes.pop(id(o), None)
         return merged
 
 
