@@ -1,5 +1,6 @@
 """The fusion state's caches (consumers, node estimates, candidates per group, readers per
-value, user nodes, work per instruction, candidate estimates, priorities) give the answers a fresh computation gives, at every call,
+value, user nodes, work per instruction, candidate estimates, priorities) give the answers
+a fresh computation gives, at every call,
 through whole CUDA-pipeline compiles (issue 13: they made the passes 2x faster on an Adam
 step, and must not change a decision)."""
 from __future__ import annotations
