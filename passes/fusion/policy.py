@@ -17,8 +17,7 @@ class with these three methods (``name`` too), passed by object or as ``"module:
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Protocol, Union, runtime_checkable
 
 from hlo.errors import HlotkError
@@ -34,13 +33,17 @@ class Candidate:
     producer: Group                 # for siblings: the first of the two
     consumers: tuple[Group, ...]    # merge/sibling: one group; duplicate: every consumer
 
+    # (action, producer id, consumer ids...): asked for on every scoring, so made once with
+    # the candidate (groups never change their id) as a plain attribute.
+    key: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.action, self.producer.id)
+                           + tuple(g.id for g in self.consumers))
+
     @property
     def consumer(self) -> Group:
         return self.consumers[0]
-
-    @cached_property     # groups never change their id; asked for on every scoring
-    def key(self) -> tuple:
-        return (self.action, self.producer.id) + tuple(g.id for g in self.consumers)
 
 
 @runtime_checkable
@@ -92,12 +95,17 @@ def sibling_candidates(state: FusionState, min_shared_bytes: int = 1 << 16) -> I
     """Pairs of groups (in program order) that read the same input of at least
     ``min_shared_bytes``."""
     seen: set[tuple[int, int]] = set()
+    made = state._siblings       # the same object for the same pair in every round
     for inst in state.values_of_at_least(min_shared_bytes):
         readers = state.group_readers(inst)
         for a, b in zip(readers, readers[1:]):
-            if (a.id, b.id) not in seen:
-                seen.add((a.id, b.id))
-                yield Candidate("sibling", a, (b,))
+            pair = (a.id, b.id)
+            if pair not in seen:
+                seen.add(pair)
+                c = made.get(pair)
+                if c is None:
+                    c = made[pair] = Candidate("sibling", a, (b,))
+                yield c
 
 
 def estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:

@@ -40,7 +40,7 @@ class PriorityPolicy:
         # the estimates object it was computed from, and recomputed when the state has
         # dropped those estimates and made new ones (a duplicate changes readers).
         key = c.key
-        est = estimates(c, state)
+        est = state._candidates.get(key) or estimates(c, state)
         known = state.priorities.get(key)
         if known is not None and known[0] is est:
             return known[1]

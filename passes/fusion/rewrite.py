@@ -100,6 +100,9 @@ class FusionState:
         # inst id -> its arithmetic (cost_model.work_of): the graph does not change while
         # the state lives (materialize rewrites it at the end), so it needs no invalidation.
         self._work: dict[int, Work] = {}
+        # (group id, group id) -> the sibling Candidate of that pair (policy.py): a pair's
+        # candidate is the same whatever round finds it (groups never change contents).
+        self._siblings: dict[tuple[int, int], object] = {}
         # candidate key -> (the estimates it was computed from, priority) (priority.py)
         self.priorities: dict[tuple, tuple[tuple[Estimate, Estimate], float]] = {}
         for inst in comp.instructions:
