@@ -151,6 +151,6 @@ def imported(exported: object) -> hlo.Module:
 
 def _store(path: Path, data: bytes) -> None:
     """Write an entry through a temporary file and a rename (no partial entry, no stray
-    temporary file on a failure); only on a miss, so dump's writer is imported here."""
-    from .dump import atomic_write
+    temporary file on a failure)."""
+    from .atomic import atomic_write
     atomic_write(path, data)
