@@ -119,3 +119,94 @@ def test_fusion_caches_answer_as_fresh(monkeypatch, name):
     assert mismatches == []
     assert checked == plain          # the same module and decision log either way
     assert "fusion" in plain
+
+
+@pytest.mark.parametrize("name", ["adam", "transformer_block", "mlp_train_step",
+                                  "conv_grad_maxpool_grad"])
+def test_ranked_loop_decides_as_the_general_one(monkeypatch, name):
+    """Priority fusion's incremental loop (pass_.run_ranked) makes the decisions, in the
+    order, of the general loop that scores every candidate every round."""
+    from passes.fusion import pass_
+    if name == "adam":
+        fn, args = _adam, _adam_args()
+    else:
+        prog = by_name(name)
+        fn, args = prog.fn, prog.args()
+    used = []
+    real = pass_.run_ranked
+    monkeypatch.setattr(pass_, "run_ranked", lambda *a: used.append(1) or real(*a))
+    ranked = _compile(fn, args)
+    assert used
+    monkeypatch.setattr(pass_, "ranks_by_group", lambda policy: False)
+    assert _compile(fn, args) == ranked
+
+
+def test_a_policy_that_changes_priorities_goes_the_general_way():
+    from passes.fusion import pass_
+
+    class Reversed(priority_mod.PriorityPolicy):
+        def priority(self, c, state):
+            return -super().priority(c, state)
+    assert pass_.ranks_by_group(priority_mod.PriorityPolicy())
+    assert not pass_.ranks_by_group(Reversed())
+
+
+@pytest.mark.parametrize("name", ["adam", "transformer_block"])
+def test_ranked_loop_rankings_are_current(monkeypatch, name):
+    """Every round, each group's kept ranking is what ranking its candidates afresh gives
+    (a duplicate drops estimates: ``estimate_drops`` must make the ranking again)."""
+    import heapq
+
+    from passes.fusion import pass_
+    fn, args = (_adam, _adam_args()) if name == "adam" else \
+        (by_name(name).fn, by_name(name).args())
+    seen, stale = {}, []
+    real_run, real_heapify = pass_.run_ranked, heapq.heapify
+
+    def run(state, policy, *a):
+        seen.update(state=state, policy=policy)
+        return real_run(state, policy, *a)
+
+    def heapify(heap):
+        state, policy = seen["state"], seen["policy"]
+        for e in heap:
+            if e[1] == 0:
+                cands, _, order = e[5]
+                fresh = sorted((-policy._priority(c, state), j) for j, c in enumerate(cands))
+                if fresh != order:
+                    stale.append([c.key for c in cands])
+        real_heapify(heap)
+    monkeypatch.setattr(pass_, "run_ranked", run)
+    monkeypatch.setattr(heapq, "heapify", heapify)
+    _compile(fn, args)
+    assert seen and stale == []
+
+
+def test_a_duplicate_counts_the_dropped_estimates_by_producer():
+    """What run_ranked's rankings rely on: a duplicate drops the cached estimates of the
+    candidates naming the groups it touches and counts them under their producer."""
+    import hlo
+    from passes.fusion.cost_model import get_device
+    from passes.fusion.policy import Candidate, estimates
+    m = hlo.parse_hlo("""HloModule m
+
+ENTRY %main (p0: f32[4096]) -> (f32[4096], f32[4096]) {
+  %p0 = f32[4096]{0} parameter(0)
+  %x = f32[4096]{0} exponential(%p0)
+  %p = f32[4096]{0} negate(%x)
+  %a = f32[4096]{0} add(%p, %p0)
+  %b = f32[4096]{0} multiply(%p, %p0)
+  ROOT %t = (f32[4096], f32[4096]) tuple(%a, %b)
+}
+""")
+    comp = m.entry
+    by = {i.name: i for i in comp.instructions}
+    state = rewrite.FusionState(comp, get_device("h200"),
+                                fusible=lambda i: i.opcode not in ("parameter", "tuple"))
+    gx, gp, ga = (state.group_of(by[n]) for n in ("x", "p", "a"))
+    before = estimates(Candidate("merge", gx, (gp,)), state)
+    assert state.estimate_drops == {}
+    state.duplicate(gp, ga)
+    assert state.estimate_drops.get(gx.id) == 1
+    assert ("merge", gx.id, gp.id) not in state._candidates
+    assert before is not estimates(Candidate("merge", gx, (gp,)), state)

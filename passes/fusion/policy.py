@@ -66,14 +66,20 @@ def producer_consumer_candidates(state: FusionState, duplicates: bool = True,
     A group's candidates depend on its consumers only, so they are kept with them in the
     state (dropped when those change): the fusion loop asks after every fusion, and the
     same objects come back, each computing its key once."""
-    flags = (duplicates, multi_output)
-    cache = state._pc_candidates
     for p in list(state.groups.values()):
-        per_group = cache.setdefault(p.id, {})
-        cands = per_group.get(flags)
-        if cands is None:
-            cands = per_group[flags] = _group_candidates(state, p, duplicates, multi_output)
-        yield from cands
+        yield from group_candidates(state, p, duplicates, multi_output)
+
+
+def group_candidates(state: FusionState, p: Group, duplicates: bool = True,
+                     multi_output: bool = True) -> list[Candidate]:
+    """The candidates with producer ``p`` (do not modify the list): the same list object
+    until ``p``'s consumers change (the state drops it then)."""
+    flags = (duplicates, multi_output)
+    per_group = state._pc_candidates.setdefault(p.id, {})
+    cands = per_group.get(flags)
+    if cands is None:
+        cands = per_group[flags] = _group_candidates(state, p, duplicates, multi_output)
+    return cands
 
 
 def _group_candidates(state: FusionState, p: Group, duplicates: bool,

@@ -85,6 +85,10 @@ class FusionState:
         self._firsts: dict[int, int] = {}
         self._candidates: dict[tuple, tuple[Estimate, Estimate]] = {}
         self._candidates_of: dict[int, list[tuple]] = {}   # group id -> keys naming it
+        # group id -> how many cached estimates of candidates with that producer were
+        # dropped (a duplicate drops them; nothing else does): the fusion loop's ranking
+        # of a group's candidates is current while this count is (pass_.run_ranked).
+        self.estimate_drops: dict[int, int] = {}
         self._big: dict[int, list[Instruction]] = {}
         self._consumers: dict[int, list[Node]] = {}
         self._node_estimates: dict[int, Estimate] = {}
@@ -367,7 +371,9 @@ class FusionState:
         touched = {producer.id} | {n.id for n in self.producers(producer) if isinstance(n, Group)}
         for gid in touched:        # by the index, not a scan of every cached candidate
             for k in self._candidates_of.pop(gid, ()):
-                self._candidates.pop(k, None)
+                if self._candidates.pop(k, None) is not None:
+                    # k's producer group: its candidates' priorities are stale
+                    self.estimate_drops[k[1]] = self.estimate_drops.get(k[1], 0) + 1
         new = [i for i in producer.instances() if i not in consumer]
         self._forget_readers_of((producer, consumer))
         self._drop(consumer)
