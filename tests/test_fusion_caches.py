@@ -74,6 +74,7 @@ def _checked(monkeypatch, mismatches: list) -> None:
     check("group_readers", "_group_readers", ids)
     check("user_nodes", "_user_nodes", ids)
     check("work_of", "_work")
+    check("copy_estimate", "_copy_estimates")
     orig_pc = policy_mod.producer_consumer_candidates
 
     def pc(state, *a, **k):

@@ -131,8 +131,7 @@ def _estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:
         together = None
         for g in c.consumers:
             apart = apart + state.node_estimate(g)
-            inst = g.instances() + [i for i in p.instances() if i not in g]
-            e = state.estimate(inst, {g.id})
+            e = state.copy_estimate(p, g)
             together = e if together is None else together + e
         assert together is not None
         return apart, together

@@ -92,6 +92,10 @@ class FusionState:
         self._big: dict[int, list[Instruction]] = {}
         self._consumers: dict[int, list[Node]] = {}
         self._node_estimates: dict[int, Estimate] = {}
+        # (producer id, consumer id) -> the consumer's kernel with the producer recomputed
+        # in it (copy_estimate), and consumer id -> those keys
+        self._copy_estimates: dict[tuple[int, int], Estimate] = {}
+        self._copy_estimates_of: dict[int, list[tuple[int, int]]] = {}
         self._group_readers: dict[int, list[Group]] = {}      # inst id -> group_readers
         self._user_nodes: dict[int, list[Node]] = {}          # inst id -> user_nodes
         self._pc_candidates: dict[int, dict[tuple, list]] = {}  # group id -> flags -> list
@@ -220,6 +224,7 @@ class FusionState:
         for g in groups:
             self._consumers.pop(g.id, None)
             self._node_estimates.pop(g.id, None)
+            self._drop_copy_estimates(g.id)
             self._pc_candidates.pop(g.id, None)
             for i in g.instances():
                 for o in i.operands:
@@ -229,6 +234,7 @@ class FusionState:
                     if h is not None:
                         self._consumers.pop(h.id, None)
                         self._node_estimates.pop(h.id, None)
+                        self._drop_copy_estimates(h.id)
                         self._pc_candidates.pop(h.id, None)
 
     def group_readers(self, inst: Instruction) -> list[Group]:
@@ -349,6 +355,26 @@ class FusionState:
                     estimate_kernel([], [], self.spec)
             self._node_estimates[key] = est
         return est
+
+    def copy_estimate(self, producer: Group, consumer: Group) -> Estimate:
+        """The predicted cost of ``consumer``'s kernel with ``producer`` recomputed in it
+        (a duplicate's, per consumer). Cached as ``node_estimate`` is, and dropped with the
+        consumer's: the kernel writes the consumer's outputs (the copies are not outputs),
+        which change only with the consumer's readers; both groups' contents never change.
+        A producer read by hundreds of groups (a scalar's broadcast in an optimizer step)
+        gets a new duplicate candidate each time one of them fuses, and all but one of its
+        consumers are as they were."""
+        key = (producer.id, consumer.id)
+        est = self._copy_estimates.get(key)
+        if est is None:
+            inst = consumer.instances() + [i for i in producer.instances() if i not in consumer]
+            est = self._copy_estimates[key] = self.estimate(inst, {consumer.id})
+            self._copy_estimates_of.setdefault(consumer.id, []).append(key)
+        return est
+
+    def _drop_copy_estimates(self, consumer_id: int) -> None:
+        for key in self._copy_estimates_of.pop(consumer_id, ()):
+            self._copy_estimates.pop(key, None)
 
     # --- actions --------------------------------------------------------------------------
     def merge(self, a: Group, b: Group) -> Group:
