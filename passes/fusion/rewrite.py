@@ -85,10 +85,11 @@ class FusionState:
         self._firsts: dict[int, int] = {}
         self._candidates: dict[tuple, tuple[Estimate, Estimate]] = {}
         self._candidates_of: dict[int, list[tuple]] = {}   # group id -> keys naming it
-        # group id -> how many cached estimates of candidates with that producer were
-        # dropped (a duplicate drops them; nothing else does): the fusion loop's ranking
-        # of a group's candidates is current while this count is (pass_.run_ranked).
-        self.estimate_drops: dict[int, int] = {}
+        # Ids of the groups made, or whose candidates or their estimates may have changed,
+        # since the fusion loop last asked (pass_.run_ranked re-ranks exactly these): a
+        # group's candidate list is made again only after ``_forget_readers_of`` drops it,
+        # and cached candidate estimates are dropped only by a duplicate.
+        self.changed: set[int] = set()
         self._big: dict[int, list[Instruction]] = {}
         self._consumers: dict[int, list[Node]] = {}
         self._node_estimates: dict[int, Estimate] = {}
@@ -121,7 +122,12 @@ class FusionState:
     def _add(self, g: Group) -> Group:
         g.members.sort(key=self.pos)
         g.copies.sort(key=self.pos)
+        # The groups' order (candidates are enumerated in it) is their ids' order:
+        # pass_.run_ranked breaks ties by id.
+        if self.groups and next(reversed(self.groups)) > g.id:
+            raise AssertionError(f"group {g.id} added after group {next(reversed(self.groups))}")
         self.groups[g.id] = g
+        self.changed.add(g.id)
         for m in g.members:
             self.home[id(m)] = g
         for c in g.copies:
@@ -226,6 +232,7 @@ class FusionState:
             self._node_estimates.pop(g.id, None)
             self._drop_copy_estimates(g.id)
             self._pc_candidates.pop(g.id, None)
+            self.changed.add(g.id)
             for i in g.instances():
                 for o in i.operands:
                     self._group_readers.pop(id(o), None)
@@ -236,6 +243,7 @@ class FusionState:
                         self._node_estimates.pop(h.id, None)
                         self._drop_copy_estimates(h.id)
                         self._pc_candidates.pop(h.id, None)
+                        self.changed.add(h.id)
 
     def group_readers(self, inst: Instruction) -> list[Group]:
         """The distinct groups holding an instance of a user of ``inst``, by their first
@@ -398,8 +406,7 @@ class FusionState:
         for gid in touched:        # by the index, not a scan of every cached candidate
             for k in self._candidates_of.pop(gid, ()):
                 if self._candidates.pop(k, None) is not None:
-                    # k's producer group: its candidates' priorities are stale
-                    self.estimate_drops[k[1]] = self.estimate_drops.get(k[1], 0) + 1
+                    self.changed.add(k[1])     # k's producer: its priorities are stale
         new = [i for i in producer.instances() if i not in consumer]
         self._forget_readers_of((producer, consumer))
         self._drop(consumer)
@@ -414,6 +421,12 @@ class FusionState:
                     self._user_nodes.pop(id(o), None)
         return merged
 
+
+    def take_changed(self) -> list[int]:
+        """The ids in ``changed`` (ascending), which is emptied."""
+        out = sorted(self.changed)
+        self.changed.clear()
+        return out
 
     def merge_many(self, groups: list[Group], kind: str = "") -> Group:
         g = groups[0]
