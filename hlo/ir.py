@@ -481,10 +481,11 @@ class Module:
         637 instructions took ~0.1 s, the copy ~0.01 s). As the parser does: non-entry
         computations in order and the entry last, instructions in order with fresh uids,
         users rebuilt from the operands in that order, names registered again from the live
-        instructions, layouts the text leaves out (a scalar's) dropped, ``fusion_instruction`` set on each fusion's ``calls``, and nothing
-        that the text does not hold (attributes set on the objects by passes) carried over.
-        Attribute values are deep copies, with the called computations mapped to the
-        copies; shapes and the frozen attribute classes are shared (immutable)."""
+        instructions, layouts the text leaves out (a scalar's) dropped,
+        ``fusion_instruction`` set on each fusion's ``calls``, and nothing that the text
+        does not hold (attributes set on the objects by passes) carried over. Attribute
+        values and literals are deep copies (the called computations mapped to the
+        copies); shapes are shared (immutable)."""
         import copy as copy_mod
         new = Module(self.name)
         new.config = copy_mod.deepcopy(self.config)

@@ -342,8 +342,9 @@ class Client:
         backend's full pipeline), ``"simplify"`` or a pass spec such as
         ``"inline,fixpoint(simplify,cse,dce)"``. The caller's module is not modified.
         ``verify`` checks the module before the passes and after every pass that changed it;
-        ``dump_dir`` writes the per-pass dump (HLO text, graphs, index.html). ``poison`` (CPU) fills the buffer
-        arena with 0xFF bytes before each run (default: env ``HLOTK_POISON_ARENA=1``).
+        ``dump_dir`` writes the per-pass dump (HLO text, graphs, index.html). ``poison``
+        (CPU) fills the buffer arena with 0xFF bytes before each run (default: env
+        ``HLOTK_POISON_ARENA=1``).
         """
         spec = resolve_pipeline(pipeline, self.platform)
         if target is not None:
