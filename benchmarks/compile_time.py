@@ -5,7 +5,9 @@ beside XLA's lower + compile of the same program in the same process.
         [--out benchmarks/compile_time.md]            # on a GPU: backend="cuda"
     python -m benchmarks.compile_time --deviceless    # no GPU: passes and codegen only
     python -m benchmarks.compile_time --interpret     # no GPU: the CUDA backend's lower and
-        # compile under Triton's interpreter, the kernels' JIT objects, GC passes (i13-warm)
+        # compile under Triton's interpreter, the kernels' JIT objects, GC passes (i13-warm);
+        # passes / other split as on the GPU (i13-passes); --heldout: the programs of
+        # benchmarks/heldout_programs.py (AdamW, Lion, attention grad, 32k cross-entropy ...)
         [--machine-cache DIR | --machine-cold] [--cprofile]   # issue 14's programs by name
 
 Before the programs, a "machine" step fills a fresh ``HLOTK_MACHINE_CACHE_DIR`` (the native
@@ -63,8 +65,8 @@ POOL_COLS = ("workers", "early", "jobs", "inproc", "spec_s", "job_med", "job_max
 def _program(name: str):
     from benchmarks.gpu_suite import programs
     from benchmarks.attention import suite_programs
-    from benchmarks.heldout import programs as heldout
-    for prog in programs() + suite_programs() + heldout():
+    from benchmarks.heldout_programs import NAMES, programs as heldout
+    for prog in programs() + suite_programs() + (heldout() if name in NAMES else []):
         if prog[0] == name:
             return prog
     raise SystemExit(f"unknown program {name!r}")
@@ -448,12 +450,27 @@ def child_interpret(name: str) -> dict:
     freeze = getattr(prewarm, "freeze_gc", None)           # main before i13-warm: none
     row["gc_frozen"] = bool(freeze and freeze())
     gc_log = _gc_watch()
+    c0 = time.thread_time()        # CPU seconds of this thread: less moved by other load
     t0 = clock()
     lowered = runtime.jit(fn, backend="cuda", target="h200").lower(*args)
     t1 = clock()
+    c1 = time.thread_time()
     compiled = lowered.compile()
     t2 = clock()
+    row["lower_cpu"], row["compile_cpu"] = c1 - c0, time.thread_time() - c1
     exe = executable_of(compiled)
+    # As the GPU rows count them: ``passes`` the pipeline's own seconds (its pass records),
+    # ``other`` the rest of the compile outside codegen (the input's verification and copy,
+    # the module cache's key and store, verification after passes, buffer assignment).
+    records = compiled.executable.pass_records
+    hit = compiled.executable.module_cache_hit
+    passes_s = (t2 - t1) - exe.build_seconds if hit or not records else \
+        sum(r.seconds for r in records)
+    per_pass: dict = {}
+    for r in records:
+        per_pass[r.name.split("{")[0]] = per_pass.get(r.name.split("{")[0], 0.0) + r.seconds
+    row["per_pass"] = {k: round(v, 4) for k, v in sorted(per_pass.items(), key=lambda kv: -kv[1])}
+    row["instructions"] = sum(len(c.instructions) for c in lowered.module.computations)
     os.environ.pop("TRITON_INTERPRET", None)
     from codegen.triton import kernel as kernel_mod
     kernel_mod._MODULES.clear()
@@ -466,9 +483,10 @@ def child_interpret(name: str) -> dict:
     t4 = clock()
     gc_log["stop"]()
     row["gc_objects"], row["gc_full"] = gc_log["objects"], gc_log["full"]
-    row.update(lower=t1 - t0, passes=(t2 - t1) - exe.build_seconds, codegen=exe.build_seconds,
+    row.update(lower=t1 - t0, passes=passes_s, codegen=exe.build_seconds,
+               other=max(0.0, (t2 - t1) - passes_s - exe.build_seconds),
                kernels=t4 - t3, first_call=t4 - t3 + t2 - t0, gc=gc_log["s"], gc_n=gc_log["n"],
-               cache_hit=compiled.executable.module_cache_hit, n_kernels=len(kernels))
+               cache_hit=hit, n_kernels=len(kernels))
     return row
 
 
@@ -506,6 +524,26 @@ def run_child(name: str, cache: str, opts, machine: str = "", cprofile: bool = F
     return {"name": name, "failed": (p.stderr or p.stdout)[-800:]}
 
 
+def _cold_min(name: str, cache: str, opts, machine: str) -> dict:
+    """``--repeat N``: N cold processes (each with empty caches; the last one fills
+    ``cache`` for the warm run); each phase's minimum over them (on a shared machine the
+    minimum is the least disturbed measurement), every run's row under ``repeats``."""
+    rows = []
+    for k in range(opts.repeat):
+        with tempfile.TemporaryDirectory(prefix="hlotk_ct_rep_") as other:
+            rows.append(run_child(name, cache if k == opts.repeat - 1 else other, opts,
+                                  machine))
+    good = [r for r in rows if "failed" not in r]
+    if not good:
+        return rows[-1]
+    out = dict(good[-1])
+    for key, value in good[-1].items():
+        if isinstance(value, float) and all(isinstance(r.get(key), float) for r in good):
+            out[key] = min(r[key] for r in good)
+    out["repeats"] = [{k: v for k, v in r.items() if isinstance(v, float)} for r in rows]
+    return out
+
+
 def fmt(row: dict, key: str) -> str:
     v = row.get(key)
     return "-" if v is None else f"{v:.2f}"
@@ -537,6 +575,10 @@ def main() -> None:
     ap.add_argument("--env", default="", help="K=V,K=V set in every child: a variant of the "
                     "library's settings (e.g. HLOTK_COMPILE_EARLY=0)")
     ap.add_argument("--tag", default="", help="a label for this run's rows (variants)")
+    ap.add_argument("--repeat", type=int, default=1, help="cold runs per program (fresh "
+                    "caches each); the table shows each phase's minimum over them")
+    ap.add_argument("--heldout", action="store_true", help="the held-out programs "
+                    "(benchmarks/heldout_programs.py): alone, or beside --only's")
     ap.add_argument("--worker-probe", default="", help="COUNTS[:key], e.g. 1,4,16:key: "
                     "start that many compile workers side by side, each compiling a small "
                     "kernel twice (start-up and compile under contention); no programs")
@@ -570,12 +612,15 @@ def main() -> None:
     only = set(filter(None, opts.only.split(",")))
     first = ("transformer", "mlp_train", "adam_step")     # the issue's table first
     from benchmarks.attention import suite_programs
-    from benchmarks.heldout import programs as heldout
-    extra = [p[0] for p in suite_programs() + heldout()      # issue 14's, held out: by name
-             if p[0] in only]
-    names = sorted([p[0] for p in programs() if not only or p[0] in only] + extra,
+    from benchmarks.heldout_programs import NAMES as HELDOUT
+    # issue 14's and the held-out programs (benchmarks/heldout_programs.py), by name only
+    extra = [p[0] for p in suite_programs() if p[0] in only] + \
+        [n for n in HELDOUT if n in only or opts.heldout]
+    suite = [] if opts.heldout and not only else \
+        [p[0] for p in programs() if not only or p[0] in only]
+    names = sorted(suite + extra,
                    key=lambda n: (n not in first, first.index(n) if n in first else 0))
-    phases = ("lower", "passes", "codegen", "kernels", "gc") if opts.interpret else \
+    phases = ("lower", "passes", "other", "codegen", "kernels", "gc") if opts.interpret else \
         ("lower", "passes", "codegen") if opts.deviceless else PHASES
     head = "| program | run | " + " | ".join(phases) + " | first call | XLA lower+compile | ratio |"
     lines = [head, "|" + "---|" * (len(phases) + 5)]
@@ -599,8 +644,11 @@ def main() -> None:
             runs = ("cold", "warm") + (("warm-cprofile",) if prof else ())
             mdir = tempfile.mkdtemp(prefix="hlotk_ct_machine_") if opts.machine_cold else machine
             for run in runs:
-                row = run_child(name, cache, opts, "" if opts.deviceless else mdir,
-                                cprofile=run == "warm-cprofile")
+                if run == "cold" and opts.repeat > 1:
+                    row = _cold_min(name, cache, opts, "" if opts.deviceless else mdir)
+                else:
+                    row = run_child(name, cache, opts, "" if opts.deviceless else mdir,
+                                    cprofile=run == "warm-cprofile")
                 row["run"] = run
                 if run == "warm-cprofile":
                     rows.append(row)

@@ -4,6 +4,7 @@ the passes can be shown to change nothing (same optimized HLO text, same buffer 
     PYTHONPATH=/work/main python /path/to/benchmarks/passes_identity.py --record before.json
     PYTHONPATH=$PWD python benchmarks/passes_identity.py --check before.json [--only a,b]
     PYTHONPATH=$PWD python benchmarks/passes_identity.py --time 3 --only adam_step
+    PYTHONPATH=$PWD python benchmarks/passes_identity.py --check before.json --client
 
 Deviceless, as ``benchmarks.compile_time --deviceless`` compiles: the program lowered with no
 passes, then the default CUDA pipeline for target h200 (no module cache). Programs: the GPU
@@ -52,9 +53,11 @@ def programs(only: set[str]) -> list[tuple]:
     return [p for p in out if not only or p[0] in only]
 
 
-def compile_one(fn, args, x64: bool) -> tuple[str, str, float]:
+def compile_one(fn, args, x64: bool, client: bool = False) -> tuple[str, str, float]:
     """(optimized module text + fusion decisions, buffer assignment text, seconds in the
-    passes)."""
+    passes). ``client``: the way ``Client.compile`` runs the passes (the input verified, a
+    copy of it through the module cache, the pipeline verifying, the mandatory lowering),
+    with an empty cache directory, instead of the pipeline on the lowered module itself."""
     import contextlib
 
     import jax
@@ -69,12 +72,46 @@ def compile_one(fn, args, x64: bool) -> tuple[str, str, float]:
         module = runtime.jit(fn, pipeline="none").lower(*args).module
     spec = with_target(pipeline_spec("default", "cuda"), "h200")
     t0 = time.perf_counter()
-    compile_module(module, spec, backend="cuda")
+    if client:
+        module = _client_passes(module, spec)
+    else:
+        compile_module(module, spec, backend="cuda")
     seconds = time.perf_counter() - t0
     report = report_for(module)
     # The fusion decision log too (every pair looked at, its reason and predicted times).
     log = "" if report is None else "\n".join(map(repr, report.decisions))
     return module.to_text() + "\n" + log, assign_buffers(module).to_text(), seconds
+
+
+def _client_passes(module, spec: str):
+    """``Client.compile``'s passes on ``module`` (runtime/client.py), through an empty
+    module cache: the optimized copy."""
+    import tempfile
+
+    import hlo
+    from passes.pipelines import run_mandatory_lowering
+    from runtime import compile_cache
+    from runtime.tools import compile_module
+    import inspect
+    # (``verified`` is newer than the before-checkout this may run against.)
+    kw = {"verified": True} if "verified" in inspect.signature(compile_module).parameters \
+        else {}
+    old = {k: os.environ.get(k) for k in ("HLOTK_CACHE_DIR", "HLOTK_COMPILE_CACHE")}
+    with tempfile.TemporaryDirectory(prefix="hlotk_identity_") as cache:
+        os.environ.update(HLOTK_CACHE_DIR=cache, HLOTK_COMPILE_CACHE="1")
+        try:
+            out, records, _ = compile_cache.compiled(
+                module, spec, "cuda",
+                lambda m: compile_module(m, spec, backend="cuda", verify=True, **kw)[0],
+                check=hlo.verify)
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    run_mandatory_lowering(out, "cuda", records, verify=True)
+    return out
 
 
 def digest(text: str) -> str:
@@ -92,6 +129,8 @@ def main() -> None:
     ap.add_argument("--only", default="")
     ap.add_argument("--dump", default="", help="write each program's texts into this folder")
     ap.add_argument("--time", type=int, default=0, help="median seconds of the passes over N runs")
+    ap.add_argument("--client", action="store_true", help="the passes as Client.compile runs "
+                    "them (verified input, its copy through an empty module cache, verifying)")
     opts = ap.parse_args()
     only = {s for s in opts.only.split(",") if s}
     want = json.load(open(opts.check)) if opts.check else {}
@@ -99,7 +138,7 @@ def main() -> None:
     bad = 0
     for name, fn, args, x64 in programs(only):
         try:
-            text, ba, sec = compile_one(fn, args, x64)
+            text, ba, sec = compile_one(fn, args, x64, opts.client)
         except Exception as e:  # noqa: BLE001  (a program the pipeline refuses: record that)
             got[name] = {"error": type(e).__name__ + ": " + str(e)[:200]}
             bad += bool(want) and want.get(name) != got[name]
@@ -109,7 +148,8 @@ def main() -> None:
             os.makedirs(opts.dump, exist_ok=True)
             with open(os.path.join(opts.dump, name.replace(":", "_") + ".txt"), "w") as f:
                 f.write(text + "\n" + ba)
-        times = [sec] + [compile_one(fn, args, x64)[2] for _ in range(max(opts.time - 1, 0))]
+        times = [sec] + [compile_one(fn, args, x64, opts.client)[2]
+                         for _ in range(max(opts.time - 1, 0))]
         got[name] = {"hlo": digest(text), "buffers": digest(ba)}
         line = f"{name}: hlo {got[name]['hlo']} buffers {got[name]['buffers']}"
         if opts.time:

@@ -331,6 +331,21 @@ class Computation:
         return computation_to_networkx(self)
 
 
+def _as_printed(shape: AnyShape) -> AnyShape:
+    """``shape`` as the parser reads it back from its text: a layout the printer leaves
+    out (a scalar's ``{}``, a token's) is read back as none."""
+    if shape.is_tuple:
+        elements = tuple(_as_printed(e) for e in shape.elements)
+        if all(a is b for a, b in zip(elements, shape.elements)):
+            return shape
+        return type(shape)(elements)
+    layout = shape.layout
+    if layout is None or (shape.dims and shape.dtype.is_array_type) \
+            or (layout.extra and not shape.dims):
+        return shape
+    return shape.with_layout(None)
+
+
 class Module:
     """An HLO module: computations (called ones first, as XLA prints them) and an entry."""
 
@@ -459,6 +474,54 @@ class Module:
         """A deep copy (through the text format, which is lossless for hlotk's IR)."""
         from .text.parser import parse_hlo
         return parse_hlo(self.to_text())
+
+    def copy(self) -> "Module":
+        """A deep copy built object by object, as ``clone`` would parse it back from the
+        printed text, without printing and parsing (issue 13: ``clone`` of the Adam step's
+        637 instructions took ~0.1 s, the copy ~0.01 s). As the parser does: non-entry
+        computations in order and the entry last, instructions in order with fresh uids,
+        users rebuilt from the operands in that order, names registered again from the live
+        instructions, layouts the text leaves out (a scalar's) dropped,
+        ``fusion_instruction`` set on each fusion's ``calls``, and nothing that the text
+        does not hold (attributes set on the objects by passes) carried over. Attribute
+        values and literals are deep copies (the called computations mapped to the
+        copies); shapes are shared (immutable)."""
+        import copy as copy_mod
+        new = Module(self.name)
+        new.config = copy_mod.deepcopy(self.config)
+        new.sections = {k: list(v) for k, v in self.sections.items()}
+        order = [c for c in self.computations if c is not self.entry]
+        if self.entry is not None:
+            order.append(self.entry)
+        # deepcopy's memo maps the old computations to the new ones inside attribute values.
+        memo: dict[int, Any] = {}
+        comps = []
+        for comp in order:
+            c = Computation(comp.name)
+            c.extra_attrs = comp.extra_attrs
+            memo[id(comp)] = c
+            comps.append(c)
+        for comp, c in zip(order, comps):
+            new.add_computation(c)
+            mapping: dict[int, Instruction] = {}
+            for inst in comp.instructions:
+                literal = inst.literal
+                if literal is not None:
+                    literal = copy_mod.deepcopy(literal)
+                i = Instruction(inst.opcode, [mapping[id(o)] for o in inst.operands],
+                                _as_printed(inst.shape), copy_mod.deepcopy(inst.attrs, memo),
+                                name=inst.name,
+                                literal=literal, parameter_number=inst.parameter_number)
+                i.control_predecessors = [mapping[id(p)] for p in inst.control_predecessors]
+                c.add_instruction(i)
+                mapping[id(inst)] = i
+            c.root = mapping[id(comp.root)] if comp.root is not None else None
+        if self.entry is not None:
+            new.entry = comps[-1]
+        for inst in new.all_instructions():
+            if inst.opcode == "fusion" and isinstance(inst.attrs.get("calls"), Computation):
+                inst.attrs["calls"].fusion_instruction = inst
+        return new
 
     def to_text(self, **options: Any) -> str:
         from .text.printer import print_module

@@ -8,6 +8,7 @@ Per-op extra checks are attached with ``@rule("verify", opcode)`` as ``fn(inst)`
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Optional
 
 import numpy as np
@@ -94,6 +95,15 @@ def _same_with_layouts(a: AnyShape, b: AnyShape) -> bool:
 
 def parse_program_shape(text: str) -> tuple[list[AnyShape], AnyShape]:
     """``{(f32[2]{0}, s32[])->f32[2]{0}}`` -> ([param shapes], result shape)."""
+    params, result = _parse_program_shape(text)
+    return list(params), result
+
+
+# The verifier reads the entry layout after every pass that changed the module, and the
+# text rarely changes (layout assignment writes it once): parsed once per text. A pure
+# function of the text, returning immutable shapes, so the cache needs no invalidation.
+@lru_cache(maxsize=64)
+def _parse_program_shape(text: str) -> tuple[tuple[AnyShape, ...], AnyShape]:
     from .text.parser import parse_shape
     s = text.strip()
     if s.startswith("{") and s.endswith("}"):
@@ -102,7 +112,7 @@ def parse_program_shape(text: str) -> tuple[list[AnyShape], AnyShape]:
     if arrow < 0 or not s.startswith("("):
         raise ShapeError("expected '(params)->result'")
     inside = s[1:s.rindex(")", 0, arrow)]
-    params = [parse_shape(p) for p in _split_top_level(inside)]
+    params = tuple(parse_shape(p) for p in _split_top_level(inside))
     return params, parse_shape(s[arrow + 2:].strip())
 
 

@@ -321,7 +321,8 @@ def reads_at_same_index(fusion: Instruction, param: int, output: int,
     return reached == {output} or (single_pass and output in reached)
 
 
-def can_share_operand_buffer(user: Instruction, operand_number: int, user_index: Index = ()) -> bool:
+def can_share_operand_buffer(user: Instruction, operand_number: int, user_index: Index = (),
+                             slots: Optional[list[int]] = None) -> bool:
     """Whether leaf ``user_index`` of ``user``'s result may be written over the buffer of
     operand ``operand_number`` (XLA's CanShareOperandBufferWithUser; buffer assignment still
     checks that the operand dies at ``user`` and that the sizes match).
@@ -333,6 +334,9 @@ def can_share_operand_buffer(user: Instruction, operand_number: int, user_index:
     - sort permutes operand i into result i in place, when it is the operand's only user;
     - an all-reduce reduces operand k into result k in place;
     - nothing else: it reads the operand at other indices than it writes.
+
+    ``slots``: the operand numbers holding the same value as ``operand_number`` (found
+    here when not given; ``in_place_operand_candidates`` finds them once per user).
     """
     operand = user.operands[operand_number]
     if operand.opcode == "constant" or operand.shape.is_tuple or not operand.shape.is_array:
@@ -342,7 +346,8 @@ def can_share_operand_buffer(user: Instruction, operand_number: int, user_index:
         return False
     # Every operand slot holding this value must be safe: fusion(a, a) reads a through two
     # fused parameters, and an in-place op may not also read its target as an update.
-    slots = [k for k, o in enumerate(user.operands) if o is operand]
+    if slots is None:
+        slots = [k for k, o in enumerate(user.operands) if o is operand]
     if (operand_number, user_index) in in_place_pairs(user):
         return len(slots) == 1
     if user.opcode == "fusion":
@@ -372,9 +377,14 @@ def in_place_operand_candidates(inst: Instruction) -> list[tuple[Index, int]]:
     buffer if the operand dies at ``inst``: ``can_share_operand_buffer`` over every array
     leaf of the result and every operand."""
     out: list[tuple[Index, int]] = []
+    # Each operand's slots, once (a fusion of many operands and outputs asked for them per
+    # pair, quadratic in its operands: ~0.5 s of an AdamW step's buffer assignment).
+    slots: dict[int, list[int]] = {}
+    for k, o in enumerate(inst.operands):
+        slots.setdefault(id(o), []).append(k)
     for index, _ in array_leaves(inst.shape):
-        for k in range(len(inst.operands)):
-            if can_share_operand_buffer(inst, k, index):
+        for k, o in enumerate(inst.operands):
+            if can_share_operand_buffer(inst, k, index, slots[id(o)]):
                 out.append((index, k))
     return out
 

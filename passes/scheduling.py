@@ -137,12 +137,17 @@ def list_schedule(comp: Computation, model: MemoryModel) -> list[Instruction]:
         for bs in model.reads[inst.uid]:
             readers_left[bs.id] = readers_left.get(bs.id, 0) + 1
     position = {i.uid: k for k, i in enumerate(comp.instructions)}
+    # Each buffer's size, once: ``BufferSet.size`` walks its positions, and the priorities
+    # of all ready instructions are computed at every step (the graph does not change
+    # while it is scheduled).
+    size = {bs.id: bs.size for sets in (model.reads, model.defines)
+            for bss in sets.values() for bs in bss}
+    alloc_of = {uid: sum(size[bs.id] for bs in bss) for uid, bss in model.defines.items()}
 
     def priority(inst: Instruction) -> tuple[int, int]:
-        freed = sum(bs.size for bs in model.reads[inst.uid]
+        freed = sum(size[bs.id] for bs in model.reads[inst.uid]
                     if readers_left[bs.id] == 1 and bs.id not in model.pinned)
-        alloc = sum(bs.size for bs in model.defines[inst.uid])
-        return (alloc - freed, position[inst.uid])
+        return (alloc_of[inst.uid] - freed, position[inst.uid])
 
     ready = [i for i in comp.instructions if waiting[i.uid] == 0]
     order: list[Instruction] = []

@@ -341,9 +341,10 @@ class Client:
         ``pipeline`` chooses the HLO passes run first: ``"none"``, ``"default"`` (the
         backend's full pipeline), ``"simplify"`` or a pass spec such as
         ``"inline,fixpoint(simplify,cse,dce)"``. The caller's module is not modified.
-        ``verify`` checks the module before and after every pass; ``dump_dir`` writes the
-        per-pass dump (HLO text, graphs, index.html). ``poison`` (CPU) fills the buffer
-        arena with 0xFF bytes before each run (default: env ``HLOTK_POISON_ARENA=1``).
+        ``verify`` checks the module before the passes and after every pass that changed it;
+        ``dump_dir`` writes the per-pass dump (HLO text, graphs, index.html). ``poison``
+        (CPU) fills the buffer arena with 0xFF bytes before each run (default: env
+        ``HLOTK_POISON_ARENA=1``).
         """
         spec = resolve_pipeline(pipeline, self.platform)
         if target is not None:
@@ -362,17 +363,19 @@ class Client:
 
             def run(m: hlo.Module) -> list:
                 from .tools import compile_module      # only on a miss (its imports)
-                return compile_module(m, spec, backend=self.platform, verify=verify)[0]
+                # ``m`` is a copy of the module compile_cache has just verified (``check``).
+                return compile_module(m, spec, backend=self.platform, verify=verify,
+                                      verified=verify)[0]
             module, records, cache_hit = compile_cache.compiled(
                 module, spec, self.platform, run, check=hlo.verify if verify else None)
         else:
             if verify:
                 hlo.verify(module)
-            module = module.clone()
+            module = module.copy()
             if dump_dir is not None:
                 from .tools import compile_module
                 records, _ = compile_module(module, spec, backend=self.platform,
-                                            dump_dir=dump_dir, verify=verify)
+                                            dump_dir=dump_dir, verify=verify, verified=verify)
         # The backend's own lowering (passes/pipelines.py MANDATORY_LOWERING), whatever
         # the pipeline: a spec of "none" or one a user wrote must not give a wrong answer.
         from passes.pipelines import run_mandatory_lowering

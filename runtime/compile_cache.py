@@ -61,7 +61,7 @@ def compiled(module: hlo.Module, spec: str, backend: str,
     if not enabled():
         if check is not None:
             check(module)
-        copy = module.clone()
+        copy = module.copy()
         return copy, run(copy), False
     try:
         text = module.to_text()
@@ -92,7 +92,7 @@ def compiled(module: hlo.Module, spec: str, backend: str,
             pass
     if check is not None:
         check(module)
-    copy = module.clone()
+    copy = module.copy()
     records = run(copy)
     try:
         # Pickled (parsing the text back costs as much as the passes on a big module);
@@ -151,6 +151,6 @@ def imported(exported: object) -> hlo.Module:
 
 def _store(path: Path, data: bytes) -> None:
     """Write an entry through a temporary file and a rename (no partial entry, no stray
-    temporary file on a failure); only on a miss, so dump's writer is imported here."""
-    from .dump import atomic_write
+    temporary file on a failure)."""
+    from .atomic import atomic_write
     atomic_write(path, data)

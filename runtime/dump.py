@@ -11,9 +11,7 @@ before/after graphs side by side with the name-aligned diff and the text diff, a
 from __future__ import annotations
 
 import html
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -23,25 +21,7 @@ from hlo.diff import ModuleDiff, diff_modules, unified_text_diff
 from hlo.render import DOT_MISSING_HINT, RenderError, dot_available, dot_to_svg, to_dot
 from passes.pipeline import PassRecord
 
-
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write via a temporary file in the same directory and rename: no partial files."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
-            f.write(data)
-        # mkstemp makes the file 0600; give it the mode a plain open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+from .atomic import atomic_write  # noqa: F401  (its home before issue 13; callers import it here)
 
 
 def _slug(name: str) -> str:

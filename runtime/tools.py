@@ -5,23 +5,26 @@ from pathlib import Path
 from typing import Optional, TextIO
 
 import hlo
-from hlo.diff import diff_modules
 from passes.pipeline import PassRecord, run_pipeline
 from passes.pipelines import pipeline_spec
 
-from .dump import PassDumper, atomic_write
+# ``hlo.diff`` and ``runtime.dump`` (graph rendering) are imported where they are used: a
+# compile without a dump imports this module for ``compile_module`` alone (issue 13).
 
 
 def compile_module(module: hlo.Module, passes: str = "default", *, backend: str = "cpu",
                    dump_dir: Optional[str | Path] = None, verify: bool = False,
-                   render_svg: bool = True) -> tuple[list[PassRecord], Optional[Path]]:
-    """Run a pipeline (a name such as ``default`` or a spec) in place, optionally dumping."""
+                   render_svg: bool = True, verified: bool = False,
+                   ) -> tuple[list[PassRecord], Optional[Path]]:
+    """Run a pipeline (a name such as ``default`` or a spec) in place, optionally dumping.
+    ``verified``: the caller has just verified ``module`` (``run_pipeline``)."""
     spec = pipeline_spec(passes, backend)
     if dump_dir is None:
-        return run_pipeline(module, spec, verify=verify), None
+        return run_pipeline(module, spec, verify=verify, verified=verified), None
+    from .dump import PassDumper
     dumper = PassDumper(Path(dump_dir), render_svg=render_svg,
                         title=f"hlotk: {module.name} through {spec or 'no passes'}")
-    records = run_pipeline(module, spec, verify=verify, hooks=[dumper])
+    records = run_pipeline(module, spec, verify=verify, hooks=[dumper], verified=verified)
     return records, dumper.finish(module)
 
 
@@ -38,6 +41,9 @@ def format_records(records: list[PassRecord]) -> str:
 def diff_texts(text_a: str, text_b: str, *, name_a: str = "a", name_b: str = "b",
                html_out: Optional[str | Path] = None, out: Optional[TextIO] = None) -> int:
     """Diff two HLO texts by instruction name; returns 0 if equal, 1 if they differ."""
+    from hlo.diff import diff_modules
+
+    from .atomic import atomic_write
     a = hlo.parse_hlo(text_a, filename=name_a)
     b = hlo.parse_hlo(text_b, filename=name_b)
     d = diff_modules(a, b)

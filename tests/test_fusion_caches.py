@@ -1,5 +1,6 @@
 """The fusion state's caches (consumers, node estimates, candidates per group, readers per
-value, candidate estimates) give the answers a fresh computation gives, at every call,
+value, user nodes, work per instruction, candidate estimates, priorities) give the answers
+a fresh computation gives, at every call,
 through whole CUDA-pipeline compiles (issue 13: they made the passes 2x faster on an Adam
 step, and must not change a decision)."""
 from __future__ import annotations
@@ -71,6 +72,9 @@ def _checked(monkeypatch, mismatches: list) -> None:
     check("consumers", "_consumers", ids)
     check("node_estimate", "_node_estimates")
     check("group_readers", "_group_readers", ids)
+    check("user_nodes", "_user_nodes", ids)
+    check("work_of", "_work")
+    check("copy_estimate", "_copy_estimates")
     orig_pc = policy_mod.producer_consumer_candidates
 
     def pc(state, *a, **k):
@@ -90,6 +94,14 @@ def _checked(monkeypatch, mismatches: list) -> None:
     monkeypatch.setattr(policy_mod, "estimates", est)
     monkeypatch.setattr(priority_mod, "benefit_us",
                         lambda c, s: (lambda e: e[0].time_us - e[1].time_us)(est(c, s)))
+    orig_priority = priority_mod.PriorityPolicy.priority
+
+    def priority(self, c, state):
+        got = orig_priority(self, c, state)
+        if got != self._priority(c, state):
+            mismatches.append(("priority", c.key))
+        return got
+    monkeypatch.setattr(priority_mod.PriorityPolicy, "priority", priority)
 
 
 @pytest.mark.parametrize("name", ["adam", "transformer_block", "mlp_train_step",
@@ -108,3 +120,89 @@ def test_fusion_caches_answer_as_fresh(monkeypatch, name):
     assert mismatches == []
     assert checked == plain          # the same module and decision log either way
     assert "fusion" in plain
+
+
+@pytest.mark.parametrize("name", ["adam", "transformer_block", "mlp_train_step",
+                                  "conv_grad_maxpool_grad"])
+def test_ranked_loop_decides_as_the_general_one(monkeypatch, name):
+    """Priority fusion's incremental loop (pass_.run_ranked) makes the decisions, in the
+    order, of the general loop that scores every candidate every round."""
+    from passes.fusion import pass_
+    if name == "adam":
+        fn, args = _adam, _adam_args()
+    else:
+        prog = by_name(name)
+        fn, args = prog.fn, prog.args()
+    used = []
+    real = pass_.run_ranked
+    monkeypatch.setattr(pass_, "run_ranked", lambda *a: used.append(1) or real(*a))
+    ranked = _compile(fn, args)
+    assert used
+    monkeypatch.setattr(pass_, "ranks_by_group", lambda policy: False)
+    assert _compile(fn, args) == ranked
+
+
+def test_a_policy_that_changes_priorities_goes_the_general_way():
+    from passes.fusion import pass_
+
+    class Reversed(priority_mod.PriorityPolicy):
+        def priority(self, c, state):
+            return -super().priority(c, state)
+    assert pass_.ranks_by_group(priority_mod.PriorityPolicy())
+    assert not pass_.ranks_by_group(Reversed())
+
+
+@pytest.mark.parametrize("name", ["adam", "transformer_block", "mlp_train_step"])
+def test_ranked_loop_rankings_are_current(monkeypatch, name):
+    """Every round, each live group's kept ranking is what ranking its candidates afresh
+    gives (``FusionState.changed`` names every group whose ranking may have changed)."""
+    from passes.fusion import pass_
+    from passes.fusion.policy import group_candidates
+    fn, args = (_adam, _adam_args()) if name == "adam" else \
+        (by_name(name).fn, by_name(name).args())
+    rounds, stale = [], []
+    real_run = pass_.run_ranked
+
+    def run(state, policy, *a):
+        def audit(ranked):
+            rounds.append(1)
+            assert set(ranked) == set(state.groups)
+            for gid, (cands, order) in ranked.items():
+                now = group_candidates(state, state.groups[gid])
+                fresh = sorted((-policy._priority(c, state), j) for j, c in enumerate(now))
+                if now is not cands or fresh != order:
+                    stale.append(gid)
+        return real_run(state, policy, *a, audit=audit)
+    monkeypatch.setattr(pass_, "run_ranked", run)
+    _compile(fn, args)
+    assert len(rounds) > 3 and stale == []
+
+
+def test_a_duplicate_marks_the_producers_of_the_dropped_estimates_changed():
+    """What run_ranked's rankings rely on: a duplicate drops the cached estimates of the
+    candidates naming the groups it touches and marks their producers changed."""
+    import hlo
+    from passes.fusion.cost_model import get_device
+    from passes.fusion.policy import Candidate, estimates
+    m = hlo.parse_hlo("""HloModule m
+
+ENTRY %main (p0: f32[4096]) -> (f32[4096], f32[4096]) {
+  %p0 = f32[4096]{0} parameter(0)
+  %x = f32[4096]{0} exponential(%p0)
+  %p = f32[4096]{0} negate(%x)
+  %a = f32[4096]{0} add(%p, %p0)
+  %b = f32[4096]{0} multiply(%p, %p0)
+  ROOT %t = (f32[4096], f32[4096]) tuple(%a, %b)
+}
+""")
+    comp = m.entry
+    by = {i.name: i for i in comp.instructions}
+    state = rewrite.FusionState(comp, get_device("h200"),
+                                fusible=lambda i: i.opcode not in ("parameter", "tuple"))
+    gx, gp, ga = (state.group_of(by[n]) for n in ("x", "p", "a"))
+    before = estimates(Candidate("merge", gx, (gp,)), state)
+    assert gx.id in state.take_changed() and not state.changed    # made: all changed
+    state.duplicate(gp, ga)
+    assert gx.id in state.changed
+    assert ("merge", gx.id, gp.id) not in state._candidates
+    assert before is not estimates(Candidate("merge", gx, (gp,)), state)

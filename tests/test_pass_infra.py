@@ -128,3 +128,84 @@ ENTRY %main (p: f32[4,8]) -> (f32[4], f32[4], f32[4], f32[4]) {
     assert t.operands[3] is not t.operands[0]             # operands swapped: not the same text
     for got, w in zip(hlo.evaluate(m, [x]), want):
         np.testing.assert_array_equal(got, w)
+
+
+# --- verification after passes (issue 13: only where the module changed, as XLA) ----------
+class _Pass:
+    """A test pass: ``edit`` (module -> None) applied, ``changed`` reported."""
+
+    def __init__(self, name, changed=False, edit=None):
+        self.name, self.changed, self.edit = name, changed, edit
+
+    def run(self, module):
+        if self.edit is not None:
+            self.edit(module)
+        return self.changed
+
+
+def _break_root(m):
+    """An instruction whose declared shape is wrong (the verifier's shape check)."""
+    root = m.entry.root
+    root.shape = hlo.parse_hlo(TEXT.replace("f32[4]", "f32[5]")).entry.root.shape
+
+
+def _drop_dead(m):
+    m.entry.remove_dead()
+
+
+def test_verification_runs_after_the_first_pass_and_after_changes(monkeypatch):
+    import hlo.verifier
+    seen = []
+    real = hlo.verifier.verify
+    monkeypatch.setattr(hlo.verifier, "verify", lambda m: (seen.append(1), real(m)))
+    m = hlo.parse_hlo(TEXT)
+    run_pipeline(m, [_Pass("a"), _Pass("b"), _Pass("c", changed=True), _Pass("d")], verify=True)
+    assert len(seen) == 2            # after a (first) and c (changed)
+    seen.clear()
+    run_pipeline(m, [_Pass("a"), _Pass("b")], verify=True, verified=True)
+    assert seen == []                # the caller verified it; nothing changed
+    seen.clear()
+    # Reported unchanged, but an instruction went: verified all the same.
+    run_pipeline(m, [_Pass("a"), _Pass("liar", edit=_drop_dead)], verify=True, verified=True)
+    assert len(seen) == 1
+
+
+def test_a_broken_module_is_still_reported():
+    # An invalid input and passes that change nothing: the first pass's verification says so.
+    m = hlo.parse_hlo(TEXT)
+    _break_root(m)
+    with pytest.raises(PassError, match="after pass a"):
+        run_pipeline(m, [_Pass("a"), _Pass("b")], verify=True)
+    # A pass that breaks the module and says so.
+    m = hlo.parse_hlo(TEXT)
+    with pytest.raises(PassError, match="after pass breaks"):
+        run_pipeline(m, [_Pass("a"), _Pass("breaks", changed=True, edit=_break_root)],
+                     verify=True)
+
+
+def test_default_pipelines_report_changes_honestly():
+    """The rule above trusts ``changed``: every pass of the default CPU and CUDA pipelines
+    that reports no change leaves the module's text as it was (on a few programs)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from passes.fusion.pass_ import with_target
+    from passes.pipelines import pipeline_spec
+    texts = {}
+
+    def hook(event, p, module, record):
+        if event == "before":
+            texts["before"] = module.to_text()
+        elif not record.changed:
+            assert module.to_text() == texts["before"], f"{record.name} changed silently"
+
+    def prog(x, w, b):
+        h = jnp.tanh(x @ w + b)
+        return (h * h).sum(-1), jnp.maximum(h, 0.0).mean()
+
+    args = (np.ones((16, 8), np.float32), np.ones((8, 8), np.float32), np.ones((8,), np.float32))
+    for spec in (pipeline_spec("default", "cpu"),
+                 with_target(pipeline_spec("default", "cuda"), "h200")):
+        m = hlo.from_jax(prog, *args)
+        records = run_pipeline(m, spec, verify=True, hooks=[hook])
+        assert any(not r.changed for r in records)

@@ -103,6 +103,53 @@ def test_round_trip(path):
     assert printed == text
 
 
+def _assert_copy_is_clone(m: hlo.Module) -> None:
+    """``Module.copy`` gives what ``clone`` (print, parse back) gives, sharing no object
+    of the graph with the original."""
+    copied, cloned = m.copy(), m.clone()
+    assert copied.to_text() == cloned.to_text() == m.to_text()
+    assert_same_module(copied, cloned)
+    old = {id(x) for c in m.computations for x in [c] + c.instructions}
+    for cc, cl in zip(copied.computations, cloned.computations):
+        assert id(cc) not in old and cc.parent is copied
+        assert (cc.fusion_instruction is None) == (cl.fusion_instruction is None)
+        if cc.fusion_instruction is not None:
+            assert cc.fusion_instruction.attrs["calls"] is cc
+        for ic, il in zip(cc.instructions, cl.instructions):
+            assert id(ic) not in old and ic.parent is cc
+            # users in the parser's order (program order), not the original's
+            assert [u.name for u in ic.users] == [u.name for u in il.users]
+            for callee in ic.called_computations:
+                assert callee.parent is copied
+    assert copied._names == cloned._names
+    assert copied._computation_names == cloned._computation_names
+
+
+@pytest.mark.parametrize("path", ALL, ids=_id)
+def test_copy_is_clone_without_printing(path):
+    _assert_copy_is_clone(hlo.parse_hlo(path.read_text(), str(path)))
+
+
+def test_copy_of_a_fused_module_is_independent():
+    import jax.numpy as jnp
+
+    from passes import run_pipeline
+    from passes.pipelines import pipeline_spec
+    m = hlo.from_jax(lambda x, y: jnp.tanh(x @ y + 1.0).sum(0) * 2.0,
+                     np.ones((8, 4), np.float32), np.ones((4, 4), np.float32))
+    run_pipeline(m, pipeline_spec("default", "cpu"))
+    assert any(i.opcode == "fusion" for i in m.entry.instructions)
+    _assert_copy_is_clone(m)
+    # The copy's attributes and config are its own: changing them leaves the original.
+    before = m.to_text()
+    c = m.copy()
+    c.config["entry_computation_layout"] = "changed"
+    for inst in c.all_instructions():
+        inst.attrs.clear()
+    c.entry.instructions[-1].name = "renamed"
+    assert m.to_text() == before
+
+
 def test_parsed_module_structure():
     m = hlo.parse_hlo((DATA / "constants.compiled.hlo.txt").read_text())
     assert m.name == "jit_constants"

@@ -5,7 +5,7 @@
 # tests: the direct launch's GPU tests first (a broken launch stops here), then the GPU tests
 # of the files this branch touches and the runtime's, then softmax's cold/warm first call.
 # bench: this branch ("after") and main (the lead's checkout, the run's root: "before") on
-# five suite programs, then two held-out programs (benchmarks/heldout.py); both trees
+# five suite programs, then two held-out programs (benchmarks/heldout_programs.py); both trees
 # byte-compiled first.
 set -u
 OUT=${OUT:-/tmp}

@@ -28,7 +28,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 from hlo.errors import HlotkError
 from hlo.ir import Computation, Instruction, Module
@@ -289,12 +289,15 @@ ZERO = Estimate(0.0, 0, 0, 0.0, kernels=0)
 
 
 def estimate_kernel(body: Sequence[Instruction], outputs: Sequence[Instruction],
-                    spec: DeviceSpec, small_constant_elements: int = 0) -> Estimate:
+                    spec: DeviceSpec, small_constant_elements: int = 0,
+                    work: Callable[[Instruction], Work] = work_of) -> Estimate:
     """One kernel computing ``body`` and writing ``outputs``.
 
     Operands of body instructions that are not in ``body`` are the kernel's inputs; each is
     read once, at most its size, however many body instructions read it (cache reuse).
     Constants with at most ``small_constant_elements`` elements are folded into the kernel.
+    ``work``: ``work_of``, or a cache of it (the fusion state's: the graph does not change
+    while fusion estimates).
     """
     inside = {id(i) for i in body}
     if all(is_free(i) for i in body):
@@ -316,7 +319,7 @@ def estimate_kernel(body: Sequence[Instruction], outputs: Sequence[Instruction],
     tensor = cuda = trans = 0.0
     kind = ""
     for inst in body:
-        w = work_of(inst)
+        w = work(inst)
         tensor += w.tensor_flops
         kind = w.tensor_kind or kind
         cuda += w.flops

@@ -17,8 +17,7 @@ class with these three methods (``name`` too), passed by object or as ``"module:
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Protocol, Union, runtime_checkable
 
 from hlo.errors import HlotkError
@@ -34,13 +33,17 @@ class Candidate:
     producer: Group                 # for siblings: the first of the two
     consumers: tuple[Group, ...]    # merge/sibling: one group; duplicate: every consumer
 
+    # (action, producer id, consumer ids...): asked for on every scoring, so made once with
+    # the candidate (groups never change their id) as a plain attribute.
+    key: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.action, self.producer.id)
+                           + tuple(g.id for g in self.consumers))
+
     @property
     def consumer(self) -> Group:
         return self.consumers[0]
-
-    @cached_property     # groups never change their id; asked for on every scoring
-    def key(self) -> tuple:
-        return (self.action, self.producer.id) + tuple(g.id for g in self.consumers)
 
 
 @runtime_checkable
@@ -63,14 +66,20 @@ def producer_consumer_candidates(state: FusionState, duplicates: bool = True,
     A group's candidates depend on its consumers only, so they are kept with them in the
     state (dropped when those change): the fusion loop asks after every fusion, and the
     same objects come back, each computing its key once."""
-    flags = (duplicates, multi_output)
-    cache = state._pc_candidates
     for p in list(state.groups.values()):
-        per_group = cache.setdefault(p.id, {})
-        cands = per_group.get(flags)
-        if cands is None:
-            cands = per_group[flags] = _group_candidates(state, p, duplicates, multi_output)
-        yield from cands
+        yield from group_candidates(state, p, duplicates, multi_output)
+
+
+def group_candidates(state: FusionState, p: Group, duplicates: bool = True,
+                     multi_output: bool = True) -> list[Candidate]:
+    """The candidates with producer ``p`` (do not modify the list): the same list object
+    until ``p``'s consumers change (the state drops it then)."""
+    flags = (duplicates, multi_output)
+    per_group = state._pc_candidates.setdefault(p.id, {})
+    cands = per_group.get(flags)
+    if cands is None:
+        cands = per_group[flags] = _group_candidates(state, p, duplicates, multi_output)
+    return cands
 
 
 def _group_candidates(state: FusionState, p: Group, duplicates: bool,
@@ -92,12 +101,17 @@ def sibling_candidates(state: FusionState, min_shared_bytes: int = 1 << 16) -> I
     """Pairs of groups (in program order) that read the same input of at least
     ``min_shared_bytes``."""
     seen: set[tuple[int, int]] = set()
+    made = state._siblings       # the same object for the same pair in every round
     for inst in state.values_of_at_least(min_shared_bytes):
         readers = state.group_readers(inst)
         for a, b in zip(readers, readers[1:]):
-            if (a.id, b.id) not in seen:
-                seen.add((a.id, b.id))
-                yield Candidate("sibling", a, (b,))
+            pair = (a.id, b.id)
+            if pair not in seen:
+                seen.add(pair)
+                c = made.get(pair)
+                if c is None:
+                    c = made[pair] = Candidate("sibling", a, (b,))
+                yield c
 
 
 def estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:
@@ -117,8 +131,7 @@ def _estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:
         together = None
         for g in c.consumers:
             apart = apart + state.node_estimate(g)
-            inst = g.instances() + [i for i in p.instances() if i not in g]
-            e = state.estimate(inst, {g.id})
+            e = state.copy_estimate(p, g)
             together = e if together is None else together + e
         assert together is not None
         return apart, together

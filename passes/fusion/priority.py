@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from .legality import YES, Decision, no
-from .policy import (Candidate, benefit_us, producer_consumer_candidates, register_policy,
-                     sibling_candidates, split_note)
+from .policy import (Candidate, benefit_us, estimates, producer_consumer_candidates,
+                     register_policy, sibling_candidates, split_note)
 from .rewrite import FusionState
 
 SIBLING_PENALTY = 1e9
@@ -34,6 +34,21 @@ class PriorityPolicy:
             yield from sibling_candidates(state)
 
     def priority(self, c: Candidate, state: FusionState) -> float:
+        # The fusion loop asks for every candidate's priority after every fusion (~300 x
+        # 360 on the Adam step). It is a function of the candidate's estimates and of its
+        # groups' contents, which never change for a group id: kept in the state beside
+        # the estimates object it was computed from, and recomputed when the state has
+        # dropped those estimates and made new ones (a duplicate changes readers).
+        key = c.key
+        est = state._candidates.get(key) or estimates(c, state)
+        known = state.priorities.get(key)
+        if known is not None and known[0] is est:
+            return known[1]
+        value = self._priority(c, state)
+        state.priorities[key] = (est, value)
+        return value
+
+    def _priority(self, c: Candidate, state: FusionState) -> float:
         b = benefit_us(c, state)
         if b == 0.0 and _free(c):
             b = 1e-3        # fold views (reshape/bitcast) into their consumer

@@ -19,7 +19,8 @@ from hlo.attrs import Raw
 from hlo.ir import Computation, Instruction
 from hlo.shape import TupleShape
 
-from .cost_model import DeviceSpec, Estimate, elements, estimate_kernel, is_free
+from .cost_model import (DeviceSpec, Estimate, Work, elements, estimate_kernel, is_free,
+                         work_of)
 from .kinds import FLASH_ATTENTION_CONFIG, TRITON_GEMM, TRITON_NORMALIZATION
 
 _gids = itertools.count(1)
@@ -41,12 +42,18 @@ class Group:
     # operands (the attention backward reads the forward's output O for rowsum(dO∘O)).
     reads: list[Instruction] = field(default_factory=list)
     id: int = field(default_factory=lambda: next(_gids))
+    # ids of the instances, made on the first ``in``: a group's contents never change once
+    # it is made (a merge or a duplicate makes a new group), so it needs no invalidation.
+    _ids: Optional[frozenset[int]] = field(default=None, init=False, repr=False)
 
     def instances(self) -> list[Instruction]:
         return self.members + self.copies
 
     def __contains__(self, inst: Instruction) -> bool:
-        return any(i is inst for i in self.members) or any(i is inst for i in self.copies)
+        ids = self._ids
+        if ids is None:
+            ids = self._ids = frozenset(id(i) for i in self.members + self.copies)
+        return id(inst) in ids
 
     @property
     def label(self) -> str:
@@ -78,10 +85,20 @@ class FusionState:
         self._firsts: dict[int, int] = {}
         self._candidates: dict[tuple, tuple[Estimate, Estimate]] = {}
         self._candidates_of: dict[int, list[tuple]] = {}   # group id -> keys naming it
+        # Ids of the groups made, or whose candidates or their estimates may have changed,
+        # since the fusion loop last asked (pass_.run_ranked re-ranks exactly these): a
+        # group's candidate list is made again only after ``_forget_readers_of`` drops it,
+        # and cached candidate estimates are dropped only by a duplicate.
+        self.changed: set[int] = set()
         self._big: dict[int, list[Instruction]] = {}
         self._consumers: dict[int, list[Node]] = {}
         self._node_estimates: dict[int, Estimate] = {}
+        # (producer id, consumer id) -> the consumer's kernel with the producer recomputed
+        # in it (copy_estimate), and consumer id -> those keys
+        self._copy_estimates: dict[tuple[int, int], Estimate] = {}
+        self._copy_estimates_of: dict[int, list[tuple[int, int]]] = {}
         self._group_readers: dict[int, list[Group]] = {}      # inst id -> group_readers
+        self._user_nodes: dict[int, list[Node]] = {}          # inst id -> user_nodes
         self._pc_candidates: dict[int, dict[tuple, list]] = {}  # group id -> flags -> list
         self.epoch = 0        # bumped when readers change in ways merges do not (duplicates)
         # Price groups whose dot the backend runs as library GEMM + loop kernels that way
@@ -89,6 +106,14 @@ class FusionState:
         self.split_gemms = False
         # candidate key -> whether it merges ops into a GEMM group (priority.py)
         self.gemm_merges: dict[tuple, bool] = {}
+        # inst id -> its arithmetic (cost_model.work_of): the graph does not change while
+        # the state lives (materialize rewrites it at the end), so it needs no invalidation.
+        self._work: dict[int, Work] = {}
+        # (group id, group id) -> the sibling Candidate of that pair (policy.py): a pair's
+        # candidate is the same whatever round finds it (groups never change contents).
+        self._siblings: dict[tuple[int, int], object] = {}
+        # candidate key -> (the estimates it was computed from, priority) (priority.py)
+        self.priorities: dict[tuple, tuple[tuple[Estimate, Estimate], float]] = {}
         for inst in comp.instructions:
             if fusible is None or fusible(inst):
                 self._add(Group([inst]))
@@ -97,7 +122,12 @@ class FusionState:
     def _add(self, g: Group) -> Group:
         g.members.sort(key=self.pos)
         g.copies.sort(key=self.pos)
+        # The groups' order (candidates are enumerated in it) is their ids' order:
+        # pass_.run_ranked breaks ties by id.
+        if self.groups and next(reversed(self.groups)) > g.id:
+            raise AssertionError(f"group {g.id} added after group {next(reversed(self.groups))}")
         self.groups[g.id] = g
+        self.changed.add(g.id)
         for m in g.members:
             self.home[id(m)] = g
         for c in g.copies:
@@ -119,8 +149,17 @@ class FusionState:
         return self.home.get(id(inst), inst)
 
     # --- graph queries ----------------------------------------------------------------------
-    def user_nodes(self, inst: Instruction) -> Iterator[Node]:
-        """Every node (group or unfused instruction) holding an instance of a user of inst."""
+    def user_nodes(self, inst: Instruction) -> list[Node]:
+        """Every node (group or unfused instruction) holding an instance of a user of inst
+        (do not modify the list). Cached as ``group_readers`` is: the nodes holding inst's
+        users change only when a group holding one of them changes, and
+        ``_forget_readers_of`` drops the entries of those groups' instances' operands."""
+        out = self._user_nodes.get(id(inst))
+        if out is None:
+            out = self._user_nodes[id(inst)] = list(self._find_user_nodes(inst))
+        return out
+
+    def _find_user_nodes(self, inst: Instruction) -> Iterator[Node]:
         for u in inst.users:
             if u.parent is not self.comp:
                 continue
@@ -191,15 +230,20 @@ class FusionState:
         for g in groups:
             self._consumers.pop(g.id, None)
             self._node_estimates.pop(g.id, None)
+            self._drop_copy_estimates(g.id)
             self._pc_candidates.pop(g.id, None)
+            self.changed.add(g.id)
             for i in g.instances():
                 for o in i.operands:
                     self._group_readers.pop(id(o), None)
+                    self._user_nodes.pop(id(o), None)
                     h = self.home.get(id(o))
                     if h is not None:
                         self._consumers.pop(h.id, None)
                         self._node_estimates.pop(h.id, None)
+                        self._drop_copy_estimates(h.id)
                         self._pc_candidates.pop(h.id, None)
+                        self.changed.add(h.id)
 
     def group_readers(self, inst: Instruction) -> list[Group]:
         """The distinct groups holding an instance of a user of ``inst``, by their first
@@ -277,9 +321,17 @@ class FusionState:
                 from .split_gemm import split_estimate
                 est = split_estimate(instances, outs, self.spec, SMALL_CONSTANT_ELEMENTS)
             if est is None:
-                est = estimate_kernel(instances, outs, self.spec, SMALL_CONSTANT_ELEMENTS)
+                est = estimate_kernel(instances, outs, self.spec, SMALL_CONSTANT_ELEMENTS,
+                                      self.work_of)
             self._estimates[key] = est
         return est
+
+    def work_of(self, inst: Instruction) -> Work:
+        """``cost_model.work_of(inst)``, once per instruction."""
+        w = self._work.get(id(inst))
+        if w is None:
+            w = self._work[id(inst)] = work_of(inst)
+        return w
 
     def candidate_estimates(self, key: tuple, compute: Callable[[], tuple[Estimate, Estimate]]
                             ) -> tuple[Estimate, Estimate]:
@@ -312,6 +364,26 @@ class FusionState:
             self._node_estimates[key] = est
         return est
 
+    def copy_estimate(self, producer: Group, consumer: Group) -> Estimate:
+        """The predicted cost of ``consumer``'s kernel with ``producer`` recomputed in it
+        (a duplicate's, per consumer). Cached as ``node_estimate`` is, and dropped with the
+        consumer's: the kernel writes the consumer's outputs (the copies are not outputs),
+        which change only with the consumer's readers; both groups' contents never change.
+        A producer read by hundreds of groups (a scalar's broadcast in an optimizer step)
+        gets a new duplicate candidate each time one of them fuses, and all but one of its
+        consumers are as they were."""
+        key = (producer.id, consumer.id)
+        est = self._copy_estimates.get(key)
+        if est is None:
+            inst = consumer.instances() + [i for i in producer.instances() if i not in consumer]
+            est = self._copy_estimates[key] = self.estimate(inst, {consumer.id})
+            self._copy_estimates_of.setdefault(consumer.id, []).append(key)
+        return est
+
+    def _drop_copy_estimates(self, consumer_id: int) -> None:
+        for key in self._copy_estimates_of.pop(consumer_id, ()):
+            self._copy_estimates.pop(key, None)
+
     # --- actions --------------------------------------------------------------------------
     def merge(self, a: Group, b: Group) -> Group:
         """One group holding both (multi-output if a member is still read outside)."""
@@ -333,7 +405,8 @@ class FusionState:
         touched = {producer.id} | {n.id for n in self.producers(producer) if isinstance(n, Group)}
         for gid in touched:        # by the index, not a scan of every cached candidate
             for k in self._candidates_of.pop(gid, ()):
-                self._candidates.pop(k, None)
+                if self._candidates.pop(k, None) is not None:
+                    self.changed.add(k[1])     # k's producer: its priorities are stale
         new = [i for i in producer.instances() if i not in consumer]
         self._forget_readers_of((producer, consumer))
         self._drop(consumer)
@@ -344,8 +417,16 @@ class FusionState:
             for m in producer.members:
                 del self.home[id(m)]
                 self.dissolved.add(id(m))
+                for o in m.operands:    # m is no longer a node reading them
+                    self._user_nodes.pop(id(o), None)
         return merged
 
+
+    def take_changed(self) -> list[int]:
+        """The ids in ``changed`` (ascending), which is emptied."""
+        out = sorted(self.changed)
+        self.changed.clear()
+        return out
 
     def merge_many(self, groups: list[Group], kind: str = "") -> Group:
         g = groups[0]
