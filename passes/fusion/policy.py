@@ -102,7 +102,7 @@ def sibling_candidates(state: FusionState, min_shared_bytes: int = 1 << 16) -> I
     ``min_shared_bytes``."""
     seen: set[tuple[int, int]] = set()
     made = state._siblings       # the same object for the same pair in every round
-    for inst in state.values_of_at_least(min_shared_bytes):
+    for inst in state.shared_values(min_shared_bytes):
         readers = state.group_readers(inst)
         for a, b in zip(readers, readers[1:]):
             pair = (a.id, b.id)

@@ -98,6 +98,10 @@ class FusionState:
         self._copy_estimates: dict[tuple[int, int], Estimate] = {}
         self._copy_estimates_of: dict[int, list[tuple[int, int]]] = {}
         self._group_readers: dict[int, list[Group]] = {}      # inst id -> group_readers
+        # min bytes -> (value id -> position among the values of at least that size, ids
+        # of those read by two groups or more, ids of values whose group readers were
+        # dropped since): shared_values
+        self._shared: dict[int, tuple[dict[int, int], set[int], set[int]]] = {}
         self._user_nodes: dict[int, list[Node]] = {}          # inst id -> user_nodes
         self._pc_candidates: dict[int, dict[tuple, list]] = {}  # group id -> flags -> list
         self.epoch = 0        # bumped when readers change in ways merges do not (duplicates)
@@ -236,6 +240,8 @@ class FusionState:
             for i in g.instances():
                 for o in i.operands:
                     self._group_readers.pop(id(o), None)
+                    for _, _, dropped in self._shared.values():
+                        dropped.add(id(o))
                     self._user_nodes.pop(id(o), None)
                     h = self.home.get(id(o))
                     if h is not None:
@@ -308,6 +314,27 @@ class FusionState:
             big = self._big[min_bytes] = [i for i in self.comp.instructions
                                           if array_bytes(i.shape) >= min_bytes]
         return big
+
+    def shared_values(self, min_bytes: int) -> list[Instruction]:
+        """``values_of_at_least(min_bytes)`` read by two groups or more, in program order:
+        the values sibling candidates come from. Kept across calls: a value's group readers
+        change only when ``_forget_readers_of`` drops them, which marks the value to be
+        looked at again (the fusion loop asks every round; most values have one reader)."""
+        big = self.values_of_at_least(min_bytes)
+        entry = self._shared.get(min_bytes)
+        if entry is None:
+            index = {id(i): k for k, i in enumerate(big)}
+            entry = self._shared[min_bytes] = (index, set(), set(index))
+        index, shared, dropped = entry
+        for vid in dropped:
+            k = index.get(vid)
+            if k is not None:
+                if len(self.group_readers(big[k])) > 1:
+                    shared.add(vid)
+                else:
+                    shared.discard(vid)
+        dropped.clear()
+        return [big[k] for k in sorted(index[v] for v in shared)]
 
     # --- cost -----------------------------------------------------------------------------
     def estimate(self, instances: list[Instruction], inside: set[int]) -> Estimate:
