@@ -349,6 +349,34 @@ def test_gpu_residual_block_is_one_gemm_per_residual():
     for _ in range(3):          # eager, captured, replayed: the in-place GEMM each time
         got = np.asarray(compiled(*args), np.float32)
         np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
-    described = executable_of(compiled).describe()
+    exe = executable_of(compiled)
+    described = exe.describe()
     assert "residual add epilogue" in described, described
     assert ".epilogue" not in described, described
+    # the last residual is updated in place (its buffer is the result's): no copy out and back
+    residual = [t for t in exe.thunks() if "residual add" in t.label()]
+    assert residual and not residual[-1].aliased, described
+
+
+def test_library_thunk_updates_only_a_declared_operand_in_place():
+    """The residual GEMM's output slot is its residual's (buffer assignment shared them):
+    the thunk passes that view as the output (cuBLAS updates C in place) instead of
+    computing into a fresh tensor and copying it back, which cost two 16 MiB copies per
+    call on the transformer block (H200). Any other overlap still takes the copy."""
+    from runtime.cuda.thunks import LibraryThunk
+    from runtime.thunks import Slot
+    inst = runtime.jit(lambda a: a, pipeline="none").lower(np.zeros((4, 4), np.float32)) \
+        .module.entry.root
+    shape = inst.shape                  # f32[4,4]
+
+    def call(inst, ins, out=None):
+        return out
+    call.in_place_operand = 2
+    a, b, c = (Slot(k, 0, shape) for k in range(3))
+    assert not LibraryThunk(inst, call, [a, b, c], [c]).aliased
+    assert LibraryThunk(inst, call, [c, b, a], [c]).aliased      # a GEMM operand: copied
+    assert LibraryThunk(inst, call, [a, b, Slot(2, 16, shape)], [c]).aliased   # partial
+
+    def plain(inst, ins, out=None):
+        return out
+    assert LibraryThunk(inst, plain, [a, b, c], [c]).aliased

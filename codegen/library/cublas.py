@@ -223,13 +223,13 @@ def _zero_bias(n: int, dtype: Any, device: Any) -> Any:
 
 def _residual_gemm(a: Any, b: Any, addend: Any, target: Any, m: int, n: int) -> None:
     """``target = a @ b + addend`` as one cuBLAS GEMM with beta = 1. When buffer assignment
-    gave the result the residual's buffer (the same bytes), the residual tensor itself is
-    passed as ``out``: torch then skips its copy of the input into the result (it checks
-    tensor identity, not addresses) and the GEMM reads and writes C in place."""
+    gave the result the residual's buffer (the same bytes; LibraryThunk then passes that
+    view as the output, ``in_place_operand``), the GEMM reads and writes C in place
+    (``addmm_``); otherwise torch copies the residual into the result first."""
     import torch
     c = addend.reshape(m, n) if addend.is_contiguous() else addend.contiguous().view(m, n)
     if c.data_ptr() == target.data_ptr() and c.stride() == target.stride():
-        torch.addmm(c, a, b, out=c)
+        c.addmm_(a, b)
     else:
         torch.addmm(c, a, b, out=target)
 
@@ -279,5 +279,7 @@ def cublas_epilogue_call(epilogue: Any) -> Any:
     call.supports = epilogue_supports      # type: ignore[attr-defined]
     call.plan = plan                       # type: ignore[attr-defined]
     call.label_suffix = f" + {epilogue.label} epilogue"  # type: ignore[attr-defined]
+    # The residual is read at the index each output element is written: in place is safe.
+    call.in_place_operand = 2 if epilogue.addend is not None else None  # type: ignore[attr-defined]
     call.__name__ = "cublas_epilogue"
     return call

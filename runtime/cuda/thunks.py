@@ -159,7 +159,12 @@ class LibraryThunk(SlotThunk):
         self.call = call
         # The output shares bytes with an operand (buffer assignment's in-place sharing of a
         # dying operand): a GEMM cannot write over its own input, so it writes a fresh tensor.
-        self.aliased = any(overlaps(o, i) for o in outputs for i in inputs)
+        # A call may name one operand it reads only at the index it writes (a GEMM's residual,
+        # cuBLAS's C with beta = 1: ``in_place_operand``); that operand in exactly the output's
+        # slot is updated in place, not copied out and back.
+        k = getattr(call, "in_place_operand", None)
+        self.aliased = any(overlaps(o, i) for o in outputs for j, i in enumerate(inputs)
+                           if not (j == k and len(outputs) == 1 and i == o))
 
     def run(self, mem: Memory, ctx: RunContext) -> None:
         ins = [mem.view(s) for s in self.inputs]
