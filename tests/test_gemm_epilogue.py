@@ -355,7 +355,8 @@ def test_gpu_residual_block_is_one_gemm_per_residual():
     assert ".epilogue" not in described, described
     # the last residual is updated in place (its buffer is the result's): no copy out and back
     from runtime.cuda.thunks import LibraryThunk
-    residual = [t for t in exe.thunks() if isinstance(t, LibraryThunk) and "residual add" in t.label()]
+    residual = [t for t in exe.thunks()
+                if isinstance(t, LibraryThunk) and "residual add" in t.label()]
     assert residual and not residual[-1].aliased, described
 
 
