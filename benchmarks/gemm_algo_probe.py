@@ -10,7 +10,10 @@ transformer block, on the same inputs:
 - ``tunable``: the same calls with PyTorch's TunableOp on (``torch.cuda.tunable``: it
   times the cuBLAS/cuBLASLt algorithms of each new GEMM shape once, then reuses the
   fastest; results go to a CSV file hlotk could keep in its cache directory);
-- ``xla``: ``jax.jit`` of the same product (and epilogue), timed the same way.
+- ``xla``: ``jax.jit`` of the same product (and epilogue).
+
+Each number is device time per call from CUPTI (kernels and memsets summed over 20 calls:
+``kernel_profile._trace_kernels``), so JAX's host dispatch does not count against XLA.
 
     python -m benchmarks.gemm_algo_probe [--out FILE]
 
@@ -61,8 +64,15 @@ def main() -> None:
     opts = ap.parse_args()
     import jax
     import torch
-    import triton.testing
-    bench = lambda fn: triton.testing.do_bench(fn, warmup=25, rep=200)  # noqa: E731
+    from benchmarks.kernel_profile import _trace_kernels
+
+    def bench(fn, steps: int = 20) -> float:
+        """Device µs per call (ms, as the table's callers scale it by 1e3)."""
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        recs = _trace_kernels(fn, steps)
+        return sum(r["dur"] for r in recs) / steps / 1e3
     rows = ["| M x K x N | epilogue | torch µs | tunable µs | XLA µs | tunable / torch |",
             "|---|---|---|---|---|---|"]
     for m, k, n, epi in SHAPES:
