@@ -49,6 +49,49 @@ def _path(key: str) -> Path:
     return cache_root() / "modules" / f"{key}.pickle"
 
 
+# A deep pickle: pickle walks an instruction's operands and users depth-first, one C-level
+# recursion step per link, so a chain of a few hundred dependent instructions (an unrolled
+# model, a long elementwise chain fused into one kernel) exceeds Python's recursion limit.
+_DEEP_STACK_BYTES = 512 << 20
+_LEVELS_PER_INSTRUCTION = 16
+
+
+def _dumps(obj: object, instructions: int) -> bytes:
+    """``pickle.dumps(obj)``; where that recurses too deeply, again in a thread whose stack
+    holds ``instructions`` links (a raised recursion limit on the default stack could
+    overflow the C stack instead of raising)."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except RecursionError:
+        pass
+    import sys
+    import threading
+    out: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            out["data"] = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        except BaseException as e:  # noqa: BLE001  (re-raised in the caller's thread)
+            out["error"] = e
+    limit = sys.getrecursionlimit()
+    old_stack = threading.stack_size(_DEEP_STACK_BYTES)
+    sys.setrecursionlimit(max(limit, 10_000 + _LEVELS_PER_INSTRUCTION * instructions))
+    try:
+        t = threading.Thread(target=work, name="hlotk-deep-pickle")
+        t.start()
+        t.join()
+    finally:
+        threading.stack_size(old_stack)
+        sys.setrecursionlimit(limit)
+    if "error" in out:
+        raise out["error"]      # type: ignore[misc]
+    return out["data"]          # type: ignore[return-value]
+
+
+def _instruction_count(module: hlo.Module) -> int:
+    return sum(len(c.instructions) for c in module.computations)
+
+
 def compiled(module: hlo.Module, spec: str, backend: str,
              run: Callable[[hlo.Module], list],
              check: Optional[Callable[[hlo.Module], None]] = None) -> tuple[hlo.Module, list, bool]:
@@ -97,8 +140,8 @@ def compiled(module: hlo.Module, spec: str, backend: str,
     try:
         # Pickled (parsing the text back costs as much as the passes on a big module);
         # stored only if the copy prints exactly as the module does.
-        data = pickle.dumps((copy, records, report_for(copy), check is not None),
-                            protocol=pickle.HIGHEST_PROTOCOL)
+        data = _dumps((copy, records, report_for(copy), check is not None),
+                      _instruction_count(copy))
         if pickle.loads(data)[0].to_text() == copy.to_text():
             _store(path, data)
     except Exception:  # noqa: BLE001  (an unpicklable attribute: just not cached)
@@ -141,7 +184,7 @@ def imported(exported: object) -> hlo.Module:
         pass
     module = from_exported(exported)
     try:
-        data = pickle.dumps(module, protocol=pickle.HIGHEST_PROTOCOL)
+        data = _dumps(module, _instruction_count(module))
         if pickle.loads(data).to_text() == module.to_text():
             _store(path, data)
     except Exception:  # noqa: BLE001  (unpicklable or unwritable: just not cached)

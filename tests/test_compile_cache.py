@@ -183,3 +183,24 @@ def test_imported_cache_off_and_damaged_entries(cache_dir, monkeypatch):
         e.unlink()
     assert compile_cache.imported(exp).to_text() == want
     assert not list((cache_dir / "imports").glob("*.pickle"))
+
+
+def _deep_chain(x):
+    for _ in range(400):        # 1200 dependent instructions: deeper than pickle's recursion
+        x = jnp.sin(x) * 1.01 + 0.5
+    return x
+
+
+def test_a_deep_operand_chain_is_cached_too(cache_dir):
+    """Pickling follows operands and users depth-first: a chain of a few hundred dependent
+    instructions exceeded the recursion limit and the entry was silently not stored (every
+    compile of such a program was cold). It is stored now, and a hit runs the same."""
+    x = np.linspace(-1, 1, 8, dtype=np.float32)
+    cold = runtime.client("cpu").compile(hlo.from_jax(_deep_chain, x))
+    assert not cold.module_cache_hit
+    assert list((cache_dir / "modules").glob("*.pickle"))
+    warm = runtime.client("cpu").compile(hlo.from_jax(_deep_chain, x))
+    assert warm.module_cache_hit
+    assert warm.module.to_text() == cold.module.to_text()
+    want = np.asarray(jax.jit(_deep_chain)(x))
+    np.testing.assert_allclose(_run(warm, x), want, rtol=1e-5, atol=1e-5)
