@@ -204,3 +204,34 @@ def test_a_deep_operand_chain_is_cached_too(cache_dir):
     assert warm.module.to_text() == cold.module.to_text()
     want = np.asarray(jax.jit(_deep_chain)(x))
     np.testing.assert_allclose(_run(warm, x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_compile_collects_cycles_less_often_and_restores_the_collector(cache_dir):
+    import gc
+
+    from runtime.client import COMPILE_GEN0_THRESHOLD, fewer_collections
+    old = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        seen = []
+        x, w = _inputs()
+        c = runtime.client("cpu")
+        real = c._backend.prepare
+
+        def prepare(module, **kw):          # inside the compile: the raised threshold
+            seen.append(gc.get_threshold())
+            return real(module, **kw)
+        c._backend.prepare = prepare
+        c.compile(hlo.from_jax(_program, x, w))
+        assert seen == [(COMPILE_GEN0_THRESHOLD, 10, 10)]
+        assert gc.get_threshold() == (700, 10, 10)
+        with pytest.raises(RuntimeError):       # restored when the compile fails too
+            with fewer_collections():
+                raise RuntimeError("a failing compile")
+        assert gc.get_threshold() == (700, 10, 10)
+        for kept in ((0, 10, 10), (100_000, 10, 10)):  # off, or already rarer: left alone
+            gc.set_threshold(*kept)
+            with fewer_collections():
+                assert gc.get_threshold() == kept
+    finally:
+        gc.set_threshold(*old)
