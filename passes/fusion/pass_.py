@@ -97,14 +97,7 @@ def run_policy(state: FusionState, policy: FusionPolicy, report: FusionReport,
         taken = None
         while scored:
             c = heapq.heappop(scored)[2]
-            key = c.key + (state.epoch,)
-            d = rejected.get(key)
-            if d is None:
-                d = check(c, state, max_operands, max_size)
-                if d:
-                    d = policy.should_fuse(c, state)
-                if not d:
-                    rejected[key] = d
+            d = _decide(c, state, policy, rejected, max_operands, max_size)
             _log(report, said, c, state, d)
             if d:
                 taken = c
@@ -191,14 +184,7 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
                 c = heapq.heappop(siblings)[2]
             else:
                 break
-            key = c.key + (state.epoch,)
-            d = rejected.get(key)
-            if d is None:
-                d = check(c, state, max_operands, max_size)
-                if d:
-                    d = policy.should_fuse(c, state)
-                if not d:
-                    rejected[key] = d
+            d = _decide(c, state, policy, rejected, max_operands, max_size)
             _log(report, said, c, state, d)
             if d:
                 taken = c
@@ -209,6 +195,21 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
             heapq.heappush(heap, e)
         apply(taken, state)
         applied += 1
+
+
+def _decide(c: Candidate, state: FusionState, policy: Any, rejected: dict,
+            max_operands: int, max_size: int) -> Decision:
+    """Legality, then the policy's verdict on ``c``; a "no" is remembered for the rest of
+    this epoch (nothing it depends on changes until a fusion is applied)."""
+    key = c.key + (state.epoch,)
+    d = rejected.get(key)
+    if d is None:
+        d = check(c, state, max_operands, max_size)
+        if d:
+            d = policy.should_fuse(c, state)
+        if not d:
+            rejected[key] = d
+    return d
 
 
 def _log(report: FusionReport, said: dict, c: Candidate, state: FusionState, d: Decision) -> None:
