@@ -7,6 +7,8 @@ block's six GEMMs are ~295 of its ~400 µs. This times, per shape of the suite's
 transformer block, on the same inputs:
 
 - ``torch``: ``torch.mm`` / ``torch._addmm_activation`` as hlotk calls them today;
+- ``cublasLt``: the same calls with ``torch.backends.cuda.preferred_blas_library("cublaslt")``
+  (cuBLASLt's heuristic, the library XLA's GEMMs go through);
 - ``tunable``: the same calls with PyTorch's TunableOp on (``torch.cuda.tunable``: it
   times the cuBLAS/cuBLASLt algorithms of each new GEMM shape once, then reuses the
   fastest; results go to a CSV file hlotk could keep in its cache directory);
@@ -73,8 +75,8 @@ def main() -> None:
         torch.cuda.synchronize()
         recs = _trace_kernels(fn, steps)
         return sum(r["dur"] for r in recs) / steps / 1e3
-    rows = ["| M x K x N | epilogue | torch µs | tunable µs | XLA µs | tunable / torch |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| M x K x N | epilogue | torch µs | cublasLt µs | tunable µs | XLA µs | "
+            "lt / torch | tunable / torch |", "|---|---|---|---|---|---|---|---|"]
     for m, k, n, epi in SHAPES:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) / k ** 0.5
@@ -82,6 +84,9 @@ def main() -> None:
         c = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         call = _torch_call(epi)
         t_torch = bench(lambda: call(a, b, bias, c)) * 1e3
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        t_lt = bench(lambda: call(a, b, bias, c)) * 1e3
+        torch.backends.cuda.preferred_blas_library("default")
         csv = os.path.join(tempfile.mkdtemp(), "tunable.csv")
         torch.cuda.tunable.enable(True)
         torch.cuda.tunable.tuning_enable(True)
@@ -94,8 +99,8 @@ def main() -> None:
         xf = _xla_call(epi)
         jax.block_until_ready(xf(xa, xb, xbias, xc))
         t_xla = bench(lambda: jax.block_until_ready(xf(xa, xb, xbias, xc))) * 1e3
-        rows.append(f"| {m} x {k} x {n} | {epi} | {t_torch:.1f} | {t_tune:.1f} | {t_xla:.1f} | "
-                    f"{t_tune / t_torch:.3f} |")
+        rows.append(f"| {m} x {k} x {n} | {epi} | {t_torch:.1f} | {t_lt:.1f} | {t_tune:.1f} | "
+                    f"{t_xla:.1f} | {t_lt / t_torch:.3f} | {t_tune / t_torch:.3f} |")
         print(rows[-1], flush=True)
     text = "\n".join(rows)
     print(text)
