@@ -276,6 +276,9 @@ class Emitter:
         self.counter = 0
         self.params: dict[int, str] = {}          # parameter_number -> pointer arg name
         self.param_strides: dict[int, list[str]] = {}
+        # Output number -> stride expressions a template substitutes for so{k}_{d} (a
+        # column kernel's copy of its loop with strides known to be aligned).
+        self.out_strides: dict[int, list[str]] = {}
         self.bound: list[dict] = [{}]             # values a template pre-binds (dot accs, reduces)
         self.combine_fns: dict[str, str] = {}     # name -> source of @triton.jit combiners
         self.reduce_handler: Optional[Callable[[Instruction, Index], Value]] = None

@@ -54,6 +54,9 @@ SPLIT_PROGRAMS = 528
 COLUMN_TILE_BYTES = 256
 # A split column reduction's tile spans whole rows up to this many kept elements.
 SPLIT_ROW_ELEMENTS = 2048
+# Tiles (of up to 8192 elements) each program of a split column reduction walks at least.
+# Four left mlp_train's [2048, 1000] bias gradient 64 programs for 132 SMs; two give 128.
+SPLIT_COLUMN_STEPS = 2
 # Below this many input elements a reduction is never split (a launch costs more).
 SPLIT_MIN_ELEMENTS = 1 << 18
 
@@ -93,6 +96,7 @@ class Analysis:
     level: dict[int, int]            # id(reduce) -> pass
     online: dict[int, Instruction]   # id(sum of exp) -> the max reduce it rescales against
     width: int                       # bytes per element of the widest full-shaped input
+    params: list[Instruction]        # the fused computation's parameters
 
     @property
     def levels(self) -> int:
@@ -219,7 +223,7 @@ def analyze(comp: Computation) -> Analysis:
               if p.shape.is_array and math.prod(p.shape.dims) == math.prod(full_dims)]
     width = max(widths) if widths else max(1, first.operands[0].shape.dtype.bits // 8)
     return Analysis(reduces, full_dims, red_dims, kept_dims, kept_shape, M, R, column, outs,
-                    out_kind, level, online, width)
+                    out_kind, level, online, width, list(comp.parameters))
 
 
 # --- split decisions --------------------------------------------------------------------------
@@ -275,9 +279,10 @@ def split_of(comp: Computation) -> Optional[Split]:
         bn = max(2, 8192 // bm)
         programs = -(-a.M // bm)
         unit = bn
-        # ~2 programs per SM, each at least 4 steps: the [P, kept] f32 partials stay a
-        # few percent of the input.
-        parts = max(1, min(SPLIT_PROGRAMS // 2 // programs, -(-a.R // (4 * unit))))
+        # ~2 programs per SM, each at least SPLIT_COLUMN_STEPS tiles: the [P, kept] f32
+        # partials stay a small share of the input (and mostly in L2).
+        parts = max(1, min(SPLIT_PROGRAMS // 2 // programs,
+                           -(-a.R // (SPLIT_COLUMN_STEPS * unit))))
     else:
         bm, bn, unit = 1, ROW_TILE, 8192
         programs = a.M
@@ -409,8 +414,31 @@ def _rows_prologue(em: Emitter, a: Analysis, big: bool) -> Index:
     em.line(f"rows = pid{'.to(tl.int64)' if big else ''} * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]",
             f"{a.M} kept elements, BLOCK_M per program")
     em.line(f"row_mask = rows < {a.M}")
-    clamp_if(em, "rows_c", "rows", a.M, "BLOCK_M")
+    v = _pow2_run(a.M)
+    if a.column and v > 1:
+        # Column tiles: the kept index is the contiguous one. A plain clamp (every kept
+        # element past the end -> M-1) hides that from Triton, which then lays the tile
+        # out along the reduced dim: a warp reading 8 rows x 4 columns (seen in the TTGIR
+        # of mlp_train's [2048, 1000] bias gradient, compiled here for sm_90). Elements
+        # past the end map onto the last aligned run instead, so runs of V stay contiguous.
+        em.line(f"if {a.M} % BLOCK_M == 0:", "static: the block divides the extent")
+        em.line("    rows_c = rows")
+        em.line("else:")
+        em.line(f"    RUN: tl.constexpr = min(BLOCK_M, {v})")
+        em.line(f"    rows_c = tl.where(row_mask, rows, {a.M} - RUN + rows % RUN)",
+                "in range, in aligned runs")
+        em.line("    rows_c = tl.max_contiguous(tl.multiple_of(rows_c, [RUN, 1]), [RUN, 1])")
+    else:
+        clamp_if(em, "rows_c", "rows", a.M, "BLOCK_M")
     return tuple(em.delinearize("r", "rows_c", list(a.kept_shape)))
+
+
+def _pow2_run(n: int) -> int:
+    """The largest power of two <= 16 dividing ``n``."""
+    v = 1
+    while v < 16 and n % (2 * v) == 0:
+        v *= 2
+    return v
 
 
 def _columns(em: Emitter, a: Analysis, kept_idx: Index, start: str, big: bool = False) -> Index:
@@ -590,31 +618,61 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
                 _store_outputs(em, a, stores, full, "row_mask & col_mask" if ragged else "row_mask",
                                number)
             em.pop_scope()
-        what = (f": {', '.join('%' + r.name for r in mine)}" if mine else ": outputs")
-        em.line(f"for c0 in range({lo}, {'tl.minimum(c_hi, ' + whole + ')' if split else whole}, BLOCK_N):",
-                f"pass {lv} over the reduced range{what}")
-        body("whole")                 # (push_scope indents the body)
-        if split is not None:
-            if a.R % BN:
-                em.line(f"if c_hi > {whole}:", "the part holding the ragged end")
+        def walk() -> None:
+            what = (f": {', '.join('%' + r.name for r in mine)}" if mine else ": outputs")
+            em.line(f"for c0 in range({lo}, {'tl.minimum(c_hi, ' + whole + ')' if split else whole}, BLOCK_N):",
+                    f"pass {lv} over the reduced range{what}")
+            body("whole")                 # (push_scope indents the body)
+            if split is not None:
+                if a.R % BN:
+                    em.line(f"if c_hi > {whole}:", "the part holding the ragged end")
+                    em.indent += 1
+                    em.line(f"c0 = {a.R} - BLOCK_N")
+                    em.indent -= 1
+                    body("shifted")   # split: R >= 2 chunks >= BLOCK_N
+            else:
+                em.line(f"if {a.R} % BLOCK_N != 0:", "static: a ragged end")
+                em.indent += 1
+                em.line(f"if {a.R} >= BLOCK_N:")
                 em.indent += 1
                 em.line(f"c0 = {a.R} - BLOCK_N")
                 em.indent -= 1
-                body("shifted")   # split: R >= 2 chunks >= BLOCK_N
-        else:
-            em.line(f"if {a.R} % BLOCK_N != 0:", "static: a ragged end")
+                body("shifted")
+                em.line("else:")
+                em.indent += 1
+                em.line("c0 = 0")
+                em.indent -= 1
+                body("clamped")
+                em.indent -= 1
+        hinted = _dense_strides(a, number) if a.column else None
+        if hinted:
+            # Rows of a width that is not a multiple of 16 elements (mlp_train's 1000
+            # features): Triton specializes a stride's divisibility by 16 only, so the
+            # row stride looks unaligned and every load is scalar. A uniform branch on the
+            # strides gives the loop a copy that reads them as RUN * (s // RUN), known
+            # multiples of RUN (16-byte loads); other views take the plain loop. (Fresh
+            # names: a stride the JIT specialized to the constant 1 cannot be rebound.)
+            ins, outs_, names, v = hinted
+            cond = " & ".join(f"({n} % {v} == 0)" for n in names)
+            em.line(f"if {cond}:", f"dense rows: strides are multiples of {v} elements")
             em.indent += 1
-            em.line(f"if {a.R} >= BLOCK_N:")
-            em.indent += 1
-            em.line(f"c0 = {a.R} - BLOCK_N")
+            for n in names:
+                em.line(f"h_{n} = {v} * ({n} // {v})")
+            saved = {n: list(em.param_strides[n]) for n in ins}
+            for n, strides in ins.items():
+                em.param_strides[n] = [f"h_{x}" if x in names else x for x in strides]
+            em.out_strides = {k: [f"h_{x}" if x in names else x for x in strides]
+                              for k, strides in outs_.items()}
+            walk()
+            em.param_strides.update(saved)
+            em.out_strides = {}
             em.indent -= 1
-            body("shifted")
             em.line("else:")
             em.indent += 1
-            em.line("c0 = 0")
+            walk()
             em.indent -= 1
-            body("clamped")
-            em.indent -= 1
+        else:
+            walk()
         # The level's reductions, from the lane accumulators (bound for later passes).
         for r, ops, ivs, sum_, accs, s, s_acc in state:
             if split is not None:
@@ -673,6 +731,43 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
     M = a.M
     return Plan("column_onepass" if a.column else "rows_onepass", ["BLOCK_M", "BLOCK_N"], cfg,
                 lambda c: (max(1, -(-M // c["BLOCK_M"])),), cands)
+
+
+def _dense_strides(a: Analysis, number: Optional[dict]
+                   ) -> Optional[tuple[dict[int, list[str]], dict[int, list[str]], list[str], int]]:
+    """({parameter: stride names}, {output: stride names}, the names to hint, V) for the
+    stride branch of a column kernel: every full-shaped input and output laid out as the
+    reduction's operand, when the minor extent is a multiple of V (a power of two, 2..8)
+    but not of 16; hinted: every stride but the minor dim's and size-1 dims'. None when Triton's own
+    specialization suffices (16 | minor extent) or nothing aligns (an odd extent)."""
+    layout = a.reduces[0].operands[0].shape.layout
+    minor = (layout.minor_to_major[0] if layout is not None and layout.minor_to_major
+             else len(a.full_dims) - 1)
+    v = _pow2_run(a.full_dims[minor])
+    if v in (1, 16):
+        return None
+
+    def strides(shape: Shape, base: str) -> Optional[list[str]]:
+        if not shape.is_array or tuple(shape.dims) != a.full_dims:
+            return None
+        lay = shape.layout
+        m = lay.minor_to_major[0] if lay is not None and lay.minor_to_major else len(shape.dims) - 1
+        if m != minor:
+            return None
+        return [f"{base}_{d}" for d in range(len(a.full_dims))]
+    hint = {d for d in range(len(a.full_dims)) if d != minor and a.full_dims[d] != 1}
+    ins = {p.parameter_number: s for p in a.params
+           if (s := strides(p.shape, f"s{p.parameter_number}")) is not None}
+    outs: dict[int, list[str]] = {}
+    for k, (o, kind) in enumerate(zip(a.outs, a.out_kind)):
+        j = (number or {}).get(k, k)
+        if kind == "full" and (s := strides(o.shape, f"so{j}")) is not None:
+            outs[j] = s
+    names = [x for ss in list(ins.values()) + list(outs.values()) for x in ss
+             if int(x.rsplit("_", 1)[1]) in hint]
+    if not names:
+        return None
+    return ins, outs, names, v
 
 
 def partial_shapes_of(a: Analysis, split: Split) -> list[Shape]:

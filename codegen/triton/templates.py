@@ -72,7 +72,8 @@ def numel(shape: Shape) -> int:
 def _store(em: Emitter, k: int, out: Instruction, value: str, idx: Index, mask: str,
            unit: bool = False) -> None:
     """``unit``: mark the offsets as one contiguous element per thread (minor_tiles.py)."""
-    terms = [f"{i} * so{k}_{d}" for d, i in enumerate(idx)]
+    names = em.out_strides.get(k) or [f"so{k}_{d}" for d in range(len(idx))]
+    terms = [f"{i} * {names[d]}" for d, i in enumerate(idx)]
     if unit and terms and not all(str(i).strip().isdigit() for i in idx):
         terms = [f"tl.max_contiguous({' + '.join(terms)}, 1)"]
     addr = f"out{k}" + (" + " + " + ".join(terms) if terms else "")

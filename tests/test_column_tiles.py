@@ -1,0 +1,151 @@
+"""Column reductions over rows whose width is not a multiple of 16 elements (issue 14,
+mlp_train's [2048, 1000] bias gradient): the kept index keeps its contiguity past the end
+(aligned runs instead of a clamp), and a uniform branch on the strides gives the loop a
+copy with 16-byte loads for dense rows; other views take the plain loop. Programs run
+through ``runtime.jit(backend="cuda")`` (Triton's interpreter without a GPU) against
+``jax.jit``; kernels launched directly against numpy, dense and strided views."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")     # before triton is imported
+elif os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    pytest.skip("TRITON_INTERPRET set on a CUDA machine", allow_module_level=True)
+pytest.importorskip("triton")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import runtime  # noqa: E402
+from codegen.triton import compile_fusion  # noqa: E402
+from codegen.triton.reductions import finish_fusion, split_of  # noqa: E402
+from hlo.ir import Computation, Instruction  # noqa: E402
+from hlo.shape import array, scalar  # noqa: E402
+from runtime.cuda import executable_of  # noqa: E402
+from runtime.cuda.thunks import one_instruction_fusion  # noqa: E402
+
+GPU = torch.cuda.is_available()
+DEV = "cuda" if GPU else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HLOTK_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+    monkeypatch.setenv("HLOTK_AUTOTUNE", "0")
+
+
+def run(fn, *args, tol=1e-5):
+    """``fn`` through hlotk's CUDA executable and jax.jit, every output within ``tol``
+    (relative norm); returns the executable's kernels."""
+    compiled = runtime.jit(fn, backend="cuda").lower(*args).compile()
+    got, want = compiled(*args), jax.jit(fn)(*args)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        assert g.shape == w.shape
+        err = np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30)
+        assert err < tol, (fn.__name__, err)
+    return [k for t in executable_of(compiled).thunks() if (k := getattr(t, "kernel", None))]
+
+
+def partials_source(kernels) -> str:
+    src = [k.source for k in kernels if k.template == "split_partials"]
+    assert src, [(k.name, k.template) for k in kernels]
+    return src[0]
+
+
+def test_bias_gradient_1000_columns_split_with_aligned_loop():
+    x = np.random.default_rng(0).standard_normal((2048, 1000)).astype(np.float32)
+    ks = run(lambda x: jnp.sum(x, 0), x)
+    src = partials_source(ks)
+    assert "dense rows: strides are multiples of 8 elements" in src
+    assert "tl.minimum(rows, 999)" not in src        # the clamp that hid contiguity
+    assert "RUN: tl.constexpr = min(BLOCK_M, 8)" in src
+
+
+def test_relu_grad_beside_bias_grad_ragged_width_and_rows():
+    # 2050 rows (a ragged last part) of 1000 features; the full-shape ReLU gradient is
+    # stored from the aligned copy of the loop through hinted output strides.
+    def f(g, h):
+        sel = jnp.where(h > 0, g, 0.0)
+        return sel * 2.0, jnp.sum(sel, 0)
+    r = np.random.default_rng(1)
+    g = r.standard_normal((2050, 1000)).astype(np.float32)
+    h = r.standard_normal((2050, 1000)).astype(np.float32)
+    src = partials_source(run(f, g, h))
+    assert "h_so" in src and "h_s0_0" in src and "h_s1_0" in src
+
+
+def test_unsplit_column_kernel_with_ragged_kept_block():
+    # Too small to split: one column kernel whose 1004 kept elements are not a multiple
+    # of its block (runs of 4 past the end), strides hinted as multiples of 4.
+    r = np.random.default_rng(2)
+    a = r.standard_normal((200, 1004)).astype(np.float32)
+    b = r.standard_normal((200, 1004)).astype(np.float32)
+    ks = run(lambda a, b: (jnp.sum(a * b, 0), jnp.max(a, 0)), a, b)
+    col = [k for k in ks if k.template == "column_onepass"]
+    assert col, [(k.name, k.template) for k in ks]
+    assert 1004 % col[0].config["BLOCK_M"] != 0
+    assert "rows % RUN" in col[0].source and "% 4 == 0" in col[0].source
+
+
+def test_layer_norm_weight_gradient_bf16_1000_features():
+    # dgamma-like: sum over (batch, tokens) of (x - mean) * rstd * dy, bf16 [4, 512, 1000].
+    def f(x, mu, rs, dy):
+        xh = (x.astype(jnp.float32) - mu) * rs
+        return jnp.sum(xh * dy.astype(jnp.float32), (0, 1)), jnp.sum(dy.astype(jnp.float32), (0, 1))
+    r = np.random.default_rng(3)
+    x = r.standard_normal((4, 512, 1000)).astype(jnp.bfloat16)
+    dy = r.standard_normal((4, 512, 1000)).astype(jnp.bfloat16)
+    mu = r.standard_normal((4, 512, 1)).astype(np.float32)
+    rs = np.abs(r.standard_normal((4, 512, 1))).astype(np.float32)
+    src = partials_source(run(f, x, mu, rs, dy))
+    assert "dense rows" in src
+
+
+# --- kernels launched directly: both branches of the stride test -------------------------
+def _column_sum(rows: int, cols: int) -> Instruction:
+    add = Computation("add")
+    a = add.add_instruction(Instruction("parameter", [], scalar("f32"), name="a", parameter_number=0))
+    b = add.add_instruction(Instruction("parameter", [], scalar("f32"), name="b", parameter_number=1))
+    add.root = add.add_instruction(Instruction("add", [a, b], scalar("f32"), name="s"))
+    x = Instruction("parameter", [], array("f32", (rows, cols), (1, 0)), name="x", parameter_number=0)
+    z = Instruction("parameter", [], scalar("f32"), name="z", parameter_number=1)
+    red = Instruction("reduce", [x, z], array("f32", (cols,), (0,)),
+                      {"dimensions": [0], "to_apply": add}, name="colsum")
+    return one_instruction_fusion(red)
+
+
+@pytest.mark.parametrize("pitch", [1000, 1001, 1004, 1008])
+def test_split_column_sum_on_views_of_any_row_pitch(pitch):
+    # pitch 1000 / 1008: the aligned loop (multiples of 8); 1001 and 1004: the plain one.
+    rows, cols = 1030, 1000
+    fusion = _column_sum(rows, cols)
+    split = split_of(fusion.attrs["calls"])
+    assert split is not None and split.block_m == 1024
+    part = compile_fusion(fusion, target="h200", split=split)
+    fin = compile_fusion(finish_fusion(fusion, split), target="h200")
+    base = np.random.default_rng(4).standard_normal((rows, pitch)).astype(np.float32)
+    x = torch.from_numpy(base).to(DEV)[:, :cols]
+    assert x.stride() == (pitch, 1)
+    init = torch.tensor(0.5, dtype=torch.float32, device=DEV)
+    partials = torch.full(tuple(part.output_shapes[0].dims), float("nan"), device=DEV)
+    out = torch.full((cols,), float("nan"), device=DEV)
+    part.launch([partials], [x, init])
+    fin.launch([out], [x, init, partials])
+    want = base[:, :cols].astype(np.float64).sum(0) + 0.5
+    np.testing.assert_allclose(out.cpu().numpy(), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA")
+def test_gpu_mlp_bias_gradient_and_views():
+    # The compiled kernels (not the interpreter): 16-byte loads in the aligned copy.
+    x = np.random.default_rng(5).standard_normal((2048, 1000)).astype(np.float32)
+    run(lambda x: jnp.sum(x, 0), x)
+    for pitch in (1000, 1001):
+        test_split_column_sum_on_views_of_any_row_pitch(pitch)
