@@ -331,6 +331,25 @@ def table(rows: list[dict], ceil_gbs: float = 0.0, device: str = "") -> str:
     return "\n".join(lines)
 
 
+def carried_rows(path: str, groups: set) -> list[dict]:
+    """Rows of ``groups`` read back from an earlier table (``table``'s format), for a merge
+    that did not re-run them: bytes from the MiB column, the grid from the why-not text."""
+    import re
+    rows = []
+    for line in open(path):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 11 or cells[0] not in groups:
+            continue
+        group, program, kernel, template, inputs, mib, us, pct, copy_us, _legacy, why = cells
+        programs = re.search(r"(\d+) programs for", why)
+        rows.append({"group": group, "program": program, "kernel": kernel, "template": template,
+                     "inputs": [inputs], "bytes": float(mib) * 2**20, "us": float(us),
+                     "bw": float(pct.rstrip("%")) / 100, "copy_us": float(copy_us),
+                     "grid": [[int(programs.group(1)) if programs else 132]], "passes": 1,
+                     "timing": "carried"})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="suite,zoo,issue14")
@@ -341,10 +360,15 @@ def main() -> None:
     ap.add_argument("--merge", nargs="*", help="make the table from these JSON-lines files")
     ap.add_argument("--device", default="", help="with --merge: the device the rows came from")
     ap.add_argument("--copy-gbs", type=float, default=0.0, help="with --merge: copy bandwidth")
+    ap.add_argument("--carry", default="", help="with --merge: OLD.md:group[,group] keeps those "
+                    "groups' rows of an earlier table (groups not re-run)")
     opts = ap.parse_args()
     if opts.merge is not None:
         rows = [json.loads(line) for path in opts.merge if os.path.exists(path)
                 for line in open(path) if line.strip()]
+        if opts.carry:
+            path, _, groups = opts.carry.rpartition(":")
+            rows += carried_rows(path, set(groups.split(",")))
         first = next((r for r in rows if "copy_gbs" in r), {})
         text = table(rows, opts.copy_gbs or first.get("copy_gbs", 0.0),
                      opts.device or first.get("device", ""))
