@@ -58,25 +58,57 @@ def partials_source(kernels) -> str:
     return src[0]
 
 
-def test_bias_gradient_1000_columns_split_with_aligned_loop():
+def test_bias_gradient_1000_columns_one_kernel_with_aligned_loop():
+    # 8 MB whose one-kernel grid (125 programs of 8 columns) nearly fills the SMs: not
+    # split (measured faster on the H200), and the loop has its 16-byte-load copy.
     x = np.random.default_rng(0).standard_normal((2048, 1000)).astype(np.float32)
     ks = run(lambda x: jnp.sum(x, 0), x)
-    src = partials_source(ks)
+    col = [k for k in ks if k.template == "column_onepass"]
+    assert col and not any(k.template == "split_partials" for k in ks), [(k.name, k.template) for k in ks]
+    assert "dense rows: strides are multiples of 8 elements" in col[0].source
+    assert col[0].plan.grid(dict(col[0].config)) == (125,)
+
+
+@pytest.mark.parametrize("rows,cols,dtype,want", [
+    (2048, 1000, "f32", None),          # small, one kernel of 125 programs
+    (2048, 4096, "f32", (128, 16)),     # 32 MB: split, 128 parts of 16 rows
+    (8192, 256, "f32", (128, 64)),      # 8 MB but one kernel would have 32 programs
+    (2048, 1000, "bf16", (128, 16)),    # one kernel: 63 programs of 16 columns
+])
+def test_column_split_decisions(rows, cols, dtype, want):
+    fusion = _column_sum(rows, cols, dtype)
+    sp = split_of(fusion.attrs["calls"])
+    assert (None if sp is None else (sp.parts, sp.chunk)) == want, sp
+
+
+def test_split_bias_gradient_1000_columns_aligned_runs(monkeypatch):
+    # The split path for 1000 kept elements in a 1024 block: aligned runs past the end.
+    from codegen.triton import reductions
+    monkeypatch.setattr(reductions, "SPLIT_COLUMN_ONEPASS_BYTES", 0)
+    x = np.random.default_rng(0).standard_normal((2048, 1000)).astype(np.float32)
+    src = partials_source(run(lambda x: jnp.sum(x, 0), x))
     assert "dense rows: strides are multiples of 8 elements" in src
     assert "tl.minimum(rows, 999)" not in src        # the clamp that hid contiguity
     assert "RUN: tl.constexpr = min(BLOCK_M, 8)" in src
 
 
-def test_relu_grad_beside_bias_grad_ragged_width_and_rows():
+@pytest.mark.parametrize("split", [True, False])
+def test_relu_grad_beside_bias_grad_ragged_width_and_rows(split, monkeypatch):
     # 2050 rows (a ragged last part) of 1000 features; the full-shape ReLU gradient is
-    # stored from the aligned copy of the loop through hinted output strides.
+    # stored from the aligned copy of the loop through hinted output strides, by the
+    # partials kernel (split forced at this size) or by the one column kernel.
+    from codegen.triton import reductions
+    if split:
+        monkeypatch.setattr(reductions, "SPLIT_COLUMN_ONEPASS_BYTES", 0)
+
     def f(g, h):
         sel = jnp.where(h > 0, g, 0.0)
         return sel * 2.0, jnp.sum(sel, 0)
     r = np.random.default_rng(1)
     g = r.standard_normal((2050, 1000)).astype(np.float32)
     h = r.standard_normal((2050, 1000)).astype(np.float32)
-    src = partials_source(run(f, g, h))
+    ks = run(f, g, h)
+    src = partials_source(ks) if split else [k.source for k in ks if k.template == "column_onepass"][0]
     assert "h_so" in src and "h_s0_0" in src and "h_s1_0" in src
 
 
@@ -108,14 +140,14 @@ def test_layer_norm_weight_gradient_bf16_1000_features():
 
 
 # --- kernels launched directly: both branches of the stride test -------------------------
-def _column_sum(rows: int, cols: int) -> Instruction:
+def _column_sum(rows: int, cols: int, dtype: str = "f32") -> Instruction:
     add = Computation("add")
-    a = add.add_instruction(Instruction("parameter", [], scalar("f32"), name="a", parameter_number=0))
-    b = add.add_instruction(Instruction("parameter", [], scalar("f32"), name="b", parameter_number=1))
-    add.root = add.add_instruction(Instruction("add", [a, b], scalar("f32"), name="s"))
-    x = Instruction("parameter", [], array("f32", (rows, cols), (1, 0)), name="x", parameter_number=0)
-    z = Instruction("parameter", [], scalar("f32"), name="z", parameter_number=1)
-    red = Instruction("reduce", [x, z], array("f32", (cols,), (0,)),
+    a = add.add_instruction(Instruction("parameter", [], scalar(dtype), name="a", parameter_number=0))
+    b = add.add_instruction(Instruction("parameter", [], scalar(dtype), name="b", parameter_number=1))
+    add.root = add.add_instruction(Instruction("add", [a, b], scalar(dtype), name="s"))
+    x = Instruction("parameter", [], array(dtype, (rows, cols), (1, 0)), name="x", parameter_number=0)
+    z = Instruction("parameter", [], scalar(dtype), name="z", parameter_number=1)
+    red = Instruction("reduce", [x, z], array(dtype, (cols,), (0,)),
                       {"dimensions": [0], "to_apply": add}, name="colsum")
     return one_instruction_fusion(red)
 
@@ -123,9 +155,15 @@ def _column_sum(rows: int, cols: int) -> Instruction:
 @pytest.mark.parametrize("pitch", [1000, 1001, 1004, 1008])
 def test_split_column_sum_on_views_of_any_row_pitch(pitch):
     # pitch 1000 / 1008: the aligned loop (multiples of 8); 1001 and 1004: the plain one.
+    from codegen.triton import reductions
     rows, cols = 1030, 1000
     fusion = _column_sum(rows, cols)
-    split = split_of(fusion.attrs["calls"])
+    old = reductions.SPLIT_COLUMN_ONEPASS_BYTES
+    reductions.SPLIT_COLUMN_ONEPASS_BYTES = 0       # force the split at this small size
+    try:
+        split = split_of(fusion.attrs["calls"])
+    finally:
+        reductions.SPLIT_COLUMN_ONEPASS_BYTES = old
     assert split is not None and split.block_m == 1024
     part = compile_fusion(fusion, target="h200", split=split)
     fin = compile_fusion(finish_fusion(fusion, split), target="h200")

@@ -57,6 +57,10 @@ SPLIT_ROW_ELEMENTS = 2048
 # Tiles (of up to 8192 elements) each program of a split column reduction walks at least.
 # Four left mlp_train's [2048, 1000] bias gradient 64 programs for 132 SMs; two give 128.
 SPLIT_COLUMN_STEPS = 2
+# A column reduction whose one-kernel grid nearly fills the SMs is split only from this
+# many input bytes (mlp_train's 8 MB bias gradient ran faster unsplit; its 32 MB ReLU/bias
+# gradient beside it, 512 programs of 8 columns, ran 41 us unsplit against 34 us split).
+SPLIT_COLUMN_ONEPASS_BYTES = 16 << 20
 # Below this many input elements a reduction is never split (a launch costs more).
 SPLIT_MIN_ELEMENTS = 1 << 18
 
@@ -271,6 +275,14 @@ def split_of(comp: Computation) -> Optional[Split]:
         if any(not o.shape.is_array for o in ops):
             return None
     if a.column:
+        one_pass = -(-a.M // column_block_m(a, split=False))
+        if (10 * one_pass >= 9 * (COLUMN_PROGRAMS // 2)
+                and a.M * a.R * a.width < SPLIT_COLUMN_ONEPASS_BYTES):
+            # The one-kernel grid nearly fills the SMs and the input is small: a second
+            # launch and the partials cost more than they save (mlp_train's [2048, 1000]
+            # bias gradient, H200 graph replays: one column kernel of 125 programs 9.2 us,
+            # the best split 10.5, the default split 11.0; a same-size copy 8.3).
+            return None
         # Whole rows (up to 2048 kept elements) per tile, a few rows per step: each
         # program streams a contiguous band of the input. Column tiles of 256 bytes over
         # 128-row chunks measured 20% of copy bandwidth on the LN weight gradient
