@@ -144,7 +144,7 @@ def time_group(group: list, ceil: float, legacy_cmp: bool) -> dict:
         with torch.cuda.graph(graph, stream=stream):
             run()
     torch.cuda.current_stream().wait_stream(stream)
-    nbytes = sum(_nbytes(s.shape) for s in first.inputs) + sum(_nbytes(s.shape) for s in last.outputs)
+    nbytes = minimal_bytes(group)
     us = bench(graph.replay, rep=100) * 1e3
     copy_us = same_size_copy_us(nbytes)
     k0 = first.kernel
@@ -156,7 +156,7 @@ def time_group(group: list, ceil: float, legacy_cmp: bool) -> dict:
            "outputs": [f"{s.shape.dtype.name}{list(s.shape.dims)}" for s in last.outputs],
            "bytes": nbytes, "us": us, "bw": nbytes / (us * 1e-6) / ceil,
            "copy_us": copy_us, "vs_copy": copy_us / us, "timing": "graph",
-           "passes": k0.source.count("for c0 in range("),
+           "passes": passes_of(k0.source),
            "clamped": "cols_c = tl.minimum(cols" in k0.source and "normalization" in k0.template,
            "copy_gbs": ceil / 1e9, "device": torch.cuda.get_device_name()}
     if legacy_cmp and nbytes >= SMALL:     # small kernels: launch bound either way
@@ -164,6 +164,27 @@ def time_group(group: list, ceil: float, legacy_cmp: bool) -> dict:
         row["legacy_bw"] = nbytes / (row["legacy_us"] * 1e-6) / ceil
     row["why"] = why_not(row)
     return row
+
+
+def minimal_bytes(group: list) -> int:
+    """Every input of the group read once, every output written once: a split's partials
+    (written by its first kernel, read by the second) are not counted, the full-shape
+    outputs its first kernel stores are (mlp_train's ReLU gradient beside its bias
+    gradient: counting only the last kernel's outputs left 32 MiB out)."""
+    def key(s):
+        return (s.allocation, s.offset)
+    scratch = {key(s) for t in group[1:] for s in t.inputs}
+    inputs = {key(s): s for s in group[0].inputs}
+    outputs = {key(s): s for t in group for s in t.outputs if key(s) not in scratch}
+    return (sum(_nbytes(s.shape) for s in inputs.values())
+            + sum(_nbytes(s.shape) for s in outputs.values()))
+
+
+def passes_of(source: str) -> int:
+    """Passes over the reduced range: the emitter's "pass N over" comments, counted once
+    each (a column kernel's aligned and plain copies of one loop are one pass)."""
+    import re
+    return len(set(re.findall(r"# pass (\d+) over the reduced range", source))) or 1
 
 
 _COPY_US: dict = {}
@@ -223,9 +244,10 @@ def _legacy(first, ins, outs) -> tuple[float, str]:
 
 
 def why_not(row: dict) -> str:
-    """Why a kernel is under TARGET of copy bandwidth, as far as the numbers say."""
+    """Why a kernel is under TARGET of copy bandwidth, as far as the numbers say (and a
+    row's own ``note``, from the notes file of the run it came from)."""
     if row["bw"] >= TARGET:
-        return ""
+        return row.get("note", "")
     floor_us = row["us"] * row["bw"]       # the time at copy bandwidth
     reasons = []
     vs = row.get("vs_copy")
@@ -255,6 +277,8 @@ def why_not(row: dict) -> str:
     programs = math.prod(row["grid"][0])
     if programs < 132:
         reasons.append(f"{programs} programs for 132 SMs")
+    if row.get("note"):
+        reasons.append(row["note"])
     return "; ".join(reasons) or "not explained"
 
 
@@ -287,8 +311,7 @@ def measure(only: set, legacy_cmp: bool, jsonl: str = "", list_only: bool = Fals
                                "template": " + ".join(t.kernel.template for t in g),
                                "inputs": [f"{s.shape.dtype.name}{list(s.shape.dims)}"
                                           for s in g[0].inputs],
-                               "bytes": sum(_nbytes(s.shape) for s in g[0].inputs)
-                               + sum(_nbytes(s.shape) for s in g[-1].outputs)}
+                               "bytes": minimal_bytes(g)}
                     else:
                         row = time_group(g, ceil, legacy_cmp)
                     row.update(group=group, program=name)
@@ -312,10 +335,13 @@ def table(rows: list[dict], ceil_gbs: float = 0.0, device: str = "") -> str:
     ok_big = [r for r in big if r["bw"] >= TARGET]
     leg_ok = [r for r in timed if r.get("legacy_bw", 0) >= TARGET]   # NaN compares False
     leg_big = [r for r in leg_ok if r["bytes"] >= SMALL]
+    has_legacy = any("legacy_us" in r for r in timed)
     lines = [f"{len(timed)} reduction kernels{' on ' + device if device else ''}"
              f"{f', copy bandwidth {ceil_gbs:.0f} GB/s' if ceil_gbs else ''}: "
-             f"{len(ok)} at >= {TARGET:.0%} of copy bandwidth (legacy templates: {len(leg_ok)}); "
-             f">= 4 MiB: {len(ok_big)} of {len(big)} (legacy: {len(leg_big)}).", "",
+             f"{len(ok)} at >= {TARGET:.0%} of copy bandwidth"
+             f"{f' (legacy templates: {len(leg_ok)})' if has_legacy else ''}; "
+             f">= 4 MiB: {len(ok_big)} of {len(big)}"
+             f"{f' (legacy: {len(leg_big)})' if has_legacy else ''}.", "",
              f"Against a copy of the same bytes (launch and ramp-up included): "
              f"{sum(1 for r in timed if r.get('vs_copy', 0) >= TARGET)} at >= {TARGET:.0%}.", "",
              "| group | program | kernel | template | inputs | MiB | us | % copy BW | same-size copy us "
