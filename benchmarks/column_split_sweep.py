@@ -79,10 +79,10 @@ def _tensors(group):
     return get
 
 
-def sweep_group(group, variants: list[tuple[int, int, int]], tag: str, program: str,
+def sweep_group(group, variants: list[tuple], tag: str, program: str,
                 jsonl: str, deadline: float = math.inf) -> None:
-    """Time ``group``'s fusion split as each (parts, block_n, warps) in ``variants``
-    (until ``deadline``, a perf_counter time)."""
+    """Time ``group``'s fusion split as each (parts, block_n, warps[, block_m]) in
+    ``variants`` (until ``deadline``, a perf_counter time)."""
     import torch
     from codegen.triton import compile_fusion
     from codegen.triton.reductions import Split, analyze, finish_fusion, split_of, split_outputs
@@ -124,14 +124,16 @@ def sweep_group(group, variants: list[tuple[int, int, int]], tag: str, program: 
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {e}"[:300]
         _emit(row, jsonl)
-    for parts, bn, warps in variants:
+    for variant in variants:
+        parts, bn, warps = variant[:3]
+        bm = variant[3] if len(variant) > 3 else (default.block_m if default else 1024)
         if time.perf_counter() > deadline:
             print(f"# sweep budget spent: {len(variants)} variants asked", flush=True)
             return
         chunk = -(-a.R // parts)
         chunk = -(-chunk // bn) * bn
         real_parts = -(-a.R // chunk)
-        sp = Split(real_parts, chunk, default.block_m if default else 1024, bn)
+        sp = Split(real_parts, chunk, bm, bn)
         row = {"tag": tag, "program": program, "kernel": group[0].kernel.name, "kind": "sweep",
                "parts": real_parts, "chunk": chunk, "block_m": sp.block_m, "block_n": bn,
                "warps": warps, "default": bool(default and (default.parts, default.block_n)
@@ -168,7 +170,12 @@ def variants_for(group) -> list[tuple[int, int, int]]:
         return [(64, 8, 8), (128, 8, 8), (256, 8, 8), (128, 4, 4), (256, 4, 4), (256, 4, 8),
                 (512, 4, 4)]
     if a.M <= 1024:                   # layer-norm weight gradients over 8192 tokens
-        return [(256, 8, 8), (128, 8, 8), (512, 8, 8), (512, 4, 4), (1024, 4, 4)]
+        # 16 rows per step: twice the bytes in flight per program (the bf16 split ran at
+        # 59% of a same-size copy with 8)
+        # and column strips of 256-512 bytes instead of whole rows (the comment in
+        # split_of calls them slow, from eager timings)
+        return [(256, 8, 8), (256, 16, 8), (128, 16, 16), (64, 32, 8, 256), (64, 64, 8, 128),
+                (128, 8, 8), (512, 4, 4)]
     return [(128, 4, 8), (64, 4, 8), (256, 4, 8), (128, 4, 4)]
 
 
@@ -186,6 +193,12 @@ def main() -> None:
     import runtime
     from benchmarks.gpu_suite import ceilings_copy
     from benchmarks.reductions import reduction_groups, time_group
+    try:
+        from benchmarks.reductions import minimal_bytes
+    except ImportError:          # main before i14-colred
+        def minimal_bytes(g):
+            from benchmarks.reductions import _nbytes
+            return sum(_nbytes(s.shape) for s in g[0].inputs)
     from runtime.cuda import executable_of
     ceil = ceilings_copy()
     deadline = time.perf_counter() + opts.sweep_budget
@@ -200,7 +213,9 @@ def main() -> None:
             for g in reduction_groups(exe):
                 key = tuple(t.kernel.key for t in g)
                 split = "split_partials" in g[0].kernel.template
-                if key in seen or not (split or g[0].kernel.name in EXTRA):
+                column = (g[0].kernel.template == "column_onepass"
+                          and minimal_bytes(g) >= 4 << 20)      # e.g. an unsplit bias gradient
+                if key in seen or not (split or column or g[0].kernel.name in EXTRA):
                     continue
                 seen.add(key)
                 row = time_group(g, ceil, False)

@@ -15,7 +15,11 @@ and a two-kernel split where too few programs would share the work.
   outputs are stored from the first pass that has every reduction they read.
 * ``column_onepass``: the reduced dims are major in memory (layer-norm weight gradients:
   a sum over the token rows of [tokens, features]): a tile of adjacent kept elements
-  (256 bytes of each row) walks the reduced rows, all reductions in the same pass.
+  (256 bytes of each row) walks the reduced rows, all reductions in the same pass. Kept
+  elements past the end of a ragged block map onto the last aligned run (not a clamp,
+  which hides the contiguity from Triton and turns the tile's layout across the rows),
+  and rows whose width is a multiple of 2-8 but not 16 elements get a copy of the loop
+  behind a uniform test of the strides, in which Triton sees them aligned (16-byte loads).
 * ``split_partials`` + a finishing kernel: when the kept elements are too few to give
   every SM work (a loss reduced to a scalar, a weight gradient over 1024 features), the
   reduced range is cut into P chunks; program (i, p) writes chunk p's partial results to a
