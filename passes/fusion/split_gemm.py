@@ -173,8 +173,11 @@ def epilogue_after(dot: Instruction, outputs: Sequence[Instruction],
 
 def split_estimate(instances: Sequence[Instruction], outputs: Sequence[Instruction],
                    spec: DeviceSpec, small_constant_elements: int) -> Optional[Estimate]:
-    """The cost of the group as split kernels (see module doc), or None if it is not split."""
-    if split_reason(instances, outputs) is None:
+    """The cost of the group as split kernels (see module doc), or None if it is not split.
+    A group the CUDA backend runs split for speed (``library_gemm_reason``) is priced so
+    too: its epilogue then gains nothing from the dot, and fuses where it saves more."""
+    if split_reason(instances, outputs) is None and \
+            library_gemm_reason(instances, outputs, spec) is None:
         return None
     dot = next(i for i in instances if i.opcode == "dot")
     inside = {id(i) for i in instances}
