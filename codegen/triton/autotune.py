@@ -5,7 +5,17 @@ measured once per (kernel source, device, Triton version) and remembered on disk
 (pruned: the cost model ranks a template's candidate configs and only the best
 ``PRUNED_TOP`` plus the default are compiled, in parallel, and timed in one batch of
 CUDA-event launches, milliseconds per kernel) or ``2`` (exhaustive: every candidate, each
-timed with ``triton.testing.do_bench``). Results live in ``$HLOTK_CACHE_DIR/triton/tuning.json`` keyed by the kernel's
+timed with ``triton.testing.do_bench``).
+
+At level 1 the loop kernels (``UNTIMED_AT_PRUNED``: elementwise and generic loop templates,
+one flat block of elements per program) compile only their template's own config and time
+nothing: their candidates differ only in the block size and warps of a memory-bound loop,
+where the template's pick was within a few per cent (or below a microsecond) of the best
+config on the H200 (benchmarks/NOTES.md, "Issue 13, cold5"), while each extra candidate
+was a Triton compile on the first call's critical path (adam_step: 61 pool jobs instead of
+16). Reductions, transposes, GEMM and attention templates, whose tile shapes matter, are
+still timed. Level 2 times every candidate of every template. A kernel left with a single
+config to try is never timed either (``needs_timing``). Results live in ``$HLOTK_CACHE_DIR/triton/tuning.json`` keyed by the kernel's
 content key (a hash of its source), the device name and the Triton version, so a re-run
 measures nothing it already knows. Every timed config is also appended, beside the fusion
 cost model's prediction for the kernel, to ``$HLOTK_CACHE_DIR/calibration/records.jsonl``
@@ -30,6 +40,8 @@ from typing import Any, Iterator, Optional
 from codegen.cache import cache_root
 
 PRUNED_TOP = 3      # configs timed at level 1, besides the template's default
+# Templates whose candidates level 1 does not time (the module's docstring says why).
+UNTIMED_AT_PRUNED = frozenset({"loop", "generic"})
 
 # Seconds spent in this process (benchmarks/compile_time.py reports them): ``tune`` is the
 # whole of autotuning, ``tune_compile`` the part of it compiling candidates.
@@ -82,10 +94,13 @@ def predict_config_us(kernel_us: float, grid: tuple, config: dict, spec: Any) ->
 
 def ranked_candidates(kernel: Any, level: int, spec: Any) -> list[dict]:
     """The configs to time: all of them at level 2, else the default and the best
-    ``PRUNED_TOP`` others by ``predict_config_us``."""
+    ``PRUNED_TOP`` others by ``predict_config_us``; only the default for a loop kernel at
+    level 1 (``UNTIMED_AT_PRUNED``)."""
     cands = list(kernel.plan.candidates or [kernel.config])
     if kernel.config not in cands:
         cands.insert(0, dict(kernel.config))
+    if level < 2 and getattr(kernel, "template", "") in UNTIMED_AT_PRUNED:
+        return [dict(kernel.config)]
     if level >= 2 or len(cands) <= PRUNED_TOP + 1:
         return cands
     base = getattr(kernel, "predicted_us", 0.0) or 10.0
@@ -94,6 +109,12 @@ def ranked_candidates(kernel: Any, level: int, spec: Any) -> list[dict]:
         return predict_config_us(base, kernel.plan.grid(dict(c)), c, spec)
     others = sorted((c for c in cands if c != kernel.config), key=cost)
     return [dict(kernel.config)] + others[:PRUNED_TOP]
+
+
+def needs_timing(kernel: Any, level: int, spec: Any) -> bool:
+    """Whether autotuning at ``level`` has more than one config of ``kernel`` to compare
+    (with one, its first launch just uses it: no candidate compile, no timing)."""
+    return level > 0 and len(ranked_candidates(kernel, level, spec)) > 1
 
 
 # --- the on-disk results ----------------------------------------------------------------------
@@ -288,6 +309,9 @@ def tune(kernel: Any, outputs: list, inputs: list, args: list, level: int) -> di
     """Time the ranked configs of ``kernel`` on these tensors; store and return the best."""
     from passes.fusion.cost_model import get_device
     from .parallel import precompile
+    known = tuned_config(kernel.key)
+    if known is not None:     # another fusion with this kernel (canonical.py) was timed first
+        return known
     t0 = time.perf_counter()
     configs = ranked_candidates(kernel, level, get_device(kernel.target))
     precompile([(kernel, args, c) for c in configs])
