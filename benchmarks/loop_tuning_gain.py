@@ -23,7 +23,8 @@ import time
 
 sys.path.insert(0, ".")
 
-DEFAULT = ("adam_step", "giou", "gelu_mlp", "mlp_train", "transformer", "lion_step")
+DEFAULT = ("adam_step", "giou", "softmax", "layernorm", "mlp_train", "transformer",
+           "lion_step")
 
 
 def _program(name: str):
@@ -54,7 +55,11 @@ def rows_for(name: str) -> list[dict]:
     exe = executable_of(compiled)
     table = at.load_table()
     rows = []
+    seen: set[str] = set()
     for k in exe._triton_kernels():
+        if k.key in seen:        # fusions sharing one kernel (codegen/triton/canonical.py)
+            continue
+        seen.add(k.key)
         entry = table.get(at.tuning_key(k.key))
         if not isinstance(entry, dict) or not entry.get("measured_us"):
             continue
@@ -71,6 +76,7 @@ def rows_for(name: str) -> list[dict]:
         pick = min(cands, key=lambda c: at.predict_config_us(base, k.plan.grid(dict(c)), c,
                                                              spec))
         rows.append({"program": name, "kernel": k.name, "template": k.template,
+                     "fusions": sum(1 for o in exe._triton_kernels() if o.key == k.key),
                      "elements": max((math.prod(s.dims) for s in k.output_shapes), default=0),
                      "configs": len(measured), "default": json.loads(default),
                      "default_us": measured[default], "best": json.loads(best_cfg),
