@@ -7,17 +7,21 @@ measured once per (kernel source, device, Triton version) and remembered on disk
 CUDA-event launches, milliseconds per kernel) or ``2`` (exhaustive: every candidate, each
 timed with ``triton.testing.do_bench``).
 
-At level 1 the loop kernels (``UNTIMED_AT_PRUNED``: elementwise and generic loop templates,
-one flat block of elements per program) compile only their template's own config and time
-nothing: their candidates differ only in the block size and warps of a memory-bound loop,
-where the template's pick was within a few per cent (or below a microsecond) of the best
-config on the H200 (benchmarks/NOTES.md, "Issue 13, cold5"), while each extra candidate
-was a Triton compile on the first call's critical path (adam_step: 61 pool jobs instead of
-16). Reductions, transposes, GEMM and attention templates, whose tile shapes matter, are
-still timed. Level 2 times every candidate of every template. A kernel left with a single
-config to try is never timed either (``needs_timing``). Results live in ``$HLOTK_CACHE_DIR/triton/tuning.json`` keyed by the kernel's
-content key (a hash of its source), the device name and the Triton version, so a re-run
-measures nothing it already knows. Every timed config is also appended, beside the fusion
+At level 1 the small loop kernels (``UNTIMED_AT_PRUNED``: elementwise and generic loop
+templates predicted under ``LOOP_TIMED_FROM_US``, i.e. launch- or latency-bound) compile
+only their template's own config and time nothing: their candidates differ only in block
+size and warps, which on the H200 moved none of them by 1 µs or more (level-2 measurements,
+benchmarks/NOTES.md "Issue 13, cold5"), while each candidate is a Triton compile on the
+first call's critical path. Large loop kernels are timed, as reductions, transposes, GEMM
+and attention are: there the block size did move some by 6-17% (and by more in two
+measurements that are under the memory floor, not understood). Level 2 times every
+candidate of every template. A kernel left with a single config to try is never timed
+(``needs_timing``).
+
+Results live in ``$HLOTK_CACHE_DIR/triton/tuning.json`` keyed by the kernel's content key (a
+hash of its code without HLO names, ``canonical.py``: fusions sharing a kernel share its
+result), the device name and the Triton version, so a re-run measures nothing it already
+knows. Every timed config is also appended, beside the fusion
 cost model's prediction for the kernel, to ``$HLOTK_CACHE_DIR/calibration/records.jsonl``
 (what ``hlotk calibrate`` fits device coefficients to).
 
@@ -40,8 +44,21 @@ from typing import Any, Iterator, Optional
 from codegen.cache import cache_root
 
 PRUNED_TOP = 3      # configs timed at level 1, besides the template's default
-# Templates whose candidates level 1 does not time (the module's docstring says why).
+# Templates whose candidates level 1 does not time when the kernel is predicted under
+# LOOP_TIMED_FROM_US (the module's docstring says why). ``HLOTK_TUNE_LOOPS_FROM_US``
+# overrides the bound ("inf": never time a loop kernel at level 1; "0": always).
 UNTIMED_AT_PRUNED = frozenset({"loop", "generic"})
+LOOP_TIMED_FROM_US = 10.0
+
+
+def loop_timed_from_us() -> float:
+    env = os.environ.get("HLOTK_TUNE_LOOPS_FROM_US", "").strip()
+    try:
+        return float(env) if env else LOOP_TIMED_FROM_US
+    except ValueError:
+        from codegen.triton.elemental import TritonCodegenError
+        raise TritonCodegenError(f"HLOTK_TUNE_LOOPS_FROM_US={env!r}: expected microseconds "
+                                 "(a number, or inf)") from None
 
 # Seconds spent in this process (benchmarks/compile_time.py reports them): ``tune`` is the
 # whole of autotuning, ``tune_compile`` the part of it compiling candidates.
@@ -94,12 +111,13 @@ def predict_config_us(kernel_us: float, grid: tuple, config: dict, spec: Any) ->
 
 def ranked_candidates(kernel: Any, level: int, spec: Any) -> list[dict]:
     """The configs to time: all of them at level 2, else the default and the best
-    ``PRUNED_TOP`` others by ``predict_config_us``; only the default for a loop kernel at
-    level 1 (``UNTIMED_AT_PRUNED``)."""
+    ``PRUNED_TOP`` others by ``predict_config_us``; only the default for a small loop kernel
+    at level 1 (``UNTIMED_AT_PRUNED``, ``loop_timed_from_us``)."""
     cands = list(kernel.plan.candidates or [kernel.config])
     if kernel.config not in cands:
         cands.insert(0, dict(kernel.config))
-    if level < 2 and getattr(kernel, "template", "") in UNTIMED_AT_PRUNED:
+    if level < 2 and getattr(kernel, "template", "") in UNTIMED_AT_PRUNED and \
+            (getattr(kernel, "predicted_us", 0.0) or 0.0) < loop_timed_from_us():
         return [dict(kernel.config)]
     if level >= 2 or len(cands) <= PRUNED_TOP + 1:
         return cands
