@@ -55,6 +55,11 @@ def test_a_local_named_like_a_keyword_argument_keeps_the_keyword():
     assert "mask = $0" in text and "$0 = x > 0" in text
 
 
+def test_text_that_does_not_tokenize_is_its_own_key():
+    broken = "def f(x):\n    return (x\n"
+    assert canonical_text(broken) == broken
+
+
 def test_tuple_and_loop_targets_are_renamed():
     a = "def f(x):\n    for c0_1 in range(4):\n        lo_2, hi_3 = x, c0_1\n    return lo_2\n"
     b = a.replace("c0_1", "c0_7").replace("lo_2", "lo_8").replace("hi_3", "hi_9")

@@ -62,8 +62,12 @@ def _assigned(stmt: list[tokenize.TokenInfo]) -> list[str]:
 
 
 def canonical_text(source: str) -> str:
-    """The token stream of ``source`` as described above (a string, for hashing)."""
-    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    """The token stream of ``source`` as described above (a string, for hashing); the
+    source itself where it does not tokenize (then it shares a kernel with nothing)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return source
     stmts = _statements(tokens)
     # the module docstring: a first statement made of one string
     if stmts and len(stmts[0]) == 2 and stmts[0][0].type == tokenize.STRING:
