@@ -40,6 +40,44 @@ def _cfg_key(c: dict) -> str:
     return json.dumps(c, sort_keys=True)
 
 
+def check_configs(kernel, configs: list[dict]) -> dict:
+    """Each config's outputs on fresh random inputs (contiguous), against the template's
+    default config's: {config: True/False}; {} where an input is not a float array. A
+    "best" time under the memory floor would be a config that skips work."""
+    import torch
+    from codegen.triton.kernel import _to_torch
+    import numpy as np
+    rng = np.random.default_rng(0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"    # cpu: Triton's interpreter
+    ins = []
+    for sh in kernel.input_shapes:
+        if not sh.dtype.is_float:
+            return {}
+        ins.append(_to_torch(rng.standard_normal(sh.dims).astype(sh.dtype.np_dtype)).to(dev)
+                   .abs() + 0.5)         # positive: sqrt and division stay finite
+    def run(c: dict) -> list:
+        outs = [torch.full(sh.dims, float("nan"), device=dev,
+                           dtype=_to_torch(np.zeros((), sh.dtype.np_dtype)).dtype)
+                for sh in kernel.output_shapes]
+        kernel.launch(outs, ins, config=c)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        return outs
+    want = run(kernel.plan.config)
+    got = {}
+    for c in configs:
+        out = run(c)
+        got[_cfg_key(c)] = all(torch.equal(a, b) for a, b in zip(out, want))
+    return got
+
+
+def _checked(kernel, configs: list[dict]) -> dict:
+    try:
+        return check_configs(kernel, configs)
+    except Exception as e:  # noqa: BLE001  (a check that cannot run is reported, not fatal)
+        return {"error": f"{type(e).__name__}: {e}"[:200]}
+
+
 def rows_for(name: str) -> list[dict]:
     """Compile and run ``name`` at level 2; one row per Triton kernel it tuned."""
     import jax
@@ -75,7 +113,11 @@ def rows_for(name: str) -> list[dict]:
         # keep the candidate list's order).
         pick = min(cands, key=lambda c: at.predict_config_us(base, k.plan.grid(dict(c)), c,
                                                              spec))
+        moved = sum(math.prod(sh.dims) * sh.dtype.itemsize
+                    for sh in list(k.input_shapes) + list(k.output_shapes))
         rows.append({"program": name, "kernel": k.name, "template": k.template,
+                     "bytes": moved, "measured_us": measured,
+                     "same_output": _checked(k, [json.loads(c) for c in measured]),
                      "fusions": sum(1 for o in exe._triton_kernels() if o.key == k.key),
                      "elements": max((math.prod(s.dims) for s in k.output_shapes), default=0),
                      "configs": len(measured), "default": json.loads(default),
@@ -93,9 +135,10 @@ def main() -> None:
     os.environ["HLOTK_AUTOTUNE"] = "2"
     os.environ.setdefault("HLOTK_CACHE_DIR", tempfile.mkdtemp(prefix="hlotk_gain_"))
     rows: list[dict] = []
-    lines = ["| program | kernel | template | elements | configs | default µs | best µs "
-             "| gain µs | gain % | best config | cost model's pick µs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| program | kernel | template | elements | MB | configs | default µs | best µs "
+             "| gain µs | gain % | best config | best TB/s | cost model's pick µs "
+             "| outputs equal default's |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in filter(None, opts.only.split(",")):
         t0 = time.perf_counter()
         try:
@@ -108,11 +151,15 @@ def main() -> None:
         for r in got:
             gain = r["default_us"] - r["best_us"]
             b = r["best"]
+            same = r["same_output"]
             lines.append(f"| {name} | {r['kernel'][:40]} | {r['template']} | {r['elements']} "
+                         f"| {r['bytes'] / 1e6:.1f} "
                          f"| {r['configs']} | {r['default_us']:.2f} | {r['best_us']:.2f} "
                          f"| {gain:.2f} | {100 * gain / max(r['default_us'], 1e-9):.1f} "
-                         f"| {b.get('BLOCK', '')}/{b.get('num_warps', '')} "
-                         f"| {r['pick_us'] if r['pick_us'] is None else round(r['pick_us'], 2)} |")
+                         f"| {b.get('BLOCK', b)}/{b.get('num_warps', '')} "
+                         f"| {r['bytes'] / max(r['best_us'], 1e-9) / 1e6:.2f} "
+                         f"| {r['pick_us'] if r['pick_us'] is None else round(r['pick_us'], 2)} "
+                         f"| {'-' if not same or 'error' in same else sum(same.values())}/{len(same)} |")
             print(lines[-1], flush=True)
         rows += got
         if opts.out:
