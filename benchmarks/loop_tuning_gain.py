@@ -152,6 +152,7 @@ def main() -> None:
             gain = r["default_us"] - r["best_us"]
             b = r["best"]
             same = r["same_output"]
+            equal = "-" if not same or "error" in same else sum(same.values())
             lines.append(f"| {name} | {r['kernel'][:40]} | {r['template']} | {r['elements']} "
                          f"| {r['bytes'] / 1e6:.1f} "
                          f"| {r['configs']} | {r['default_us']:.2f} | {r['best_us']:.2f} "
@@ -159,7 +160,7 @@ def main() -> None:
                          f"| {b.get('BLOCK', b)}/{b.get('num_warps', '')} "
                          f"| {r['bytes'] / max(r['best_us'], 1e-9) / 1e6:.2f} "
                          f"| {r['pick_us'] if r['pick_us'] is None else round(r['pick_us'], 2)} "
-                         f"| {'-' if not same or 'error' in same else sum(same.values())}/{len(same)} |")
+                         f"| {equal}/{len(same)} |")
             print(lines[-1], flush=True)
         rows += got
         if opts.out:

@@ -11,12 +11,12 @@ At level 1 the small loop kernels (``UNTIMED_AT_PRUNED``: elementwise and generi
 templates predicted under ``LOOP_TIMED_FROM_US``, i.e. launch- or latency-bound) compile
 only their template's own config and time nothing: their candidates differ only in block
 size and warps, which on the H200 moved none of them by 1 µs or more (level-2 measurements,
-benchmarks/NOTES.md, "Issue 13, cold first call of many-kernel programs"), while each candidate is a Triton compile on the
-first call's critical path. Large loop kernels are timed, as reductions, transposes, GEMM
-and attention are: there the block size did move some by 6-17% (and by more in two
-measurements that are under the memory floor, not understood). Level 2 times every
-candidate of every template. A kernel left with a single config to try is never timed
-(``needs_timing``).
+benchmarks/NOTES.md, "Issue 13, cold first call of many-kernel programs"), while each
+candidate is a Triton compile on the first call's critical path. Large loop kernels are
+timed, as reductions, transposes, GEMM and attention are: there the block size did move some
+by 6-17% (and by more in two measurements that are under the memory floor, not understood).
+Level 2 times every candidate of every template. A kernel left with a single config to try
+is never timed (``needs_timing``).
 
 Results live in ``$HLOTK_CACHE_DIR/triton/tuning.json`` keyed by the kernel's content key (a
 hash of its code without HLO names, ``canonical.py``: fusions sharing a kernel share its
