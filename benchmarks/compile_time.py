@@ -499,6 +499,12 @@ def _extra_env(opts) -> dict:
     return out
 
 
+# This module's name as ``-m`` ran it (a copy under another name runs its own children).
+_MODULE = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", "") \
+    if __name__ == "__main__" else __name__
+_MODULE = _MODULE if _MODULE.startswith("benchmarks.") else "benchmarks.compile_time"
+
+
 def run_child(name: str, cache: str, opts, machine: str = "", cprofile: bool = False) -> dict:
     first = not os.path.exists(os.path.join(cache, "hlotk"))
     env = dict(os.environ, **_extra_env(opts))
@@ -510,7 +516,7 @@ def run_child(name: str, cache: str, opts, machine: str = "", cprofile: bool = F
         env["HLOTK_MACHINE_CACHE_DIR"] = machine
     if opts.interpret:
         env["TRITON_INTERPRET"] = "1"
-    cmd = [sys.executable, "-m", "benchmarks.compile_time", "--child", name,
+    cmd = [sys.executable, "-m", _MODULE, "--child", name,
            "--autotune", opts.autotune] + (["--deviceless"] if opts.deviceless else []) \
         + (["--interpret"] if opts.interpret else []) \
         + (["--worker-probe", opts.worker_probe] if opts.worker_probe else [])
@@ -577,6 +583,8 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="a label for this run's rows (variants)")
     ap.add_argument("--repeat", type=int, default=1, help="cold runs per program (fresh "
                     "caches each); the table shows each phase's minimum over them")
+    ap.add_argument("--runs", default="cold,warm", help="which runs per program: cold, "
+                    "warm or both (cold alone: before/after rounds in less device time)")
     ap.add_argument("--heldout", action="store_true", help="the held-out programs "
                     "(benchmarks/heldout_programs.py): alone, or beside --only's")
     ap.add_argument("--worker-probe", default="", help="COUNTS[:key], e.g. 1,4,16:key: "
@@ -641,7 +649,9 @@ def main() -> None:
     for name in names:
         with tempfile.TemporaryDirectory(prefix="hlotk_ct_") as cache:
             prof = opts.cprofile or name in set(filter(None, opts.cprofile_only.split(",")))
-            runs = ("cold", "warm") + (("warm-cprofile",) if prof else ())
+            wanted = set(filter(None, opts.runs.split(",")))
+            runs = tuple(r for r in ("cold", "warm") if r in wanted) \
+                + (("warm-cprofile",) if prof else ())
             mdir = tempfile.mkdtemp(prefix="hlotk_ct_machine_") if opts.machine_cold else machine
             for run in runs:
                 if run == "cold" and opts.repeat > 1:

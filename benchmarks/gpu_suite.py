@@ -2,7 +2,11 @@
 same random inputs, in one process. Run ON the GPU machine from the repository root:
 
     PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda,cpu python3 -m benchmarks.gpu_suite [--no-autotune]
-        [--only NAME,...] [--out benchmarks/gpu_suite.md]
+        [--only NAME,...] [--out benchmarks/gpu_suite.md] [--heldout]
+
+``--heldout`` runs the programs of ``benchmarks/heldout_programs.py`` (optimizer steps over
+hundreds of arrays, a LLaMA-style decoder block, losses and gradients the suite does not
+have) the same way.
 
 For each program: results checked against jax.jit (relative norm error per output leaf);
 hlotk ms and XLA ms are the median wall time of one call including waiting for its result
@@ -359,6 +363,8 @@ def main() -> None:
     ap.add_argument("--no-autotune", action="store_true")
     ap.add_argument("--only", default="")
     ap.add_argument("--out", default="benchmarks/gpu_suite.md")
+    ap.add_argument("--heldout", action="store_true",
+                    help="the programs of benchmarks/heldout_programs.py instead of the suite's")
     opts = ap.parse_args()
     import jax
     import torch
@@ -372,7 +378,9 @@ def main() -> None:
           flush=True)
     only = set(filter(None, opts.only.split(",")))
     rows = []
-    for prog in programs():
+    if opts.heldout:
+        from benchmarks.heldout_programs import programs as heldout
+    for prog in heldout() if opts.heldout else programs():
         if only and prog[0] not in only:
             continue
         t0 = time.time()

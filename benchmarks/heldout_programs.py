@@ -101,6 +101,47 @@ def rmsnorm_swiglu(w_norm, w_gate, w_up, w_down, x):
     return x + act @ w_down
 
 
+def llama_block(x, w_norm1, wq, wk, wv, wo, w_norm2, w_gate, w_up, w_down, *, heads=16,
+                kv_heads=4):
+    """A decoder block as LLaMA-style models write it: RMSNorm, grouped-query causal
+    attention written plainly (K/V heads repeated, f32 softmax), residual, RMSNorm,
+    SwiGLU, residual."""
+    import jax
+    import jax.numpy as jnp
+    b, s, d = x.shape
+    dh = d // heads
+
+    def rms(y, w):
+        yf = y.astype(jnp.float32)
+        yf = yf * jax.lax.rsqrt(jnp.mean(yf * yf, axis=-1, keepdims=True) + 1e-6)
+        return (yf * w.astype(jnp.float32)).astype(y.dtype)
+    h = rms(x, w_norm1)
+    q = (h @ wq).reshape(b, s, heads, dh)
+    k = jnp.repeat((h @ wk).reshape(b, s, kv_heads, dh), heads // kv_heads, axis=2)
+    v = jnp.repeat((h @ wv).reshape(b, s, kv_heads, dh), heads // kv_heads, axis=2)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * dh ** -0.5
+    causal = jnp.tril(jnp.ones((s, s), dtype=bool))
+    p = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1).astype(x.dtype)
+    x = x + jnp.einsum("bhqk,bkhd->bqhd", p, v).reshape(b, s, d) @ wo
+    h = rms(x, w_norm2)
+    act = (jax.nn.silu((h @ w_gate).astype(jnp.float32)) *
+           (h @ w_up).astype(jnp.float32)).astype(x.dtype)
+    return x + act @ w_down
+
+
+def llama_args(r: np.random.Generator, b: int, s: int, d: int, ffn: int,
+               heads: int = 16, kv_heads: int = 4) -> tuple:
+    import ml_dtypes
+
+    def w(*shape, scale):
+        return (r.standard_normal(shape) * scale).astype(ml_dtypes.bfloat16)
+    kv = d // heads * kv_heads
+    return (w(b, s, d, scale=1.0), w(d, scale=1.0) + 1, w(d, d, scale=d ** -0.5),
+            w(d, kv, scale=d ** -0.5), w(d, kv, scale=d ** -0.5), w(d, d, scale=d ** -0.5),
+            w(d, scale=1.0) + 1, w(d, ffn, scale=d ** -0.5), w(d, ffn, scale=d ** -0.5),
+            w(ffn, d, scale=ffn ** -0.5))
+
+
 def lion_shapes() -> dict[str, tuple[int, ...]]:
     """60 arrays: 6 blocks of 10 (matrices 256-1536 wide, biases, norms)."""
     shapes: dict[str, tuple[int, ...]] = {}
@@ -155,6 +196,11 @@ def programs() -> list[tuple]:
         ("rmsnorm_swiglu", f"RMSNorm + SwiGLU MLP + residual bf16 x[{t},{dn}] ffn {f}",
          rmsnorm_swiglu, mlp_args, 2 * (2 * t * dn + 3 * dn * f), 2 * 3 * t * dn * f, "bf16",
          3e-2),
+        ("llama_block", "decoder block bf16 B2 S2048 D2048, 16 q / 4 kv heads (plain GQA "
+         "causal attention), RMSNorm, SwiGLU 5632", llama_block,
+         llama_args(r, 2, 2048, 2048, 5632), 0,
+         2 * 2 * 2048 * (2048 * 2048 * 2 + 2048 * 512 * 2 + 3 * 2048 * 5632)
+         + 2 * 2 * 16 * 2048 * 2048 * 128, "bf16", 3e-2),
         ("lion_step", f"Lion step f32, {len(small)} params ({small_elems / 1e6:.1f}M)",
          lion_step, lion_args, 5 * 4 * small_elems, 0, "", 1e-5),
     ]

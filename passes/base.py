@@ -38,6 +38,57 @@ def register_pass(cls: type) -> type:
     return cls
 
 
+class ModuleSnapshot:
+    """What a module is made of, held by reference, to tell afterwards whether a pass
+    changed it without printing it twice: the config entries, the computations in order
+    with their roots, and each instruction's opcode, shape, operands and attribute values
+    (values compared by identity, then equality; an array replaced by an equal new one
+    counts as a change: verification, which the answer decides, then runs once more than
+    it had to)."""
+
+    def __init__(self, module: Module) -> None:
+        self._state = self._take(module)
+
+    @staticmethod
+    def _take(module: Module) -> list:
+        state: list = [tuple(module.config.items())]
+        for comp in module.computations:
+            state.append((comp, comp.root))
+            state.extend((inst, inst.opcode, inst.shape, tuple(inst.operands),
+                          tuple(inst.attrs.items())) for inst in comp.instructions)
+        return state
+
+    def changed(self, module: Module) -> bool:
+        now = self._take(module)
+        return len(now) != len(self._state) or \
+            any(not _same_entry(a, b) for a, b in zip(self._state, now))
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):       # arrays compare elementwise: count it a change
+        return False
+
+
+def _same_items(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(ka == kb and _same_value(va, vb)
+                                    for (ka, va), (kb, vb) in zip(a, b))
+
+
+def _same_entry(a: tuple, b: tuple) -> bool:
+    if len(a) != len(b):
+        return False
+    if len(a) == 2:                                        # a computation and its root
+        return a[0] is b[0] and a[1] is b[1]
+    if len(a) == 5:                                        # an instruction
+        return (a[0] is b[0] and a[1] == b[1] and a[2] == b[2] and len(a[3]) == len(b[3])
+                and all(x is y for x, y in zip(a[3], b[3])) and _same_items(a[4], b[4]))
+    return _same_items(a, b)                               # the config
+
+
 def make_pass(name: str, options: dict[str, str] | None = None) -> Any:
     """Instantiate a registered pass from its name and string options (from a spec)."""
     try:

@@ -44,7 +44,7 @@ from hlo.ir import Computation, Instruction, Module
 from hlo.shape import AnyShape, Layout, Shape, TupleShape
 from hlo.text.parser import ComputationLayout
 
-from .base import PassError, register_pass
+from .base import ModuleSnapshot, PassError, register_pass
 
 GPU_TARGETS = ("gpu", "cuda", "h100", "h200", "a100")
 CPU_TARGETS = ("cpu",)
@@ -279,7 +279,7 @@ class LayoutAssignment:
         if self.target not in GPU_TARGETS + CPU_TARGETS:
             raise PassError(f"layout-assignment: unknown target {self.target!r}; known: "
                             f"{', '.join(GPU_TARGETS + CPU_TARGETS)}")
-        before = module.to_text()
+        before = ModuleSnapshot(module)
         assigner = _Assigner(module, TargetRules(self.target, _attention_dots(module)))
         params, result = _entry_signature(module)
         assert module.entry is not None
@@ -289,7 +289,7 @@ class LayoutAssignment:
         for comp in module.computations:
             assigner.make_bitcasts(comp, self.reshape_to_bitcast)
         type(self).last_stats = dict(assigner.stats)
-        return module.to_text() != before
+        return before.changed(module)
 
 
 class _Assigner:

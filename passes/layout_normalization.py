@@ -23,7 +23,7 @@ from hlo import layout_util as lu
 from hlo.ir import Computation, Instruction, Module
 from hlo.shape import AnyShape, Shape, TupleShape
 
-from .base import register_pass
+from .base import ModuleSnapshot, register_pass
 from .layout_assignment import _entry_signature, _same_layouts
 
 
@@ -35,7 +35,7 @@ class LayoutNormalization:
 
     def run(self, module: Module) -> bool:
         assert module.entry is not None
-        before = module.to_text()
+        before = ModuleSnapshot(module)
         params, result = _entry_signature(module)
         # Bitcasts first: their meaning depends on the layouts of their operands, which
         # removing a layout-changing copy would change.
@@ -68,7 +68,7 @@ class LayoutNormalization:
                     entry.root = fixed
         assert entry.root is not None
         entry.root = _convert(entry, entry.root, result)
-        return module.to_text() != before
+        return before.changed(module)
 
 
 def _expand_bitcast(comp: Computation, inst: Instruction, assigned: dict[int, Shape]) -> None:

@@ -80,6 +80,64 @@ def test_pruned_keeps_default_and_best_three_exhaustive_keeps_all():
     assert at.ranked_candidates(kernel, 2, spec) == cands
 
 
+def test_small_loop_kernels_time_nothing_at_level_1_and_everything_at_level_2():
+    """A loop kernel's candidates differ only in block size and warps: a small one (predicted
+    under LOOP_TIMED_FROM_US) compiles the template's own config at level 1 and times
+    nothing; level 2 still times them all."""
+    x = np.ones((1024, 1024), np.float32)       # 12 MB moved: ~4 µs predicted on the H200
+    fusion = _fusion(lambda x, y: jnp.tanh(x) * y + 1, x, x)
+    spec = get_device("h200")
+    kernel = compile_fusion(fusion, target="h200", autotune=1)
+    assert kernel.template == "loop"
+    assert kernel.predicted_us < at.LOOP_TIMED_FROM_US
+    assert kernel.config == kernel.plan.config
+    # BLOCK 256/2, 512/4, 1024/4, 2048/8, 4096/8 over 1M elements; the default is 1024/4
+    assert [(c["BLOCK"], c["num_warps"]) for c in kernel.plan.candidates] == \
+        [(256, 2), (512, 4), (1024, 4), (2048, 8), (4096, 8)]
+    assert (kernel.config["BLOCK"], kernel.config["num_warps"]) == (1024, 4)
+    assert at.ranked_candidates(kernel, 1, spec) == [kernel.plan.config]
+    assert kernel.autotune == 0 and not at.needs_timing(kernel, 1, spec)
+    exhaustive = compile_fusion(fusion, target="h200", autotune=2)
+    assert exhaustive.autotune == 2 and at.needs_timing(exhaustive, 2, spec)
+    assert at.ranked_candidates(exhaustive, 2, spec) == kernel.plan.candidates
+    # A config measured before (at level 2) is still used at level 1.
+    best = dict(kernel.plan.candidates[0])
+    at.store(kernel, best, [(dict(kernel.config), 5.0), (best, 4.0)])
+    again = compile_fusion(fusion, target="h200", autotune=1)
+    assert again.config == best and again.autotune == 0
+
+
+def test_large_loop_kernels_are_timed_at_level_1(monkeypatch):
+    x = np.ones((4096, 4096), np.float32)       # 201 MB moved: ~50 µs predicted
+    fusion = _fusion(lambda x, y: jnp.tanh(x) * y + 1, x, x)
+    spec = get_device("h200")
+    kernel = compile_fusion(fusion, target="h200", autotune=1)
+    assert kernel.template == "loop" and kernel.predicted_us >= at.LOOP_TIMED_FROM_US
+    assert kernel.autotune == 1
+    ranked = at.ranked_candidates(kernel, 1, spec)
+    assert ranked[0] == kernel.config and len(ranked) == at.PRUNED_TOP + 1
+    # the bound from the environment: never (inf) or always (0)
+    monkeypatch.setenv("HLOTK_TUNE_LOOPS_FROM_US", "inf")
+    assert compile_fusion(fusion, target="h200", autotune=1).autotune == 0
+    monkeypatch.setenv("HLOTK_TUNE_LOOPS_FROM_US", "0")
+    small = compile_fusion(_fusion(lambda x: x * 2, np.ones(4096, np.float32)), target="h200",
+                           autotune=1)
+    assert small.template == "loop" and small.autotune == 1
+    monkeypatch.setenv("HLOTK_TUNE_LOOPS_FROM_US", "soon")
+    with pytest.raises(TritonCodegenError, match="HLOTK_TUNE_LOOPS_FROM_US='soon'"):
+        compile_fusion(fusion, target="h200", autotune=1)
+
+
+def test_templates_with_tiles_are_still_timed_at_level_1():
+    x = np.ones((4096, 1024), np.float32)
+    rows = compile_fusion(_fusion(lambda x: jnp.exp(x) / jnp.sum(jnp.exp(x), axis=-1,
+                                                                   keepdims=True), x),
+                          target="h200", autotune=1)
+    assert rows.template not in at.UNTIMED_AT_PRUNED and rows.autotune == 1
+    assert len(at.ranked_candidates(rows, 1, get_device("h200"))) > 1
+    assert compile_fusion(_gemm_fusion(), target="h200", autotune=1).autotune == 1
+
+
 def test_stored_result_is_reused_only_for_same_device_and_triton(monkeypatch):
     fusion = _gemm_fusion()
     kernel = compile_fusion(fusion, target="h200", autotune=1)

@@ -269,6 +269,9 @@ def _triton_case(f, args, tol):
     got = flash_attention(fa, ins).float().cpu().numpy()
     want = cpu_attention.AttentionKernel(fa)(*[np.asarray(by_name[o.name]) for o in fa.operands])
     np.testing.assert_allclose(got, np.asarray(want, np.float32), rtol=tol, atol=tol)
+    want_jax = np.asarray(jax.jit(f)(*args), np.float32)
+    np.testing.assert_allclose(np.asarray(c(*args), np.float32), want_jax, rtol=tol, atol=tol)
+    return fa
 
 
 def _masked_rows_case():
@@ -335,8 +338,11 @@ def test_triton_flash_attention_kernel(case):
         q = rng.standard_normal((1, 40, 4, 32)).astype(np.float32)
         k, v = (rng.standard_normal((1, 40, 2, 32)).astype(np.float32) for _ in range(2))
         base = _attention(causal=True)
-        _triton_case(lambda q, k, v: base(q, jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)),
-                     (q, k, v), 1e-4)
+        fa = _triton_case(lambda q, k, v: base(q, jnp.repeat(k, 2, axis=2),
+                                               jnp.repeat(v, 2, axis=2)), (q, k, v), 1e-4)
+        # the kernel reads the two shared heads in place: no repeated copy is an operand
+        assert sorted(tuple(o.shape.dims) for o in fa.operands) == \
+            [(1, 40, 2, 32), (1, 40, 2, 32), (1, 40, 4, 32)], [o.shape for o in fa.operands]
 
 
 def _growing_scores(seed: int = 9, s: int = 150, d: int = 16) -> list:
@@ -385,6 +391,32 @@ def test_flash_attention_end_to_end_cuda():
     jf = runtime.jit(f, backend="cuda")
     assert len(_attention_fusions(jf.lower(q, k, v).compile())) == 1
     got = np.asarray(jf(q, k, v), np.float32)
+    np.testing.assert_allclose(got, np.asarray(jax.jit(f)(q, k, v), np.float32),
+                               rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_repeated_kv_heads_are_read_in_place():
+    """K and V heads jnp.repeat'ed for query groups (8 query heads, 2 K/V heads, bf16, keys
+    not a multiple of the block): the attention fusion takes the 2-head tensors, and the
+    executable writes no repeated copy, with jax.jit's result."""
+    import ml_dtypes
+    from runtime.cuda import executable_of
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((2, 300, 8, 64)).astype(ml_dtypes.bfloat16)
+    k, v = (rng.standard_normal((2, 300, 2, 64)).astype(ml_dtypes.bfloat16) for _ in range(2))
+    base = _attention(causal=True)
+
+    def f(q, k, v):
+        return base(q, jnp.repeat(k, 4, axis=2), jnp.repeat(v, 4, axis=2))
+    compiled = runtime.jit(f, backend="cuda").lower(q, k, v).compile()
+    (fa,) = _attention_fusions(compiled)
+    assert sorted(tuple(o.shape.dims) for o in fa.operands) == \
+        [(2, 300, 2, 64), (2, 300, 2, 64), (2, 300, 8, 64)]
+    exe = executable_of(compiled)
+    assert exe.kernel_count().get("kernel", 0) + exe.kernel_count().get("copy", 0) == 0, \
+        exe.describe()
+    got = np.asarray(compiled(q, k, v), np.float32)
     np.testing.assert_allclose(got, np.asarray(jax.jit(f)(q, k, v), np.float32),
                                rtol=2e-2, atol=2e-2)
 

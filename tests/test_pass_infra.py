@@ -209,3 +209,41 @@ def test_default_pipelines_report_changes_honestly():
         m = hlo.from_jax(prog, *args)
         records = run_pipeline(m, spec, verify=True, hooks=[hook])
         assert any(not r.changed for r in records)
+
+
+def test_module_snapshot_sees_what_printing_would_and_nothing_else():
+    from hlo.shape import Layout
+    from passes.base import ModuleSnapshot
+    m = hlo.parse_hlo(TEXT2D)
+    snap = ModuleSnapshot(m)
+    assert not snap.changed(m)
+    entry = m.entry
+    add = [i for i in entry.instructions if i.opcode == "add"][0]
+    add.shape = add.shape.with_layout(Layout((1, 0)))      # an equal shape, new object
+    assert not snap.changed(m)
+    add.shape = add.shape.with_layout(Layout((0, 1)))      # a layout change
+    assert snap.changed(m)
+    m = hlo.parse_hlo(TEXT2D)
+    snap = ModuleSnapshot(m)
+    m.entry.root.replace_operand(0, m.entry.parameters[1])  # an operand moved
+    assert snap.changed(m)
+    m = hlo.parse_hlo(TEXT2D)
+    snap = ModuleSnapshot(m)
+    m.config["entry_computation_layout"] = None              # a config entry replaced
+    assert snap.changed(m)
+    m = hlo.parse_hlo(TEXT2D)
+    snap = ModuleSnapshot(m)
+    from hlo.attrs import Metadata
+    m.entry.root.attrs["metadata"] = Metadata((("op_name", "m"),))   # an attribute added
+    assert snap.changed(m)
+
+
+TEXT2D = """HloModule m
+
+ENTRY %main (p0: f32[2,3], p1: f32[2,3]) -> f32[2,3] {
+  %p0 = f32[2,3]{1,0} parameter(0)
+  %p1 = f32[2,3]{1,0} parameter(1)
+  %a = f32[2,3]{1,0} add(%p0, %p1)
+  ROOT %m = f32[2,3]{1,0} multiply(%a, %p0)
+}
+"""

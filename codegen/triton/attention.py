@@ -173,7 +173,8 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
                IEEE: tl.constexpr, STATS: tl.constexpr, EVEN_N: tl.constexpr,
                EVEN_D: tl.constexpr, POS_SCALE: tl.constexpr, HEAVY_FIRST: tl.constexpr,
                BM: tl.constexpr,
-               BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+               BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+               KG: tl.constexpr, VG: tl.constexpr):
     if HEAVY_FIRST:
         # grid (z*h, query blocks), last query block first: with a causal skip the longest
         # rows start in the first wave and the short ones fill the tail (load balance)
@@ -199,8 +200,9 @@ def _flash_fwd(Q, K, V, O, Bias, Mask,
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BDV], tl.float32)
     qpos = (offs_m // Q_DIV) % Q_LEN     # rows [.., q, g..]: q counts every Q_DIV rows
-    kbase = z * skz + h * skh
-    vbase = z * svz + h * svh
+    # K/V heads shared by KG / VG query heads (heads repeated with jnp.repeat, read in place)
+    kbase = z * skz + (h // KG) * skh
+    vbase = z * svz + (h // VG) * svh
     bbase = z * sbz + h * sbh
     mbase = z * smz + h * smh
     lo, wfull, full, hi = key_range(pid_m, M, N, DELTA, WHI, Q_LEN, Q_DIV, CAUSAL, DIR, SKIP,
@@ -358,11 +360,25 @@ class ScorePlan:
     # reads them in place (``with_views``); the backward takes its operands as they are.
     views_ok = False
 
+    def group(self, index: int) -> int:
+        """How many heads of the kernel share each head of operand ``index`` (1: none)."""
+        return getattr(self, "groups", {}).get(index, 1)
+
     def param(self, inst) -> int:
         """The index of ``inst`` among the kernel's operands: a fusion parameter, or (where
-        ``views_ok``) a view of one appended after them by ``with_views``."""
+        ``views_ok``) a view of one appended after them by ``with_views``. A K or V whose
+        heads repeat a parameter's (``head_repeat``) is that parameter, its group in
+        ``groups``: the kernel reads head h // group."""
         if id(inst) in self.params:
             return self.params[id(inst)]
+        if self.views_ok:
+            from passes.fusion.attention_pass import head_repeat
+            rep = head_repeat(inst)
+            src = inst.operands[0].operands[0] if rep is not None else None
+            if src is not None and id(src) in self.params:
+                index = self.params[id(src)]
+                self.__dict__.setdefault("groups", {})[index] = rep[1]
+                return index
         chain, cur = [], inst
         while self.views_ok and cur.opcode in ("slice", "bitcast", "reshape"):
             chain.append(cur)
@@ -624,7 +640,9 @@ class FwdLaunch:
         q, q_str, q_run = zh_runs(operands[p.q].permute(p.q_perm), nb)
         k = _zh(operands[p.k].permute(p.k_perm), nb)
         v = _zh(operands[p.v].permute(p.v_perm), nb)
-        if k.shape[1] != q.shape[1] or k.shape[0] != q.shape[0]:
+        kg, vg = p.group(p.k), p.group(p.v)
+        if k.shape[1] * kg != q.shape[1] or k.shape[0] != q.shape[0] or \
+                v.shape[1] * vg != q.shape[1]:
             raise Unsupported("q and k batch/head counts differ")
         Z, H, M, D = q.shape
         N, DV = k.shape[2], v.shape[3]
@@ -661,10 +679,11 @@ class FwdLaunch:
                           MASK_KEEP=keep, IEEE=q.element_size() >= 4, STATS=p.tuple_out,
                           EVEN_D=_pow2(D) == D and _pow2(DV) == DV,
                           POS_SCALE=scale1 >= 0, HEAVY_FIRST=causal["SKIP"],
-                          BD=_pow2(D), BDV=_pow2(DV), **causal)
+                          BD=_pow2(D), BDV=_pow2(DV), KG=kg, VG=vg, **causal)
         self.shape = (Z, H, M, N, D, DV)
         self.key = (str(q.device), q.dtype, D, DV, Z * H, M, N, p.causal is not None,
                     p.bias is not None, p.mask is not None, p.tuple_out) + \
+            ((kg, vg) if (kg, vg) != (1, 1) else ()) + \
             ((whi,) if whi != NO_WINDOW else ())
         self.candidates = _candidates(q.element_size(), D)
         self.q = q

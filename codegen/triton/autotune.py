@@ -5,9 +5,23 @@ measured once per (kernel source, device, Triton version) and remembered on disk
 (pruned: the cost model ranks a template's candidate configs and only the best
 ``PRUNED_TOP`` plus the default are compiled, in parallel, and timed in one batch of
 CUDA-event launches, milliseconds per kernel) or ``2`` (exhaustive: every candidate, each
-timed with ``triton.testing.do_bench``). Results live in ``$HLOTK_CACHE_DIR/triton/tuning.json`` keyed by the kernel's
-content key (a hash of its source), the device name and the Triton version, so a re-run
-measures nothing it already knows. Every timed config is also appended, beside the fusion
+timed with ``triton.testing.do_bench``).
+
+At level 1 the small loop kernels (``UNTIMED_AT_PRUNED``: elementwise and generic loop
+templates predicted under ``LOOP_TIMED_FROM_US``, i.e. launch- or latency-bound) compile
+only their template's own config and time nothing: their candidates differ only in block
+size and warps, which on the H200 moved none of them by 1 µs or more (level-2 measurements,
+benchmarks/NOTES.md, "Issue 13, cold first call of many-kernel programs"), while each
+candidate is a Triton compile on the first call's critical path. Large loop kernels are
+timed, as reductions, transposes, GEMM and attention are: there the block size did move some
+by 6-17% (and by more in two measurements that are under the memory floor, not understood).
+Level 2 times every candidate of every template. A kernel left with a single config to try
+is never timed (``needs_timing``).
+
+Results live in ``$HLOTK_CACHE_DIR/triton/tuning.json`` keyed by the kernel's content key (a
+hash of its code without HLO names, ``canonical.py``: fusions sharing a kernel share its
+result), the device name and the Triton version, so a re-run measures nothing it already
+knows. Every timed config is also appended, beside the fusion
 cost model's prediction for the kernel, to ``$HLOTK_CACHE_DIR/calibration/records.jsonl``
 (what ``hlotk calibrate`` fits device coefficients to).
 
@@ -30,6 +44,21 @@ from typing import Any, Iterator, Optional
 from codegen.cache import cache_root
 
 PRUNED_TOP = 3      # configs timed at level 1, besides the template's default
+# Templates whose candidates level 1 does not time when the kernel is predicted under
+# LOOP_TIMED_FROM_US (the module's docstring says why). ``HLOTK_TUNE_LOOPS_FROM_US``
+# overrides the bound ("inf": never time a loop kernel at level 1; "0": always).
+UNTIMED_AT_PRUNED = frozenset({"loop", "generic"})
+LOOP_TIMED_FROM_US = 10.0
+
+
+def loop_timed_from_us() -> float:
+    env = os.environ.get("HLOTK_TUNE_LOOPS_FROM_US", "").strip()
+    try:
+        return float(env) if env else LOOP_TIMED_FROM_US
+    except ValueError:
+        from codegen.triton.elemental import TritonCodegenError
+        raise TritonCodegenError(f"HLOTK_TUNE_LOOPS_FROM_US={env!r}: expected microseconds "
+                                 "(a number, or inf)") from None
 
 # Seconds spent in this process (benchmarks/compile_time.py reports them): ``tune`` is the
 # whole of autotuning, ``tune_compile`` the part of it compiling candidates.
@@ -82,10 +111,14 @@ def predict_config_us(kernel_us: float, grid: tuple, config: dict, spec: Any) ->
 
 def ranked_candidates(kernel: Any, level: int, spec: Any) -> list[dict]:
     """The configs to time: all of them at level 2, else the default and the best
-    ``PRUNED_TOP`` others by ``predict_config_us``."""
+    ``PRUNED_TOP`` others by ``predict_config_us``; only the default for a small loop kernel
+    at level 1 (``UNTIMED_AT_PRUNED``, ``loop_timed_from_us``)."""
     cands = list(kernel.plan.candidates or [kernel.config])
     if kernel.config not in cands:
         cands.insert(0, dict(kernel.config))
+    if level < 2 and getattr(kernel, "template", "") in UNTIMED_AT_PRUNED and \
+            (getattr(kernel, "predicted_us", 0.0) or 0.0) < loop_timed_from_us():
+        return [dict(kernel.config)]
     if level >= 2 or len(cands) <= PRUNED_TOP + 1:
         return cands
     base = getattr(kernel, "predicted_us", 0.0) or 10.0
@@ -94,6 +127,12 @@ def ranked_candidates(kernel: Any, level: int, spec: Any) -> list[dict]:
         return predict_config_us(base, kernel.plan.grid(dict(c)), c, spec)
     others = sorted((c for c in cands if c != kernel.config), key=cost)
     return [dict(kernel.config)] + others[:PRUNED_TOP]
+
+
+def needs_timing(kernel: Any, level: int, spec: Any) -> bool:
+    """Whether autotuning at ``level`` has more than one config of ``kernel`` to compare
+    (with one, its first launch just uses it: no candidate compile, no timing)."""
+    return level > 0 and len(ranked_candidates(kernel, level, spec)) > 1
 
 
 # --- the on-disk results ----------------------------------------------------------------------
@@ -288,6 +327,9 @@ def tune(kernel: Any, outputs: list, inputs: list, args: list, level: int) -> di
     """Time the ranked configs of ``kernel`` on these tensors; store and return the best."""
     from passes.fusion.cost_model import get_device
     from .parallel import precompile
+    known = tuned_config(kernel.key)
+    if known is not None:     # another fusion with this kernel (canonical.py) was timed first
+        return known
     t0 = time.perf_counter()
     configs = ranked_candidates(kernel, level, get_device(kernel.target))
     precompile([(kernel, args, c) for c in configs])

@@ -25,7 +25,8 @@ from hlo.ir import Computation, Instruction
 from codegen.cache import KernelCache, cache_root, content_key
 
 from . import direct_launch, jit_hash
-from .autotune import autotune_level, tune, tuned_config
+from .canonical import canonical_text
+from .autotune import autotune_level, needs_timing, tune, tuned_config
 from .elemental import Emitter, TritonCodegenError, helpers_for
 from .reductions import Split, legacy as legacy_reductions
 from .reductions import rows_template as reduction_rows_template
@@ -296,8 +297,12 @@ def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: 
     else:
         raise TritonCodegenError(f"fusion %{fusion_inst.name}: no template fits ({last_err})")
     name = kernel_name(comp) + ("_partials" if split is not None else "")
-    key = f"{name}_{content_key(source, GENERATOR_VERSION, target)[:16]}"
-    _CACHE.get_or_create(key, lambda: source)
+    # Keyed by the code without the HLO names (canonical.py): a fusion computing what an
+    # earlier one computes, over the same shapes, loads that one's file (its names in the
+    # comments) and shares its Triton compile.
+    key = f"{name}_{content_key(canonical_text(source), GENERATOR_VERSION, target)[:16]}"
+    generated = source
+    source = _CACHE.get_or_create(key, lambda: generated)
     path = _CACHE.path(key)
     if not path.exists():   # an unwritable cache: keep a private copy so Triton can read it
         import tempfile
@@ -307,15 +312,18 @@ def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: 
     cfg = dict(plan.config)
     level = autotune_level(autotune)
     tuned = tuned_config(key) if level else None
-    from passes.fusion.cost_model import predict
+    from passes.fusion.cost_model import get_device, predict
     from passes.fusion.kinds import fusion_kind
     est = predict(fusion_inst, target)
-    return TritonKernel(name=name, source=source, path=path, template=plan.template,
-                        config=tuned or cfg, plan=plan, fusion_name=fusion_inst.name,
-                        input_shapes=[p.shape for p in params],
-                        output_shapes=(list(plan.output_shapes) if plan.output_shapes is not None
-                                       else [o.shape for o in outputs_of(comp)]),
-                        constants=list(em.extra_constants), key=key,
-                        autotune=0 if tuned else level, target=target,
-                        predicted_us=est.time_us, predicted_bytes=est.bytes_moved,
-                        predicted_flops=est.flops, fusion_kind=fusion_kind(fusion_inst))
+    kernel = TritonKernel(name=name, source=source, path=path, template=plan.template,
+                          config=tuned or cfg, plan=plan, fusion_name=fusion_inst.name,
+                          input_shapes=[p.shape for p in params],
+                          output_shapes=(list(plan.output_shapes) if plan.output_shapes is not None
+                                         else [o.shape for o in outputs_of(comp)]),
+                          constants=list(em.extra_constants), key=key,
+                          autotune=0 if tuned else level, target=target,
+                          predicted_us=est.time_us, predicted_bytes=est.bytes_moved,
+                          predicted_flops=est.flops, fusion_kind=fusion_kind(fusion_inst))
+    if kernel.autotune and not needs_timing(kernel, kernel.autotune, get_device(target)):
+        kernel.autotune = 0      # one config to try (a loop kernel at level 1): nothing to time
+    return kernel

@@ -12,6 +12,8 @@ backend config and explanation.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from hlo.ir import Instruction
@@ -163,14 +165,51 @@ def _row_major(inst: Instruction) -> bool:
     return lay is None or lay.is_row_major
 
 
+def head_repeat(reshape: Instruction) -> Optional[tuple[int, int]]:
+    """(head dim, group) when ``reshape`` (a reshape or bitcast, row-major) of a broadcast
+    is ``jnp.repeat(t, group, axis=head dim)``: the broadcast inserts a dim of size group
+    right after the head dim of its operand t and the reshape merges the two, every other
+    dim kept in place. Each of the result's heads h is then t's head h // group: K and V
+    heads shared by query groups (grouped-query attention written with jnp.repeat), which
+    the forward kernel reads in place. None for anything else (jnp.tile's order too)."""
+    if reshape.opcode not in _SLICE_VIEWS or not reshape.shape.is_array or \
+            not _row_major(reshape) or not reshape.operands:
+        return None
+    b = reshape.operands[0]
+    if b.opcode != "broadcast" or not b.shape.is_array or not _row_major(b) or \
+            b.shape.dtype != reshape.shape.dtype or not _row_major(b.operands[0]):
+        return None
+    src, dims = b.operands[0].shape.dims, tuple(b.attrs.get("dimensions", ()))
+    out = b.shape.dims
+    if len(out) != len(src) + 1:
+        return None
+    for at in range(len(src)):
+        if dims == tuple(range(at + 1)) + tuple(range(at + 2, len(out))):
+            merged = out[:at] + (out[at] * out[at + 1],) + out[at + 2:]
+            if reshape.shape.dims == merged and out[at + 1] > 1:
+                return at, out[at + 1]
+    return None
+
+
 def operand_slices(m: AttentionMatch) -> list[Instruction]:
     """The slices (and the row-major reshapes after them) that q, k and v of a forward
     match are read through, read by nothing else: taken into the attention fusion, so the
     kernel reads its operand in place through strides instead of a copy kernel writing each
-    slice first (a merged q|k|v projection, passes/dot_merger.py)."""
+    slice first (a merged q|k|v projection, passes/dot_merger.py). Likewise K and V heads
+    repeated for query groups (``head_repeat``): the kernel reads the shared heads."""
     members = {id(i) for i in m.members}
     taken: list[Instruction] = []
+    for x in (m.k, m.v):
+        if head_repeat(x) is None:
+            continue
+        chain = [x, x.operands[0]]
+        if any(id(u) not in members | {id(i) for i in chain} for i in chain for u in i.users) \
+                or any(id(i) in members for i in chain):
+            continue
+        taken += [i for i in chain if i not in taken]
     for x in (m.q, m.k, m.v):
+        if any(x is t for t in taken):
+            continue
         chain, cur = [], x
         while cur.opcode in _SLICE_VIEWS and cur.shape.is_array and _row_major(cur) and \
                 _row_major(cur.operands[0]) and (cur.opcode == "reshape" or
@@ -238,14 +277,21 @@ def reason_for(m) -> str:
 
 
 def _slices_note(m: AttentionMatch) -> str:
-    """What the explanation says about slices taken in (``operand_slices``)."""
+    """What the explanation says about slices and head repeats taken in
+    (``operand_slices``)."""
+    note = ""
     slices = [i for i in m.members if i.opcode == "slice"]
-    if not slices:
-        return ""
-    names = ", ".join(f"%{i.name}" for i in slices)
-    srcs = ", ".join(sorted({f"%{i.operands[0].name}" for i in slices}))
-    return (f"; the slices {names} of {srcs} are read in place through strides (no copy "
-            "kernel writes them)")
+    if slices:
+        names = ", ".join(f"%{i.name}" for i in slices)
+        srcs = ", ".join(sorted({f"%{i.operands[0].name}" for i in slices}))
+        note += (f"; the slices {names} of {srcs} are read in place through strides (no "
+                 "copy kernel writes them)")
+    repeats = [(i, r) for i in m.members if i.opcode != "slice" and i.operands
+               and i.operands[0] in m.members and (r := head_repeat(i)) is not None]
+    for inst, (_, group) in repeats:
+        note += (f"; %{inst.name} repeats each head of %{inst.operands[0].operands[0].name} "
+                 f"{group} times: the kernel reads the shared heads in place (no copy)")
+    return note
 
 
 def _window_note(steps: list, backward: bool = False) -> str:

@@ -23,6 +23,7 @@ or overrides entries, ``register_device`` does it from Python.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -60,6 +61,12 @@ class DeviceSpec:
     # Device-to-device links, for the collective cost model (passes/latency_hiding_scheduler.py).
     link_bandwidth_gbps: float = 0.0      # one direction, per device (NVLink, ICI)
     collective_latency_us: float = 0.0    # fixed cost of one collective (launch + sync)
+    # Throughput of hlotk's generated (Triton) GEMM kernels relative to the vendor library
+    # on the same product, per tensor kind (1 where not given): the CUDA backend runs a
+    # compute-bound GEMM fusion as the library's GEMM plus an epilogue kernel when that
+    # difference outweighs writing the product out and reading it back
+    # (split_gemm.library_gemm_reason).
+    generated_gemm_efficiency: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def bytes_per_us(self) -> float:
@@ -73,6 +80,10 @@ class DeviceSpec:
         """Tensor-core ops per microsecond for ``kind`` (bf16, fp16, tf32, int8, fp8, fp64)."""
         tf = self.tensor_tflops.get(kind) or self.tensor_tflops.get("bf16", 0.0)
         return tf * 1e6
+
+    def generated_gemm_scale(self, kind: str) -> float:
+        """``generated_gemm_efficiency`` of ``kind`` (bf16, fp16, ...), 1 where not given."""
+        return self.generated_gemm_efficiency.get(kind, 1.0)
 
     def cuda_rate(self, kind: str) -> float:
         tf = self.cuda_core_tflops.get(kind) or self.cuda_core_tflops["fp32"]

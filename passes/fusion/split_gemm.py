@@ -27,7 +27,7 @@ from hlo.dots import dot_dims
 from hlo.ir import Instruction
 
 from .cost_model import (TRANSCENDENTAL, ZERO, DeviceSpec, Estimate, array_bytes, estimate_kernel,
-                         is_free)
+                         is_free, work_of)
 from .gemm_epilogue import LibraryEpilogue, library_epilogue
 
 
@@ -119,6 +119,37 @@ def epilogue_of_group(instances: Sequence[Instruction],
     return library_epilogue(dot, epilogue_after(dot, outputs, inside), outputs)
 
 
+def library_gemm_reason(instances: Sequence[Instruction], outputs: Sequence[Instruction],
+                        spec: DeviceSpec) -> Optional[str]:
+    """Why a GEMM fusion the template could tile should run as the library's GEMM plus one
+    epilogue kernel instead, or None. Only for one dot on the fusion's inputs (or views of
+    them). The generated kernel's shortfall against the library on the dot
+    (``spec.generated_gemm_efficiency``) is weighed against what the split adds: the
+    product written out and read back, and one more launch. Both grow with the output, so
+    for a large product the contracted size decides (on the H200, bf16: above ~1600): the
+    SwiGLU gate and up projections of x[4096, 2048] run split (measured: Triton 162 and
+    173 us, cuBLAS 127 plus a 22-33 us loop), a projection contracting 1024 does not."""
+    dots = [i for i in instances if i.opcode == "dot"]
+    if len(dots) != 1 or split_reason(instances, outputs) is not None:
+        return None
+    dot = dots[0]
+    scale = spec.generated_gemm_scale(work_of(dot).tensor_kind)
+    if scale >= 1.0:
+        return None
+    inside = {id(i) for i in instances}
+    if any(id(x) in inside and not all(is_free(i) for i in cone([x], inside, set()))
+           for x in dot.operands):
+        return None                     # a computed operand: the split would write it out
+    library_us = estimate_kernel([dot], [dot], spec).compute_us
+    shortfall = library_us * (1.0 / scale - 1.0)
+    round_trip = 2 * array_bytes(dot.shape) / spec.bytes_per_us + spec.kernel_launch_us
+    if shortfall <= round_trip:
+        return None
+    return (f"cuBLAS + an epilogue kernel: the generated GEMM would lose {shortfall:.1f} us "
+            f"on %{dot.name} ({spec.key}: {scale:.2f} of the library's rate), more than "
+            f"writing the product out and reading it back ({round_trip:.1f} us)")
+
+
 def fusion_epilogue(fusion: Instruction) -> Optional[LibraryEpilogue]:
     """The epilogue the CUDA backend has cuBLASLt apply for a GEMM fusion it runs split
     (runtime/cuda/split.py), or None: explain-fusion reports it."""
@@ -142,8 +173,11 @@ def epilogue_after(dot: Instruction, outputs: Sequence[Instruction],
 
 def split_estimate(instances: Sequence[Instruction], outputs: Sequence[Instruction],
                    spec: DeviceSpec, small_constant_elements: int) -> Optional[Estimate]:
-    """The cost of the group as split kernels (see module doc), or None if it is not split."""
-    if split_reason(instances, outputs) is None:
+    """The cost of the group as split kernels (see module doc), or None if it is not split.
+    A group the CUDA backend runs split for speed (``library_gemm_reason``) is priced so
+    too: its epilogue then gains nothing from the dot, and fuses where it saves more."""
+    if split_reason(instances, outputs) is None and \
+            library_gemm_reason(instances, outputs, spec) is None:
         return None
     dot = next(i for i in instances if i.opcode == "dot")
     inside = {id(i) for i in instances}

@@ -384,13 +384,31 @@ class CudaExecutable:
         if not wrapped and (kernel.template == "generic" and any(
                 i.opcode == "dot" for i in fusion.attrs["calls"].instructions)
                 or kernel.template == "gemm" and (_expensive_prologue(fusion)
-                                                  or _f32_dot(fusion))):
+                                                  or _f32_dot(fusion)
+                                                  or self._library_faster(fusion))):
             split = self._split(inst, ins, outs)   # type: ignore[arg-type]
             if split is not None:
                 return split
         fallback = self._host(inst, "Triton could not compile it") if wrapped else None
         return KernelThunk(inst, kernel, ins, outs, fusion,  # type: ignore[arg-type]
                            wrapped=wrapped, fallback=fallback)
+
+    def _library_faster(self, fusion: Instruction) -> bool:
+        """Whether this GEMM fusion runs faster as cuBLAS + an epilogue kernel on this
+        target (split_gemm.library_gemm_reason); the reason goes to ``stats``."""
+        from passes.fusion.cost_model import DeviceSpecError, get_device
+        from passes.fusion.split_gemm import library_gemm_reason
+        try:
+            spec = get_device(self.target)
+        except DeviceSpecError:
+            return False
+        comp = fusion.attrs["calls"]
+        root = comp.root
+        outs = list(root.operands) if root.opcode == "tuple" else [root]
+        why = library_gemm_reason(list(comp.instructions), outs, spec)
+        if why is not None:
+            self.stats.setdefault("library_gemms", []).append(f"%{fusion.name}: {why}")
+        return why is not None
 
     def _tiled_copy(self, inst: Instruction, copy: CopyThunk) -> Optional[Thunk]:
         """A copy that moves the minor dimension (a layout change such as the K-major copy

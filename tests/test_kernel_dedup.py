@@ -1,0 +1,193 @@
+"""Kernels identical up to HLO names share one generated file (codegen/triton/canonical.py):
+the canonical text, the key it gives, and (in Triton's interpreter) that each fusion sharing
+a file still computes its own result."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from codegen.triton.canonical import canonical_text
+
+SRC = '''"""k: from %fusion.1"""
+import triton.language as tl
+
+
+@triton.jit
+def k(p0, out0, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    param_0_1_2 = tl.load(p0 + offs)  # %param_0.1 = f32[8] parameter(0)
+    exp_7_3 = tl.exp(param_0_1_2)  # %exp.7
+    sub_9_4 = exp_7_3 - param_0_1_2  # %sub.9
+    tl.store(out0 + offs, sub_9_4, mask=offs < 8)
+'''
+
+
+def test_names_comments_and_docstring_do_not_count():
+    other = (SRC.replace("%fusion.1", "%fusion.42").replace("param_0_1_2", "param_0_9_5")
+             .replace("exp_7_3", "exponential_31_6").replace("sub_9_4", "subtract_12_7")
+             .replace("# %exp.7", "# another comment"))
+    assert other != SRC
+    assert canonical_text(other) == canonical_text(SRC)
+    # blank lines and a comment-only line change nothing either
+    assert canonical_text(SRC.replace("    offs =", "\n    # note\n    offs =")) == \
+        canonical_text(SRC)
+
+
+def test_what_the_code_does_counts():
+    swapped = SRC.replace("sub_9_4 = exp_7_3 - param_0_1_2", "sub_9_4 = param_0_1_2 - exp_7_3")
+    assert canonical_text(swapped) != canonical_text(SRC)
+    assert canonical_text(SRC.replace("offs < 8", "offs < 16")) != canonical_text(SRC)
+    assert canonical_text(SRC.replace("tl.exp(", "tl.log(")) != canonical_text(SRC)
+    # names the emitter does not make are compared as written: parameters, keyword
+    # arguments, attributes
+    assert canonical_text(SRC.replace("p0", "p1")) != canonical_text(SRC)
+    assert canonical_text(SRC.replace("mask=", "other=")) != canonical_text(SRC)
+    # two locals exchanged where they are used is another program
+    two = SRC.replace("tl.store(out0 + offs, sub_9_4,", "tl.store(out0 + offs, exp_7_3,")
+    assert canonical_text(two) != canonical_text(SRC)
+
+
+def test_a_local_named_like_a_keyword_argument_keeps_the_keyword():
+    src = "def f(x):\n    mask_1 = x > 0\n    return g(x, mask=mask_1)\n"
+    text = canonical_text(src)
+    assert "mask = $0" in text and "$0 = x > 0" in text
+
+
+def test_text_that_does_not_tokenize_is_its_own_key():
+    broken = "def f(x):\n    return (x\n"
+    assert canonical_text(broken) == broken
+
+
+def test_tuple_and_loop_targets_are_renamed():
+    a = "def f(x):\n    for c0_1 in range(4):\n        lo_2, hi_3 = x, c0_1\n    return lo_2\n"
+    b = a.replace("c0_1", "c0_7").replace("lo_2", "lo_8").replace("hi_3", "hi_9")
+    assert canonical_text(a) == canonical_text(b)
+    assert canonical_text(a) != canonical_text(a.replace("return lo_2", "return hi_3"))
+
+
+# --- in Triton's interpreter: two fusions, one file -------------------------------------------
+def _interpreted():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("runs Triton's interpreter on CPU tensors; skipped where CUDA is present")
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    return torch
+
+
+def _module(n: int = 1024):
+    import hlo
+    text = f"""HloModule m
+%fa (a0: f32[{n}], a1: f32[{n}]) -> f32[{n}] {{
+  %a0 = f32[{n}] parameter(0)
+  %a1 = f32[{n}] parameter(1)
+  %ac = f32[] constant(0.9)
+  %ab = f32[{n}] broadcast(%ac), dimensions={{}}
+  %am = f32[{n}] multiply(%ab, %a0)
+  ROOT %as = f32[{n}] subtract(%am, %a1)
+}}
+%fb (b0: f32[{n}], b1: f32[{n}]) -> f32[{n}] {{
+  %b0 = f32[{n}] parameter(0)
+  %b1 = f32[{n}] parameter(1)
+  %bc = f32[] constant(0.9)
+  %bb = f32[{n}] broadcast(%bc), dimensions={{}}
+  %bm = f32[{n}] multiply(%bb, %b0)
+  ROOT %bs = f32[{n}] subtract(%bm, %b1)
+}}
+%fc (c0: f32[{n}], c1: f32[{n}]) -> f32[{n}] {{
+  %c0 = f32[{n}] parameter(0)
+  %c1 = f32[{n}] parameter(1)
+  %cc = f32[] constant(0.8)
+  %cb = f32[{n}] broadcast(%cc), dimensions={{}}
+  %cm = f32[{n}] multiply(%cb, %c0)
+  ROOT %cs = f32[{n}] subtract(%cm, %c1)
+}}
+
+ENTRY %main (x: f32[{n}], y: f32[{n}], z: f32[{n}]) -> (f32[{n}], f32[{n}], f32[{n}]) {{
+  %x = f32[{n}] parameter(0)
+  %y = f32[{n}] parameter(1)
+  %z = f32[{n}] parameter(2)
+  %f1 = f32[{n}] fusion(%x, %y), kind=kLoop, calls=%fa
+  %f2 = f32[{n}] fusion(%z, %x), kind=kLoop, calls=%fb
+  %f3 = f32[{n}] fusion(%x, %y), kind=kLoop, calls=%fc
+  ROOT %t = (f32[{n}], f32[{n}], f32[{n}]) tuple(%f1, %f2, %f3)
+}}
+"""
+    m = hlo.parse_hlo(text)
+    return [i for i in m.entry.instructions if i.opcode == "fusion"]
+
+
+def test_fusions_equal_but_for_names_share_one_kernel_and_each_computes_its_own(
+        tmp_path, monkeypatch):
+    torch = _interpreted()
+    monkeypatch.setenv("HLOTK_CACHE_DIR", str(tmp_path / "cache"))
+    from codegen.triton import compile_fusion
+    f1, f2, f3 = _module()
+    k1, k2, k3 = (compile_fusion(f, target="h200") for f in (f1, f2, f3))
+    assert k1.key == k2.key and k1.path == k2.path and k1.source == k2.source
+    assert k1.fn is k2.fn                        # one module, one JIT function
+    assert "%fa" in k2.source                    # the first fusion's file, its names
+    assert k2.fusion_name == "f2"                # the kernel itself is still f2's
+    assert k3.key != k1.key and k3.path != k1.path     # another constant: another kernel
+    rng = np.random.default_rng(0)
+    x, y, z = (rng.standard_normal(1024).astype(np.float32) for _ in range(3))
+    got = []
+    for k, (a, b) in zip((k1, k2, k3), ((x, y), (z, x), (x, y))):
+        out = torch.full((1024,), float("nan"))
+        k.launch([out], [torch.from_numpy(a), torch.from_numpy(b)])
+        got.append(out.numpy())
+    np.testing.assert_allclose(got[0], np.float32(0.9) * x - y, rtol=1e-6)
+    np.testing.assert_allclose(got[1], np.float32(0.9) * z - x, rtol=1e-6)
+    np.testing.assert_allclose(got[2], np.float32(0.8) * x - y, rtol=1e-6)
+
+
+def test_a_new_process_finds_the_shared_file(tmp_path, monkeypatch):
+    """The second fusion's key names the first one's file in a later process too (the file
+    is read back, not regenerated), so warm processes share it the same way."""
+    _interpreted()
+    monkeypatch.setenv("HLOTK_CACHE_DIR", str(tmp_path / "cache"))
+    from codegen.triton import compile_fusion
+    f1, f2, _ = _module(512)
+    first = compile_fusion(f2, target="h200")     # this time f2 writes the file
+    again = compile_fusion(f1, target="h200")
+    assert again.path == first.path and "%fb" in again.source and again.fusion_name == "f1"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("level", ["0", "1"])
+def test_gpu_optimizer_step_shares_kernels_and_equals_jax(tmp_path, monkeypatch, level):
+    """An Adam-like update of four same-sized arrays and one other: the four fusions run one
+    kernel (one file, one JIT function), and every output equals jax.jit's."""
+    import jax
+    import jax.numpy as jnp
+
+    import runtime
+    from runtime.cuda import executable_of
+    monkeypatch.setenv("HLOTK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HLOTK_AUTOTUNE", level)
+
+    def step(params, grads, m):
+        m = jax.tree_util.tree_map(lambda m, g: 0.9 * m + 0.1 * g, m, grads)
+        params = jax.tree_util.tree_map(lambda p, m: p - 1e-3 * m / (jnp.abs(m) + 1e-8),
+                                        params, m)
+        return params, m
+    rng = np.random.default_rng(1)
+    shapes = {"a": (3072,), "b": (3072,), "c": (3072,), "d": (3072,), "e": (1000, 7)}
+    tree = lambda: {k: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+                    for k, s in shapes.items()}
+    args = (tree(), tree(), tree())
+    c = runtime.jit(step, backend="cuda").lower(*args).compile()
+    got = c(*args)
+    want = jax.jit(step)(*args)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-6, atol=1e-7)
+    kernels = executable_of(c)._triton_kernels()
+    by_size = {}
+    for k in kernels:
+        by_size.setdefault(k.output_shapes[0].dims, set()).add(str(k.path))
+    assert len(kernels) >= 5 and len(by_size[(3072,)]) == 1, by_size
+    again = c(*args)                  # the captured graph's replay: the same numbers
+    for g, w in zip(jax.tree_util.tree_leaves(again), jax.tree_util.tree_leaves(got)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
