@@ -241,10 +241,6 @@ class Split:
     chunk: int      # reduced elements per part (a multiple of every BLOCK_N candidate)
     block_m: int
     block_n: int
-    # Sums fold each tile into a [BLOCK_M, 1] accumulator (the tile's rows summed in
-    # registers) instead of keeping [BLOCK_M, BLOCK_N] lane accumulators: fewer registers
-    # per program, so deeper tiles (more bytes in flight) fit.
-    fold: bool = False
 
 
 def column_block_m(a: Analysis, split: bool) -> int:
@@ -583,8 +579,11 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
             # a max with an online exp-sum keeps one max and one sum per row instead, so
             # each element costs one exp (per-lane rescaling cost two: the bf16
             # cross-entropy ran at 55% of copy bandwidth on exp throughput, H200).
-            fold = split is not None and split.fold and sum_
-            width = "1" if partner or fold else "BLOCK_N"
+            # Summing each tile's rows into [BLOCK_M, 1] instead saves registers but, with
+            # the rows spread over warps, puts shared-memory barriers in the loop and
+            # issues the next input's loads after them: the split LN weight gradients ran
+            # 40% slower that way (H200, i14-lnsplit).
+            width = "1" if partner else "BLOCK_N"
             for i, iv in zip(inits, ivs):
                 dt = "tl.float32" if sum_ and is_narrow_float(i.shape.dtype) else em.repr_type(i.shape.dtype)
                 accs.append(em.assign(f"acc_{r.name}", f"tl.zeros([BLOCK_M, {width}], {dt})"
@@ -628,9 +627,7 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
                     em.line(f"{s_acc} = tl.where(dead, 0.0, {s_acc} * tl.exp({m_old} - m_new) + t_sum)")
                     em.line(f"{m_old} = m_new")
                     continue
-                if sum_ and split is not None and split.fold:
-                    em.line(f"{accs[0]} += tl.sum({tiles[0]}.to({accs[0]}.dtype), axis=1, keep_dims=True)")
-                elif sum_:
+                if sum_:
                     em.line(f"{accs[0]} += {tiles[0]}.to({accs[0]}.dtype)")
                 else:
                     fn = combine_fn(em, r.attrs["to_apply"])
