@@ -579,6 +579,10 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
             # a max with an online exp-sum keeps one max and one sum per row instead, so
             # each element costs one exp (per-lane rescaling cost two: the bf16
             # cross-entropy ran at 55% of copy bandwidth on exp throughput, H200).
+            # Summing each tile's rows into [BLOCK_M, 1] instead saves registers but, with
+            # the rows spread over warps, puts shared-memory barriers in the loop and
+            # issues the next input's loads after them: the split LN weight gradients ran
+            # 40% slower that way (H200, i14-lnsplit).
             width = "1" if partner else "BLOCK_N"
             for i, iv in zip(inits, ivs):
                 dt = "tl.float32" if sum_ and is_narrow_float(i.shape.dtype) else em.repr_type(i.shape.dtype)
