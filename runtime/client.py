@@ -355,6 +355,10 @@ class Client:
                  verify: bool, dump_dir: Optional[str], poison: Optional[bool],
                  target: Optional[str]) -> LoadedExecutable:
         spec = resolve_pipeline(pipeline, self.platform)
+        if target is None:
+            # A GPU backend decides fusion for the GPU it runs on (an H200's bandwidth, not
+            # the H100's the fusion pass assumes when told nothing).
+            target = getattr(self._backend, "fusion_target", None)
         if target is not None:
             # ``target`` (h100, h200, a100 ...) picks the device spec fusion decides for.
             from passes.fusion.pass_ import with_target

@@ -352,3 +352,21 @@ def test_jit_jax_array_and_keyword_arguments():
     with pytest.raises(hlo.InvalidArgumentError,
                        match=r"keyword argument 'scale' \(scale\['s'\]\): expected f32\[\], got s32\[\]"):
         compiled(np.zeros(3, np.float32), scale={"s": np.int32(1)})
+
+
+def test_a_backend_that_names_its_gpu_gets_fusion_decided_for_it(monkeypatch):
+    """A backend on a GPU (the CUDA one: ``fusion_target`` from the device's name) has the
+    pipeline's fusion and layout passes decide for that GPU when the caller names no
+    target; a target the caller names wins. Stood in for here by the CPU thunk backend."""
+    c = runtime.client("cpu")
+    monkeypatch.setattr(c._backend, "fusion_target", "a100", raising=False)
+    module = hlo.parse_hlo(MATMUL_ADD)
+    exe = c.compile(module, pipeline="fusion")
+    assert [r.name for r in exe.pass_records if r.name.startswith("fusion")] == \
+        ["fusion{target=a100}"]
+    exe = c.compile(module, pipeline="fusion", target="h200")
+    assert [r.name for r in exe.pass_records if r.name.startswith("fusion")] == \
+        ["fusion{target=h200}"]
+    monkeypatch.setattr(c._backend, "fusion_target", None, raising=False)
+    exe = c.compile(module, pipeline="fusion")
+    assert [r.name for r in exe.pass_records if r.name.startswith("fusion")] == ["fusion"]

@@ -239,10 +239,11 @@ def _swiglu_gate_up(x, w_gate, w_up):
 
 
 @pytest.mark.gpu
-def test_gpu_swiglu_projections_run_as_cublas_plus_epilogue_kernels():
-    """x[2048, 4096] through the SwiGLU gate and up projections on an H100/H200: each GEMM
-    fusion runs as a cuBLAS GEMM and an epilogue kernel (the reasons are in the stats),
-    with jax.jit's result."""
+def test_gpu_swiglu_projections_are_cublas_calls_and_one_loop_kernel():
+    """x[2048, 4096] through the SwiGLU gate and up projections on an H100/H200: the fusion
+    pass decides for the GPU it runs on, prices each projection's GEMM fusion as cuBLAS +
+    an epilogue kernel (the generated GEMM's shortfall is larger), so the epilogues fuse
+    with each other instead: two cuBLAS calls and one loop kernel, with jax.jit's result."""
     from runtime.cuda import executable_of
     from passes.fusion.cost_model import get_device
     r = np.random.default_rng(7)
@@ -257,6 +258,5 @@ def test_gpu_swiglu_projections_run_as_cublas_plus_epilogue_kernels():
     exe = executable_of(compiled)
     if get_device(exe.target).generated_gemm_scale("bf16") >= 1.0:
         pytest.skip(f"no measured generated-GEMM ratio for {exe.target}")
-    why = exe.stats.get("library_gemms") or []
-    assert len(why) >= 1 and all("cuBLAS + an epilogue kernel" in w for w in why), why
-    assert "cublas" in exe.describe(), exe.describe()
+    assert any(f"target={exe.target}" in r.name for r in compiled.executable.pass_records)
+    assert exe.kernel_count() == {"library-call": 2, "kernel": 1}, exe.describe()

@@ -912,6 +912,12 @@ class CudaBackend:
                             if self.device.type == "cuda" else "cpu (Triton interpreter)")
         prewarm.start(self.device)
 
+    @property
+    def fusion_target(self) -> Optional[str]:
+        """The device spec the compile pipeline decides fusion for: this GPU's (h200, h100,
+        a100 by name); None under Triton's interpreter (the pipeline's own default)."""
+        return default_target(self.device) if self.device.type == "cuda" else None
+
     def prepare(self, module: Module, poison: Optional[bool] = None,
                 target: Optional[str] = None) -> Any:
         from passes.scheduling import Schedule
