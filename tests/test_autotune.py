@@ -107,12 +107,14 @@ def test_small_loop_kernels_time_nothing_at_level_1_and_everything_at_level_2():
     assert again.config == best and again.autotune == 0
 
 
-def test_large_loop_kernels_are_timed_at_level_1(monkeypatch):
+def test_large_loop_kernels_are_timed_at_level_1_only_when_asked(monkeypatch):
     x = np.ones((4096, 4096), np.float32)       # 201 MB moved: ~50 µs predicted
     fusion = _fusion(lambda x, y: jnp.tanh(x) * y + 1, x, x)
     spec = get_device("h200")
+    assert compile_fusion(fusion, target="h200", autotune=1).autotune == 0   # the default
+    monkeypatch.setenv("HLOTK_TUNE_LOOPS_FROM_US", "10")
     kernel = compile_fusion(fusion, target="h200", autotune=1)
-    assert kernel.template == "loop" and kernel.predicted_us >= at.LOOP_TIMED_FROM_US
+    assert kernel.template == "loop" and kernel.predicted_us >= 10
     assert kernel.autotune == 1
     ranked = at.ranked_candidates(kernel, 1, spec)
     assert ranked[0] == kernel.config and len(ranked) == at.PRUNED_TOP + 1

@@ -7,14 +7,16 @@ measured once per (kernel source, device, Triton version) and remembered on disk
 CUDA-event launches, milliseconds per kernel) or ``2`` (exhaustive: every candidate, each
 timed with ``triton.testing.do_bench``).
 
-At level 1 the small loop kernels (``UNTIMED_AT_PRUNED``: elementwise and generic loop
-templates predicted under ``LOOP_TIMED_FROM_US``, i.e. launch- or latency-bound) compile
-only their template's own config and time nothing: their candidates differ only in block
-size and warps, which on the H200 moved none of them by 1 µs or more (level-2 measurements,
-benchmarks/NOTES.md, "Issue 13, cold first call of many-kernel programs"), while each
-candidate is a Triton compile on the first call's critical path. Large loop kernels are
-timed, as reductions, transposes, GEMM and attention are: there the block size did move some
-by 6-17% (and by more in two measurements that are under the memory floor, not understood).
+At level 1 the loop kernels (``UNTIMED_AT_PRUNED``: elementwise and generic loop templates
+predicted under ``LOOP_TIMED_FROM_US``, by default all of them) compile only their
+template's own config and time nothing: their candidates differ only in block size and
+warps, and on the H200 the best of all of them beat the default by 2.4% summed over
+adam_step's loop kernels (at most 1.4 µs, 3.5%, on one; level-2 measurements, NOTES "Final
+validation ... fifth 2026-11-26 session"), while each candidate is a Triton compile on the
+first call's critical path (adam_step cold: 1.28 s timing the large ones, 1.17 s timing
+none). Reductions, transposes, GEMM and attention are timed: there the config moved kernels
+by 6-17%. ``HLOTK_TUNE_LOOPS_FROM_US`` times loop kernels predicted at or above that many
+microseconds (``0``: all of them).
 Level 2 times every candidate of every template. A kernel left with a single config to try
 is never timed (``needs_timing``).
 
@@ -48,7 +50,7 @@ PRUNED_TOP = 3      # configs timed at level 1, besides the template's default
 # LOOP_TIMED_FROM_US (the module's docstring says why). ``HLOTK_TUNE_LOOPS_FROM_US``
 # overrides the bound ("inf": never time a loop kernel at level 1; "0": always).
 UNTIMED_AT_PRUNED = frozenset({"loop", "generic"})
-LOOP_TIMED_FROM_US = 10.0
+LOOP_TIMED_FROM_US = math.inf
 
 
 def loop_timed_from_us() -> float:
