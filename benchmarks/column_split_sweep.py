@@ -47,21 +47,9 @@ def _program(name: str):
 
 def _graph_us(run) -> float:
     """do_bench median (L2 flushed before each replay) of ``run`` captured in a graph."""
-    import torch
     from benchmarks.gpu_suite import bench
-    run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            run()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    return bench(graph.replay, rep=100) * 1e3
+    from benchmarks.kernel_profile import capture_graph
+    return bench(capture_graph(run).replay, rep=100) * 1e3
 
 
 def _tensors(group):

@@ -32,6 +32,26 @@ _ATTN_MARKERS = ("_fwd", "_bwd_dq", "_bwd_dkdv", "flash", "attention", "fmha")
 CALL_GAP_US = 100.0
 
 
+def capture_graph(run: Callable[[], Any]) -> Any:
+    """``run`` (launches on the current stream) captured in a torch CUDA graph, after a
+    warm-up run on the capture stream: replay it to time the kernels as an executable's
+    graph runs them, without Python's launch cost between them."""
+    import torch
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            run()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    return graph
+
+
 def cuda_trace_events(run: Callable[[], Any], steps: int, sync_each: bool = True) -> list[dict]:
     """The chrome-trace events torch.profiler records (CUPTI) over ``steps`` calls of
     ``run``, each followed by a device synchronize when ``sync_each``."""

@@ -87,20 +87,8 @@ def _fill(row: dict, key: str, measure) -> None:
 
 
 def _graph(run):
-    import torch
-    run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            run()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    return graph
+    from benchmarks.kernel_profile import capture_graph
+    return capture_graph(run)
 
 
 def replay_us(run) -> float:

@@ -130,20 +130,11 @@ def time_group(group: list, ceil: float, legacy_cmp: bool) -> dict:
     def run():
         for k, o, i in launches:
             k.launch(o, i)
-    run()
-    torch.cuda.synchronize()
     # Timed as a CUDA graph replay, as the executable runs them: Python's launch cost
     # (tens of us per Triton launch) would otherwise sit between the two kernels of a
     # split reduction (run 2 measured such gaps, not kernels).
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()                                     # warm on the capture stream
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            run()
-    torch.cuda.current_stream().wait_stream(stream)
+    from benchmarks.kernel_profile import capture_graph
+    graph = capture_graph(run)
     nbytes = minimal_bytes(group)
     us = bench(graph.replay, rep=100) * 1e3
     copy_us = same_size_copy_us(nbytes)
