@@ -25,8 +25,8 @@ from hlo.ir import Computation, Instruction
 from codegen.cache import KernelCache, cache_root, content_key
 
 from . import direct_launch, jit_hash
-from .canonical import canonical_text
 from .autotune import autotune_level, needs_timing, tune, tuned_config
+from .canonical import canonical_text
 from .elemental import Emitter, TritonCodegenError, helpers_for
 from .reductions import Split, legacy as legacy_reductions
 from .reductions import rows_template as reduction_rows_template
