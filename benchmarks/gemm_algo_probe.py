@@ -1,5 +1,5 @@
 """Does choosing cuBLAS's algorithm by measurement (as XLA's GEMM autotuner does) pay for
-hlotk's library GEMMs? (lead, fourth 2026-11-26 session; written, not yet run.)
+hlotk's library GEMMs? (lead, fourth 2026-11-26 session; run in the fifth: no.)
 
 i14-qkv measured XLA's 8192x1024x3072 bf16 GEMM at 65.3 µs (an autotuned nvjet kernel)
 against 72.6 µs for ``torch.mm`` (cuBLAS's heuristic pick) on the H200; the transformer
@@ -22,6 +22,10 @@ Each number is device time per call from CUPTI (kernels and memsets summed over 
 Prediction: tunable within 2% of torch for the 1024-wide GEMMs, 5-10% faster for the
 3072- and 4096-wide ones (the shapes where XLA's pick beat the heuristic); if so, the
 transformer's device time drops by ~15 µs and the CSV belongs in the compile cache.
+
+Result (H200, fifth 2026-11-26 session, benchmarks/NOTES.md): wrong. The three torch paths
+are within 0.4% of each other on every shape; XLA's pick is 6% faster on 8192x1024x3072 and
+3% on the residual GEMM, out of reach through torch.
 """
 from __future__ import annotations
 
