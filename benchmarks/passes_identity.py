@@ -42,6 +42,25 @@ def _attention_programs() -> list[tuple]:
             ("transformer_train", transformer_train_step(4), transformer_train_args(2, 128, 256))]
 
 
+def _heldout_programs() -> list[tuple]:
+    """The held-out decoder block (K/V heads repeated with jnp.repeat, read in place) and
+    RMSNorm + SwiGLU (gate/up GEMMs priced as cuBLAS + epilogue), at sizes whose decisions
+    are the full programs' (contracting 2048: the split rule applies)."""
+    import ml_dtypes
+    import numpy as np
+
+    from benchmarks.heldout_programs import llama_args, llama_block, rmsnorm_swiglu
+    r = np.random.default_rng(0)
+
+    def w(*shape, scale=1.0):
+        return (r.standard_normal(shape) * scale).astype(ml_dtypes.bfloat16)
+    t, d, f = 4096, 2048, 5632
+    mlp = (w(d), w(d, f, scale=d ** -0.5), w(d, f, scale=d ** -0.5), w(f, d, scale=f ** -0.5),
+           w(t, d))
+    return [("heldout:llama_block", llama_block, llama_args(r, 1, 256, 2048, 5632)),
+            ("heldout:rmsnorm_swiglu", rmsnorm_swiglu, mlp)]
+
+
 def programs(only: set[str]) -> list[tuple]:
     """(name, fn, args, x64) for every program, filtered by ``only`` when given."""
     from benchmarks.gpu_suite import programs as suite
@@ -49,6 +68,7 @@ def programs(only: set[str]) -> list[tuple]:
     from zoo import ZOO
     out = [(p[0], p[2], p[3], False) for p in suite()]
     out += [(n, f, a, False) for n, f, a in _attention_programs()]
+    out += [(n, f, a, False) for n, f, a in _heldout_programs()]
     out += [("zoo:" + p.name, p.fn, p.args(), "x64" in p.tags) for p in ZOO]
     return [p for p in out if not only or p[0] in only]
 
