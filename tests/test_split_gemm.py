@@ -238,6 +238,22 @@ def _swiglu_gate_up(x, w_gate, w_up):
     return (gate * (x @ w_up).astype(jnp.float32)).astype(x.dtype)
 
 
+@pytest.mark.parametrize("target,split", [("h200", True), ("a100", False)])
+def test_swiglu_projections_stay_library_dots_where_the_split_pays(target, split):
+    """The CUDA pipeline for x[2048, 4096]: on the H200 the gate and up projections are
+    priced as cuBLAS + epilogue, so they stay bare dots and silu(gate)·up is one loop
+    fusion; on a device without the measured ratio each projection keeps its epilogue
+    (two GEMM fusions). Deviceless: the fused module only."""
+    r = np.random.default_rng(8)
+    bf = ml_dtypes.bfloat16
+    args = (r.standard_normal((2048, 4096)).astype(bf),
+            r.standard_normal((4096, 2048)).astype(bf), r.standard_normal((4096, 2048)).astype(bf))
+    c = runtime.jit(_swiglu_gate_up, target=target, pipeline=CUDA).lower(*args).compile()
+    kinds = sorted(fusion_kind(i) if i.opcode == "fusion" else i.opcode
+                   for i in c.module.entry.instructions if i.opcode in ("fusion", "dot"))
+    assert kinds == (["dot", "dot", "loop"] if split else ["gemm", "gemm"]), c.as_text()
+
+
 @pytest.mark.gpu
 def test_gpu_swiglu_projections_are_cublas_calls_and_one_loop_kernel():
     """x[2048, 4096] through the SwiGLU gate and up projections on an H100/H200: the fusion
