@@ -271,12 +271,27 @@ def compile_spmd(module: hlo.Module, num_devices: Optional[int] = None,
             exe.pipeline += "," + spec
         return exe
     _check_gpu_count(n)
+    from passes.fusion.pass_ import with_target
     from passes.pipelines import pipeline_spec
-    gpu_pipeline = pipeline_spec("default", "cuda")
+    # Fusion decided for the GPUs the workers run on, as Client.compile does for one GPU.
+    gpu_pipeline = with_target(pipeline_spec("default", "cuda"), _gpu_fusion_target())
     exe = SpmdExecutable(client, part, module, timeout, backend="cuda")
     run_pipeline(part, gpu_pipeline, verify=verify)    # after the shardings were read
     exe.pipeline += "," + gpu_pipeline
     return exe
+
+
+def _gpu_fusion_target() -> Optional[str]:
+    """The device spec of GPU 0 (h200, h100, a100 by name) for the partitioned module's
+    fusion decisions; None without a GPU (the pipeline's default)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    from .cuda.backend import default_target
+    return default_target(torch.device("cuda", 0))
 
 
 def _check_gpu_count(n: int) -> None:

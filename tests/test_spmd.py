@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 
 import numpy as np
 import pytest
@@ -334,3 +335,21 @@ def test_graph_shows_shardings_on_edges_and_collectives():
     assert "all-reduce" in dot and "#fef08a" in dot   # the collective category colour
 
 
+
+
+def test_the_gpu_pipeline_of_a_partitioned_program_decides_for_its_gpus(monkeypatch):
+    """backend="cuda": the partitioned module's CUDA pipeline has fusion decide for the GPUs
+    the workers run on (GPU 0's spec), as a one-GPU compile does; no GPU, no target. The
+    workers start at the first run, so compiling needs none (Triton's interpreter stands in
+    for the GPU count check)."""
+    pytest.importorskip("torch")
+    import runtime.spmd as spmd
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(spmd, "_gpu_fusion_target", lambda: "a100")
+    exe = compile_spmd(hlo.parse_hlo(MLP_TEXT), backend="cuda")
+    assert re.search(r"fusion\{[^}]*target=a100", exe.pipeline) and \
+        "layout-assignment{target=gpu}" in exe.pipeline, exe.pipeline
+    monkeypatch.setattr(spmd, "_gpu_fusion_target", lambda: None)
+    exe = compile_spmd(hlo.parse_hlo(MLP_TEXT), backend="cuda")
+    assert re.search(r"fusion\{[^}]*\}", exe.pipeline) and "target=a100" not in exe.pipeline, \
+        exe.pipeline
