@@ -231,7 +231,7 @@ ENTRY %e (x: f32[4,8], y: f32[8], z: f32[], w: f32[8,8]) -> (f32[4,8], f32[8], f
   %gx = f32[4,8] get-tuple-element(%ar), index=0
   %gy = f32[8] get-tuple-element(%ar), index=1
   %gz = f32[] get-tuple-element(%ar), index=2
-  %independent = f32[8,8] dot(%w, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %independent = f32[8,8] dot(%w, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, operand_precision={highest,highest}
   ROOT %t = (f32[4,8], f32[8], f32[], f32[8,8]) tuple(%gx, %gy, %gz, %independent)
 }
 """
@@ -241,7 +241,8 @@ ENTRY %e (x: f32[4,8], y: f32[8], z: f32[], w: f32[8,8]) -> (f32[4,8], f32[8], f
 def test_combined_all_reduce_is_one_call_and_runs_asynchronously_on_the_workers():
     """A variadic all-reduce of three operands: one communication call over one packed
     buffer (the profiler sees one all-reduce per step), as an async pair with the
-    independent dot between its start and done; results equal the interpreter's."""
+    independent dot between its start and done; results equal the interpreter's (the dot
+    at HIGHEST precision: at DEFAULT an f32 dot is TF32 on a GPU, as XLA:GPU's)."""
     import hlo
     from hlo.evaluator.collectives import simulate
     from passes import run_pipeline
@@ -265,7 +266,11 @@ def test_combined_all_reduce_is_one_call_and_runs_asynchronously_on_the_workers(
         with tempfile.TemporaryDirectory() as tmp:
             files = mesh.trace(key, per, tmp)
             names = [e.name for e in events_from_trace(files[0])]
-        assert sum(n == "c10d::allreduce_" for n in names) == 1, names
+        # one call: one c10d all-reduce op where the profiler names it, else one NCCL
+        # all-reduce kernel (torch 2.11's trace on the H200 names only the kernel)
+        calls = sum(n == "c10d::allreduce_" for n in names) or \
+            sum(n.startswith("ncclDevKernel_AllReduce") for n in names)
+        assert calls == 1, names
     for d in range(2):
         for a, b in zip(got[d], want[d]):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
