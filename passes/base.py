@@ -51,10 +51,10 @@ class ModuleSnapshot:
 
     @staticmethod
     def _take(module: Module) -> list:
-        state: list = [tuple(module.config.items())]
+        state: list = [("config", tuple(module.config.items()))]
         for comp in module.computations:
-            state.append((comp, comp.root))
-            state.extend((inst, inst.opcode, inst.shape, tuple(inst.operands),
+            state.append(("computation", comp, comp.root))
+            state.extend(("instruction", inst, inst.opcode, inst.shape, tuple(inst.operands),
                           tuple(inst.attrs.items())) for inst in comp.instructions)
         return state
 
@@ -79,14 +79,15 @@ def _same_items(a: tuple, b: tuple) -> bool:
 
 
 def _same_entry(a: tuple, b: tuple) -> bool:
-    if len(a) != len(b):
+    if a[0] != b[0]:
         return False
-    if len(a) == 2:                                        # a computation and its root
-        return a[0] is b[0] and a[1] is b[1]
-    if len(a) == 5:                                        # an instruction
-        return (a[0] is b[0] and a[1] == b[1] and a[2] == b[2] and len(a[3]) == len(b[3])
-                and all(x is y for x, y in zip(a[3], b[3])) and _same_items(a[4], b[4]))
-    return _same_items(a, b)                               # the config
+    if a[0] == "config":
+        return _same_items(a[1], b[1])
+    if a[0] == "computation":
+        return a[1] is b[1] and a[2] is b[2]
+    _, inst, opcode, shape, operands, attrs = a
+    return (inst is b[1] and opcode == b[2] and shape == b[3] and len(operands) == len(b[4])
+            and all(x is y for x, y in zip(operands, b[4])) and _same_items(attrs, b[5]))
 
 
 def make_pass(name: str, options: dict[str, str] | None = None) -> Any:

@@ -247,3 +247,16 @@ ENTRY %main (p0: f32[2,3], p1: f32[2,3]) -> f32[2,3] {
   ROOT %m = f32[2,3]{1,0} multiply(%a, %p0)
 }
 """
+
+
+def test_module_snapshot_with_two_config_entries_sees_no_change():
+    """The config's entries are compared as entries whatever their number (two of them once
+    read as a computation and its root: always a change)."""
+    from passes.base import ModuleSnapshot
+    m = hlo.parse_hlo(TEXT2D)
+    m.config.clear()
+    m.config.update({"a": 1, "b": (2, 3)})
+    snap = ModuleSnapshot(m)
+    assert not snap.changed(m)
+    m.config["b"] = (2, 4)
+    assert snap.changed(m)

@@ -129,8 +129,16 @@ def library_gemm_reason(instances: Sequence[Instruction], outputs: Sequence[Inst
     for a large product the contracted size decides (on the H200, bf16: above ~1600): the
     SwiGLU gate and up projections of x[4096, 2048] run split (measured: Triton 162 and
     173 us, cuBLAS 127 plus a 22-33 us loop), a projection contracting 1024 does not."""
+    if split_reason(instances, outputs) is not None:
+        return None
+    return _generated_gemm_loses(instances, outputs, spec)
+
+
+def _generated_gemm_loses(instances: Sequence[Instruction], outputs: Sequence[Instruction],
+                          spec: DeviceSpec) -> Optional[str]:
+    """``library_gemm_reason`` for a group ``split_reason`` has already said no to."""
     dots = [i for i in instances if i.opcode == "dot"]
-    if len(dots) != 1 or split_reason(instances, outputs) is not None:
+    if len(dots) != 1:
         return None
     dot = dots[0]
     scale = spec.generated_gemm_scale(work_of(dot).tensor_kind)
@@ -177,7 +185,7 @@ def split_estimate(instances: Sequence[Instruction], outputs: Sequence[Instructi
     A group the CUDA backend runs split for speed (``library_gemm_reason``) is priced so
     too: its epilogue then gains nothing from the dot, and fuses where it saves more."""
     if split_reason(instances, outputs) is None and \
-            library_gemm_reason(instances, outputs, spec) is None:
+            _generated_gemm_loses(instances, outputs, spec) is None:
         return None
     dot = next(i for i in instances if i.opcode == "dot")
     inside = {id(i) for i in instances}
