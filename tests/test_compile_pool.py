@@ -175,3 +175,41 @@ def test_a_job_past_the_time_limit_is_killed_and_left_to_the_launch(fresh, tmp_p
     assert "HLOTK_COMPILE_TIMEOUT" in parallel.STATS["log"][0]["error"]
     pool.close()
     assert all(p.returncode is not None for p in pool.procs)
+
+
+def test_the_longest_compiles_go_to_the_pool_first(fresh, tmp_path, monkeypatch):
+    """Jobs reach the workers largest kernel source first, and within one kernel the
+    config holding the most elements per thread first (a long compile taken last would end
+    the pool alone); each job's result still marks its own variant compiled."""
+    class Kernel:
+        def __init__(self, name: str, size: int) -> None:
+            self.name, self.key = name, name
+            self.path = tmp_path / f"{name}.py"
+            self.path.write_text("#" * size)
+            self.fn = object()
+    small, big = Kernel("small", 1000), Kernel("big", 9000)
+    wide = {"BLOCK": 4096, "num_warps": 4}       # 32 elements per thread
+    narrow = {"BLOCK": 1024, "num_warps": 8}     # 4
+    jobs = [(small, [], narrow), (small, [], wide), (big, [], narrow)]
+    assert parallel.compile_weight(big, narrow) > parallel.compile_weight(small, wide) \
+        > parallel.compile_weight(small, narrow)
+    handed: list = []
+
+    class Pool:
+        def run_stream(self, source, expected):
+            for job, _ in source:
+                handed.append((job[1], job[2]))
+            return [name != "small" or data != "small|4096" for name, data in handed]
+    monkeypatch.setattr(parallel, "_pool", lambda: Pool())
+    monkeypatch.setattr(parallel, "_POOL", object())
+    monkeypatch.setattr(parallel, "_done", lambda: set())
+    marked: list = []
+    monkeypatch.setattr(parallel, "_mark", lambda keys: marked.extend(keys))
+    monkeypatch.setattr(parallel, "current_target", lambda: "{}")
+    monkeypatch.setattr(parallel, "_specialization",
+                        lambda k, args, config: f"{k.name}|{config['BLOCK']}")
+    monkeypatch.setattr(parallel, "variant_key", lambda k, config: f"{k.name}/{config['BLOCK']}")
+    stats = parallel.precompile(jobs)
+    assert handed == [("big", "big|1024"), ("small", "small|4096"), ("small", "small|1024")]
+    assert stats["compiled"] == 2 and stats["failed"] == 1
+    assert sorted(marked) == ["big/1024", "small/1024"]

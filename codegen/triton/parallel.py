@@ -417,6 +417,23 @@ def variant_key(kernel: Any, config: dict) -> str:
     return tuning_key(kernel.key).replace(" ", "_") + "|" + cfg
 
 
+def compile_weight(kernel: Any, config: dict) -> float:
+    """A rough rank of how long Triton takes to compile ``kernel`` with ``config``: its
+    source's size (the ops it emits; hand-written kernels loaded by module count as large)
+    times the square root of the elements each thread holds (LLVM and ptxas work grows with
+    the unrolled code). Only the order of the pool's jobs depends on it."""
+    try:
+        size = float(os.path.getsize(kernel.path))
+    except (OSError, TypeError, AttributeError):
+        size = 1e6
+    block = 1
+    for name, value in config.items():
+        if name.startswith("BLOCK") and isinstance(value, int):
+            block *= value
+    per_thread = max(1.0, block / (32.0 * int(config.get("num_warps", 4))))
+    return size * per_thread ** 0.5
+
+
 def _split(config: dict) -> tuple[dict, int, int]:
     cfg = dict(config)
     return cfg, cfg.pop("num_warps", 4), cfg.pop("num_stages", 1)
@@ -579,6 +596,10 @@ def precompile(jobs: list[tuple[Any, list, dict]],
         todo.append((kernel, args, config, vkey))
     if not fresh and not todo:
         return stats
+    # The longest compiles first: with more jobs than ready workers, a long one taken last
+    # would end the pool alone (adam_step's three 4-parameter updates took 0.3 s each, its
+    # small kernels 0.1; in a fixed order two of the long ones went second, pool 0.43 s).
+    todo.sort(key=lambda job: -compile_weight(job[0], job[2]))
     keys: list[str] = []                          # each pool job's ``compiled.txt`` key
 
     def specialized():
