@@ -13,14 +13,21 @@ measured on them too, so a speed-up is not tuned to the suite): in gpu_suite's t
   (bf16 logits GEMM, f32 log-softmax, the labels' gather), value and gradient;
 - ``rmsnorm_swiglu``: a bf16 RMSNorm + SwiGLU MLP block with its residual (a LLaMA-style
   layer's second half): reductions, elementwise and three GEMMs;
-- ``lion_step``: the Lion step over 60 arrays (6 blocks of 10, 256-1536 wide).
+- ``lion_step``: the Lion step over 60 arrays (6 blocks of 10, 256-1536 wide);
+- ``gpt_train_step``: a whole training step of a small GPT written as people write one in
+  JAX: token embedding (a gather) and learned positions, pre-LayerNorm blocks with plain
+  causal multi-head attention (f32 softmax) and a GELU MLP, a tied output layer, the mean
+  cross-entropy over the tokens, ``jax.value_and_grad``, then AdamW over every parameter.
+  f32 parameters, bf16 activations (mixed precision).
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
 NAMES = ("adamw_200", "lion_200", "transformer_train_s", "dpa_grad", "xent_32k",
-         "rmsnorm_swiglu", "lion_step")
+         "rmsnorm_swiglu", "lion_step", "gpt_train_step")
 
 
 def param_shapes() -> dict[str, tuple[int, ...]]:
@@ -142,6 +149,84 @@ def llama_args(r: np.random.Generator, b: int, s: int, d: int, ffn: int,
             w(ffn, d, scale=ffn ** -0.5))
 
 
+def gpt_loss(params: dict, tokens, *, heads: int, act_dtype=None):
+    """The mean next-token cross-entropy of a small GPT (``gpt_train_step``'s model):
+    ``tokens`` int32 [B, S+1], the first S the input, the last S the labels. Activations
+    in ``act_dtype`` (default bf16; f32 gives a reference for the bf16 program's error)."""
+    import jax
+    import jax.numpy as jnp
+    bf16 = act_dtype or jnp.bfloat16
+    inp, labels = tokens[:, :-1], tokens[:, 1:]
+    b, s = inp.shape
+    d = params["tok"].shape[1]
+    dh = d // heads
+
+    def ln(y, g, o):
+        yf = y.astype(jnp.float32)
+        mu = jnp.mean(yf, -1, keepdims=True)
+        var = jnp.mean(jnp.square(yf - mu), -1, keepdims=True)
+        return ((yf - mu) * jax.lax.rsqrt(var + 1e-5) * g + o).astype(bf16)
+    x = (params["tok"][inp] + params["pos"][:s]).astype(bf16)
+    causal = jnp.tril(jnp.ones((s, s), dtype=bool))
+    layers = sorted({k.split(".")[0] for k in params if "." in k}, key=lambda n: int(n[1:]))
+    for name in layers:
+        p = {k.split(".", 1)[1]: v for k, v in params.items() if k.startswith(name + ".")}
+        h = ln(x, p["ln1_g"], p["ln1_b"])
+        qkv = h @ p["wqkv"].astype(bf16) + p["bqkv"].astype(bf16)
+        q, k, v = (t.reshape(b, s, heads, dh) for t in jnp.split(qkv, 3, axis=-1))
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * dh ** -0.5
+        att = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1).astype(bf16)
+        o = jnp.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, s, d)
+        x = x + o @ p["wo"].astype(bf16) + p["bo"].astype(bf16)
+        h = ln(x, p["ln2_g"], p["ln2_b"])
+        h = jax.nn.gelu(h @ p["w1"].astype(bf16) + p["b1"].astype(bf16))
+        x = x + h @ p["w2"].astype(bf16) + p["b2"].astype(bf16)
+    h = ln(x, params["lnf_g"], params["lnf_b"])
+    logits = (h @ params["tok"].astype(bf16).T).astype(jnp.float32)
+    lp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(lp, labels[..., None], axis=-1))
+
+
+def gpt_train_step(params: dict, m: dict, v: dict, step, tokens, *, heads: int,
+                   act_dtype=None):
+    """One training step: loss and gradients of ``gpt_loss``, then ``adamw_step``."""
+    import jax
+    loss, grads = jax.value_and_grad(
+        lambda p: gpt_loss(p, tokens, heads=heads, act_dtype=act_dtype))(params)
+    params, m, v, step = adamw_step(params, grads, m, v, step)
+    return loss, params, m, v, step
+
+
+def gpt_shapes(layers: int, d: int, vocab: int, seq: int) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {"tok": (vocab, d), "pos": (seq, d),
+                                          "lnf_g": (d,), "lnf_b": (d,)}
+    for i in range(layers):
+        shapes.update({f"l{i}.ln1_g": (d,), f"l{i}.ln1_b": (d,), f"l{i}.wqkv": (d, 3 * d),
+                       f"l{i}.bqkv": (3 * d,), f"l{i}.wo": (d, d), f"l{i}.bo": (d,),
+                       f"l{i}.ln2_g": (d,), f"l{i}.ln2_b": (d,), f"l{i}.w1": (d, 4 * d),
+                       f"l{i}.b1": (4 * d,), f"l{i}.w2": (4 * d, d), f"l{i}.b2": (d,)})
+    return shapes
+
+
+def gpt_args(r: np.random.Generator, b: int, s: int, d: int, layers: int, vocab: int
+             ) -> tuple:
+    """(params, m, v, step, tokens): weights N(0, 1/sqrt(fan-in)), norms' scales 1, the
+    moments of a few steps in, random tokens."""
+    shapes = gpt_shapes(layers, d, vocab, s)
+
+    def init(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name.endswith("_g"):
+            return np.ones(shape, np.float32)
+        if len(shape) == 1:
+            return np.zeros(shape, np.float32)
+        return (r.standard_normal(shape) * shape[0] ** -0.5).astype(np.float32)
+    params = {k: init(k, sh) for k, sh in shapes.items()}
+    m = {k: (r.standard_normal(sh) * 1e-4).astype(np.float32) for k, sh in shapes.items()}
+    v = {k: np.abs(r.standard_normal(sh) * 1e-6).astype(np.float32) for k, sh in shapes.items()}
+    tokens = r.integers(0, vocab, (b, s + 1)).astype(np.int32)
+    return params, m, v, np.float32(3.0), tokens
+
+
 def lion_shapes() -> dict[str, tuple[int, ...]]:
     """60 arrays: 6 blocks of 10 (matrices 256-1536 wide, biases, norms)."""
     shapes: dict[str, tuple[int, ...]] = {}
@@ -203,4 +288,8 @@ def programs() -> list[tuple]:
          + 2 * 2 * 16 * 2048 * 2048 * 128, "bf16", 3e-2),
         ("lion_step", f"Lion step f32, {len(small)} params ({small_elems / 1e6:.1f}M)",
          lion_step, lion_args, 5 * 4 * small_elems, 0, "", 1e-5),
+        ("gpt_train_step", "GPT training step: B4 S1024 D768 12 heads, 2 layers, vocab 32000, "
+         "tied embedding, cross-entropy, AdamW (f32 params, bf16 activations)",
+         functools.partial(gpt_train_step, heads=12), gpt_args(r, 4, 1024, 768, 2, 32000),
+         0, 0, "bf16", 3e-2),
     ]

@@ -35,3 +35,67 @@ def test_llama_block_for_h200_is_one_attention_fusion_without_scores():
     want = np.asarray(jax.jit(f)(*args), np.float32)
     got = np.asarray(c(*args), np.float32)      # the h200 pipeline, run on the CPU
     assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
+
+
+def _small_gpt(layers: int = 2):
+    from benchmarks.heldout_programs import gpt_args
+    b, s, d, heads, vocab = 2, 64, 32, 4, 64
+    return gpt_args(np.random.default_rng(5), b, s, d, layers, vocab), heads, b * heads * s * s
+
+
+def _score_sized(module, elements: int) -> list[str]:
+    """Values in memory (the entry's instructions: fusions' outputs and what runs alone) of
+    B·H·S·S elements: scores, probabilities or a mask."""
+    out = []
+    for inst in module.entry.instructions:
+        shapes = inst.shape.elements if inst.shape.is_tuple else [inst.shape]
+        out += [inst.name for sh in shapes
+                if not sh.is_tuple and int(np.prod(sh.dims)) == elements]
+    return out
+
+
+def test_gpt_train_step_on_the_cpu_backend_equals_jax_jit():
+    """A two-layer GPT's training step (plain causal attention, tied embedding, cross-
+    entropy, AdamW): the loss as jax.jit's, the moments (linear in the gradients) within
+    bf16 noise, the updated parameters within twice the learning rate."""
+    import functools
+
+    from benchmarks.heldout_programs import gpt_train_step
+    args, heads, _ = _small_gpt()
+    f = functools.partial(gpt_train_step, heads=heads)
+    want = jax.jit(f)(*args)
+    got = runtime.jit(f)(*args)
+    assert abs(float(np.asarray(got[0])) - float(want[0])) <= 1e-3 * abs(float(want[0]))
+    for which in (2, 3):                             # m, v
+        for k, w in want[which].items():
+            w, g = np.asarray(w, np.float64), np.asarray(got[which][k], np.float64)
+            assert np.max(np.abs(g - w)) <= 3e-2 * np.max(np.abs(w)), (which, k)
+    for k, w in want[1].items():                     # parameters: lr 1e-3
+        assert np.max(np.abs(np.asarray(got[1][k], np.float64) - np.asarray(w))) <= 2e-3, k
+    assert float(np.asarray(got[4])) == float(want[4]) == 4.0
+
+
+def test_every_layers_attention_fuses_though_cse_shared_their_causal_mask():
+    """Both layers' attentions (forward and jax.grad's backward) become flash-attention
+    fusions for h200, though CSE made the two layers read one causal mask and one -inf
+    fill: each fusion takes its own copy (before, the two-layer training step fused no
+    attention and the forward-only loss read the fill as an operand and failed to run).
+    No buffer holds B·H·S·S scores or a mask of that size."""
+    import functools
+
+    from benchmarks.heldout_programs import gpt_loss, gpt_train_step
+    args, heads, scores = _small_gpt()
+    f = functools.partial(gpt_train_step, heads=heads)
+    c = runtime.jit(f, target="h200").lower(*args).compile()
+    kinds = [fusion_kind(i) for comp in c.module.computations for i in comp.instructions
+             if i.opcode == "fusion"]
+    assert kinds.count("attention") == 2 and kinds.count("attention_backward") == 2, kinds
+    assert not _score_sized(c.module, scores)
+    loss = functools.partial(gpt_loss, heads=heads)
+    c = runtime.jit(loss, target="h200").lower(args[0], args[4]).compile()
+    kinds = [fusion_kind(i) for comp in c.module.computations for i in comp.instructions
+             if i.opcode == "fusion"]
+    assert kinds.count("attention") == 2, kinds
+    assert not _score_sized(c.module, scores)
+    want = float(jax.jit(loss)(args[0], args[4]))
+    assert abs(float(np.asarray(c(args[0], args[4]))) - want) <= 1e-3 * abs(want)

@@ -23,6 +23,23 @@ _GENERATED = frozenset({"iota", "constant", "broadcast", "reshape", "transpose",
 _VIEWS = frozenset({"broadcast", "reshape", "transpose", "bitcast", "copy"})
 
 
+def data_free(inst: Instruction, memo: Optional[dict[int, bool]] = None) -> bool:
+    """Whether ``inst`` is computed from constants and iotas alone through the mask cone's
+    ops (``_GENERATED``): a causal mask, its -inf fill, a scale's broadcast. Such a value
+    costs nothing to recompute, so an attention fusion takes its own copy where other code
+    (another layer's attention, after CSE merged the two layers' masks) reads it too."""
+    memo = {} if memo is None else memo
+    known = memo.get(id(inst))
+    if known is None:
+        if inst.opcode in ("constant", "iota"):
+            known = True
+        else:
+            known = inst.opcode in _GENERATED and bool(inst.operands) and \
+                all(data_free(o, memo) for o in inst.operands)
+        memo[id(inst)] = known
+    return known
+
+
 @dataclass
 class ScoreStep:
     """One step of the score function, applied in order from the dot outwards.

@@ -20,6 +20,7 @@ from hlo.ir import Instruction
 
 from .attention import (AttentionMatch, NoMatch, _match_forward, _scalar_constant, _through,
                         backend_config, match_attention, row_stats, score_layout)
+from .attention_masks import data_free
 
 
 def _checked_backward(pv: Instruction):
@@ -47,14 +48,16 @@ def _checked_backward(pv: Instruction):
     b.nodes = [i for i in b.nodes if i not in shared_constants]
     bwd = {id(i) for i in b.nodes}
     outs = {id(i) for i in b.outputs}
+    free: dict = {}
     for i in b.nodes:
         for u in i.users:
-            if id(i) not in outs and id(u) not in bwd:
+            if id(i) not in outs and id(u) not in bwd and not data_free(i, free):
                 raise NoMatch(f"the backward's %{i.name} is also read by %{u.name} outside "
                               "it (a bias gradient or a returned dS are not fused)")
     for i in core:
         for u in i.users:
-            if i is not pv and id(i) not in stats and id(u) not in core_ids | bwd:
+            if i is not pv and id(i) not in stats and id(u) not in core_ids | bwd \
+                    and not data_free(i, free):
                 raise NoMatch(f"%{i.name} ({i.opcode}, inside the attention) is also read by "
                               f"%{u.name}, which is neither the forward nor its backward")
     recompute = [i for i in core if i is not pv and id(i) not in stats] + shared_constants
@@ -128,6 +131,7 @@ def _find(instructions: list[Instruction], backward: bool = False
     for inst in instructions:
         if inst.opcode != "dot":
             continue
+        b = None
         try:
             m = match_attention(inst)
         except NoMatch as e:
@@ -135,24 +139,54 @@ def _find(instructions: list[Instruction], backward: bool = False
                 missed.append((inst, str(e)))
                 continue
             try:
-                pair = _with_backward(inst)
+                m, b = _with_backward(inst)
             except NoMatch as e2:
                 both = "backward" in str(e) and str(e2) != str(e)
                 missed.append((inst, f"{e}; {e2}" if both else str(e)))
                 continue
-            m = pair[0]
-            found.append(pair[1])
+            found.append(b)
         if m is None:
             continue
         if any(id(i) in taken for i in m.members):
             missed.append((inst, "shares instructions with another attention"))
             continue
+        m.members = privatize_data_free(m.members)
+        if b is not None:
+            b.nodes = privatize_data_free(b.nodes)
         taken.update(id(i) for i in m.members)
         if isinstance(m, AttentionMatch):
             m.members = m.members + operand_slices(m)
         found.append(m)
     inside = {id(i) for m in found for i in m.members}
     return found, [(i, why) for i, why in missed if id(i) not in inside]
+
+
+def privatize_data_free(members: list[Instruction]) -> list[Instruction]:
+    """``members`` with each data-free member (``attention_masks.data_free``: a causal
+    mask, its fill, a scale) that is also read outside them replaced by a copy of its own,
+    which the members read instead; the original stays for its other readers. Without
+    this, a mask that CSE shared between two layers' attentions would leave the fusion
+    reading it (a B·H·S·S operand) and its fill as parameters, or no fusion at all."""
+    if not members or members[0].parent is None:
+        return members
+    comp = members[0].parent
+    ids = {id(i) for i in members}
+    order = {id(i): n for n, i in enumerate(comp.instructions)}
+    out = list(members)
+    free: dict[int, bool] = {}
+    # Users before operands: a copy's operands are then copied in their own turn.
+    for i in sorted(members, key=lambda i: -order.get(id(i), -1)):
+        inside = [u for u in i.users if id(u) in ids]
+        if not inside or len(inside) == len(i.users) or not data_free(i, free):
+            continue
+        c = comp.insert_before(Instruction(i.opcode, list(i.operands), i.shape, i.attrs,
+                                           name=f"{i.name}.own", literal=i.literal), i)
+        for u in inside:
+            u.replace_operand_with(i, c)
+        out[out.index(i)] = c
+        ids.discard(id(i))
+        ids.add(id(c))
+    return out
 
 
 # Views between a slice and the attention's q, k or v operand that the forward kernel
