@@ -667,3 +667,85 @@ def test_grouped_rows_window_triton_kernels(order, s):
     np.testing.assert_allclose(jf(*args), jax.jit(f)(*args), rtol=1e-4, atol=1e-4)
     g, jg, _ = _gpu_pipeline_grad(f, args)
     _assert_close(jg(*args), jax.jit(g)(*args), 1e-4)
+
+
+def _layers_sharing_a_mask(form: str, layers: int = 2):
+    """``layers`` attention layers written plainly, all reading one mask: a causal mask
+    (``causal``) or a padding mask from an argument (``padding``, valid keys per batch
+    row). CSE leaves one mask (and one fill) that every layer's attention reads."""
+    def f(x, wq, wk, wv, valid):
+        b, s, d = x.shape
+        h, dh = 2, d // 2
+        keep = jnp.tril(jnp.ones((s, s), bool)) if form == "causal" else \
+            valid[:, None, None, :]
+        for n in range(layers):
+            q, k, v = ((x @ w[n]).reshape(b, s, h, dh) for w in (wq, wk, wv))
+            sc = jnp.where(keep, jnp.einsum("bqhd,bkhd->bhqk", q, k) * dh ** -0.5, -1e9)
+            o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(sc, axis=-1), v)
+            x = x + o.reshape(b, s, d)
+        return x
+    rng = np.random.default_rng(7)
+    b, s, d = 2, 40, 32
+    args = (rng.standard_normal((b, s, d)).astype(np.float32),
+            *((rng.standard_normal((layers, d, d)) * 0.08).astype(np.float32) for _ in range(3)),
+            rng.random((b, s)) > 0.3)
+    return f, args, b * 2 * s * s
+
+
+def _score_sized(c, elements: int) -> list:
+    out = []
+    for i in c.module.entry.instructions:
+        for sh in (i.shape.elements if i.shape.is_tuple else [i.shape]):
+            if not sh.is_tuple and int(np.prod(sh.dims)) == elements:
+                out.append(i.name)
+    return out
+
+
+@pytest.mark.usefixtures("small_backward_blocks")
+@pytest.mark.parametrize("form", ["causal", "padding"])
+def test_layers_sharing_one_mask_each_fuse_with_their_own_copy(form):
+    """Every layer's attention, forward and jax.grad's backward, is a flash-attention
+    fusion with its own copy of the shared mask (and fill): no B·H·S·S mask operand, no
+    scores in memory, results equal jax.jit's. Before, a shared causal mask left the -inf
+    fill a fusion operand (the forward failed to run) and the gradient unfused; a shared
+    padding mask was materialized as a [B, H, S, S] pred operand."""
+    f, args, scores = _layers_sharing_a_mask(form)
+    g = lambda *a: jax.grad(lambda x, *w: jnp.sum(f(x, *w) ** 2), argnums=(0, 1))(*a)  # noqa: E731
+    for fn, backward in ((f, 0), (g, 2)):
+        jf = runtime.jit(fn, target="h200")
+        c = jf.lower(*args).compile()
+        kinds = _kinds(c)
+        assert kinds.count("attention") == 2 and kinds.count("attention_backward") == backward
+        assert not _score_sized(c, scores), _score_sized(c, scores)
+        with jax.default_matmul_precision("highest"):
+            want = jax.jit(fn)(*args)
+        for a, w in zip(jax.tree.leaves(jf(*args)), jax.tree.leaves(want)):
+            _assert_close(a, w, 2e-5)
+
+
+@pytest.mark.usefixtures("triton_attention_on_cpu", "tiny_triton_blocks")
+def test_layers_sharing_a_padding_mask_triton_kernels():
+    f, args, _ = _layers_sharing_a_mask("padding")
+    g = lambda *a: jax.grad(lambda x, *w: jnp.sum(f(x, *w) ** 2), argnums=(0, 1))(*a)  # noqa: E731
+    jf = runtime.jit(g, target="h200")
+    for a, w in zip(jax.tree.leaves(jf(*args)), jax.tree.leaves(jax.jit(g)(*args))):
+        _assert_close(a, w, 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["causal", "padding"])
+def test_layers_sharing_one_mask_cuda_kernels(form):
+    from runtime.cuda import executable_of
+    f, args, scores = _layers_sharing_a_mask(form, layers=3)
+    g = lambda *a: jax.grad(lambda x, *w: jnp.sum(f(x, *w) ** 2), argnums=(0, 1))(*a)  # noqa: E731
+    for fn in (f, g):
+        jf = runtime.jit(fn, backend="cuda")
+        c = jf.lower(*args).compile()
+        assert _kinds(c).count("attention") == 3
+        assert not _score_sized(c, scores)
+        assert not [t for t in executable_of(c).host_fallbacks() if "attention" in t.reason]
+        with jax.default_matmul_precision("highest"):
+            want = jax.jit(fn)(*args)
+        for a, w in zip(jax.tree.leaves(jf(*args)), jax.tree.leaves(want)):
+            a, w = np.asarray(a, np.float32), np.asarray(w, np.float32)
+            assert np.linalg.norm(a - w) / np.linalg.norm(w) < 1e-4

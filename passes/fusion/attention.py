@@ -36,7 +36,7 @@ from hlo.ir import Instruction
 from .attention_masks import (_GENERATED, _VIEWS, NoMatch, ScoreStep,  # noqa: F401
                               _is_identity, _is_row_broadcast, _mask_step, _row_reduce,
                               _same_elements, _scalar_constant, _through, band_text,
-                              data_free, keeps_diagonal, merged_band)
+                              recomputable, keeps_diagonal, merged_band)
 from .rewrite import _unique
 from .views import compose, view_step
 
@@ -383,15 +383,16 @@ def _match_forward(pv: Instruction) -> Optional[tuple[AttentionMatch, list[Instr
     core = _unique([qk] + score + soft + _through(p_op)[2] + [pv])
     members = core
     # Constants are cloned into the body (or read as operands); a generated mask piece that
-    # other code also reads stays outside and becomes an operand, unless it is data-free
-    # (constants and iotas alone: attention_pass.privatize_data_free gives the fusion its
-    # own copy, as every layer of a model shares one causal mask after CSE).
+    # other code also reads stays outside and becomes an operand, unless it is recomputable
+    # (attention_masks.recomputable: a causal mask, a fill, a padding mask's broadcast;
+    # attention_pass.privatize_recomputable gives the fusion its own copy, as every layer
+    # of a model reads one mask after CSE).
     members = [i for i in members if i.opcode != "constant"]
     ids = {id(i) for i in members}
     free: dict[int, bool] = {}
     while True:
         shared = [i for i in members if i.opcode in _GENERATED and i not in (qk, pv)
-                  and not data_free(i, free) and any(id(u) not in ids for u in i.users)]
+                  and not recomputable(i, free) and any(id(u) not in ids for u in i.users)]
         if not shared:
             break
         members = [i for i in members if i not in shared]
@@ -419,7 +420,7 @@ def match_attention(pv: Instruction, stats_out: bool = False) -> Optional[Attent
     allowed = {id(i) for i in row_stats(m)} if stats_out else set()
     free: dict[int, bool] = {}
     read_outside = [(i, u) for i in members if i is not pv and id(i) not in allowed
-                    and not data_free(i, free) for u in i.users if id(u) not in ids]
+                    and not recomputable(i, free) for u in i.users if id(u) not in ids]
     if read_outside:
         raise NoMatch(_outside_reason(read_outside, ids))
     m.out_views, m.out_where = output_views(pv)

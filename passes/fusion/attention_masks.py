@@ -23,21 +23,31 @@ _GENERATED = frozenset({"iota", "constant", "broadcast", "reshape", "transpose",
 _VIEWS = frozenset({"broadcast", "reshape", "transpose", "bitcast", "copy"})
 
 
-def data_free(inst: Instruction, memo: Optional[dict[int, bool]] = None) -> bool:
-    """Whether ``inst`` is computed from constants and iotas alone through the mask cone's
-    ops (``_GENERATED``): a causal mask, its -inf fill, a scale's broadcast. Such a value
-    costs nothing to recompute, so an attention fusion takes its own copy where other code
-    (another layer's attention, after CSE merged the two layers' masks) reads it too."""
+def recomputable(inst: Instruction, memo: Optional[dict[int, bool]] = None) -> bool:
+    """Whether a fusion may compute its own copy of ``inst`` at no cost in bytes: a mask
+    cone op (``_GENERATED``) whose inputs are, recursively, such ops, constants and iotas,
+    or values smaller than what reads them (a padding mask's [B, S] before its broadcast
+    to [B, H, S, S]). A causal mask, its -inf fill, a padding mask's broadcast: every layer
+    of a model reads the same one after CSE, and each attention fusion takes a copy
+    (``attention_pass.privatize_recomputable``) instead of reading a B·H·S·S operand."""
     memo = {} if memo is None else memo
     known = memo.get(id(inst))
     if known is None:
         if inst.opcode in ("constant", "iota"):
             known = True
+        elif inst.opcode not in _GENERATED or not inst.operands or inst.shape.is_tuple:
+            known = False
         else:
-            known = inst.opcode in _GENERATED and bool(inst.operands) and \
-                all(data_free(o, memo) for o in inst.operands)
+            size = _elements(inst)
+            known = all(recomputable(o, memo) or
+                        (not o.shape.is_tuple and _elements(o) < size)
+                        for o in inst.operands)
         memo[id(inst)] = known
     return known
+
+
+def _elements(inst: Instruction) -> int:
+    return int(np.prod(inst.shape.dims)) if inst.shape.dims else 1
 
 
 @dataclass

@@ -20,7 +20,7 @@ from hlo.ir import Instruction
 
 from .attention import (AttentionMatch, NoMatch, _match_forward, _scalar_constant, _through,
                         backend_config, match_attention, row_stats, score_layout)
-from .attention_masks import data_free
+from .attention_masks import recomputable
 
 
 def _checked_backward(pv: Instruction):
@@ -51,13 +51,13 @@ def _checked_backward(pv: Instruction):
     free: dict = {}
     for i in b.nodes:
         for u in i.users:
-            if id(i) not in outs and id(u) not in bwd and not data_free(i, free):
+            if id(i) not in outs and id(u) not in bwd and not recomputable(i, free):
                 raise NoMatch(f"the backward's %{i.name} is also read by %{u.name} outside "
                               "it (a bias gradient or a returned dS are not fused)")
     for i in core:
         for u in i.users:
             if i is not pv and id(i) not in stats and id(u) not in core_ids | bwd \
-                    and not data_free(i, free):
+                    and not recomputable(i, free):
                 raise NoMatch(f"%{i.name} ({i.opcode}, inside the attention) is also read by "
                               f"%{u.name}, which is neither the forward nor its backward")
     recompute = [i for i in core if i is not pv and id(i) not in stats] + shared_constants
@@ -150,9 +150,9 @@ def _find(instructions: list[Instruction], backward: bool = False
         if any(id(i) in taken for i in m.members):
             missed.append((inst, "shares instructions with another attention"))
             continue
-        m.members = privatize_data_free(m.members)
+        m.members = privatize_recomputable(m.members)
         if b is not None:
-            b.nodes = privatize_data_free(b.nodes)
+            b.nodes = privatize_recomputable(b.nodes)
         taken.update(id(i) for i in m.members)
         if isinstance(m, AttentionMatch):
             m.members = m.members + operand_slices(m)
@@ -161,12 +161,13 @@ def _find(instructions: list[Instruction], backward: bool = False
     return found, [(i, why) for i, why in missed if id(i) not in inside]
 
 
-def privatize_data_free(members: list[Instruction]) -> list[Instruction]:
-    """``members`` with each data-free member (``attention_masks.data_free``: a causal
-    mask, its fill, a scale) that is also read outside them replaced by a copy of its own,
-    which the members read instead; the original stays for its other readers. Without
-    this, a mask that CSE shared between two layers' attentions would leave the fusion
-    reading it (a B·H·S·S operand) and its fill as parameters, or no fusion at all."""
+def privatize_recomputable(members: list[Instruction]) -> list[Instruction]:
+    """``members`` with each recomputable member (``attention_masks.recomputable``: a
+    causal mask, its fill, a padding mask's broadcast) that is also read outside them
+    replaced by a copy of its own, which the members read instead; the original stays for
+    its other readers. Without this, a mask that CSE shared between two layers' attentions
+    left the fusion reading it (a B·H·S·S operand) and its fill as parameters, or made no
+    fusion at all."""
     if not members or members[0].parent is None:
         return members
     comp = members[0].parent
@@ -177,7 +178,7 @@ def privatize_data_free(members: list[Instruction]) -> list[Instruction]:
     # Users before operands: a copy's operands are then copied in their own turn.
     for i in sorted(members, key=lambda i: -order.get(id(i), -1)):
         inside = [u for u in i.users if id(u) in ids]
-        if not inside or len(inside) == len(i.users) or not data_free(i, free):
+        if not inside or len(inside) == len(i.users) or not recomputable(i, free):
             continue
         c = comp.insert_before(Instruction(i.opcode, list(i.operands), i.shape, i.attrs,
                                            name=f"{i.name}.own", literal=i.literal), i)
