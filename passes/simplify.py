@@ -18,6 +18,7 @@ from hlo.shape import Shape
 
 from .base import register_pass
 from .degenerate_dims import DEGENERATE_DIM_RULES
+from .onehot_scatter import ONEHOT_RULES
 from .rewrite import Rule, apply_rules, constant_like, emit, is_value, scalar_constant_value
 from .transpose_sinking import TRANSPOSE_RULES
 
@@ -333,7 +334,7 @@ SIMPLIFY_RULES: list[Rule] = [
     Rule("dot-transposed-operand", ("dot",), dot_transposed_operand),
     Rule("reduce-size-one-dims", ("reduce",), reduce_size_one_dims),
     Rule("static-dimension-size", ("get-dimension-size",), static_dimension_size),
-] + DEGENERATE_DIM_RULES + TRANSPOSE_RULES
+] + DEGENERATE_DIM_RULES + TRANSPOSE_RULES + ONEHOT_RULES
 
 
 @register_pass

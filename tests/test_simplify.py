@@ -203,6 +203,19 @@ CASES = [
      ["%dot = f32[2,3,4,7]{3,2,1,0} dot(%p0, %p1), lhs_contracting_dims={3}, "
       "rhs_contracting_dims={0}",
       "%transpose = f32[3,2,4,7]{3,2,1,0} transpose(%dot), dimensions={1,0,2,3}"]),
+    ("onehot-scatter", "s32[3,1,1]{2,1,0};f32[3,1]{1,0}",
+     "  %z = f32[] constant(0)\n  %b = f32[3,4]{1,0} broadcast(%z), dimensions={}\n"
+     "  ROOT %s = f32[3,4]{1,0} scatter(%b, %p0, %p1), update_window_dims={}, "
+     "inserted_window_dims={1}, scatter_dims_to_operand_dims={1}, input_batching_dims={0}, "
+     "scatter_indices_batching_dims={0}, index_vector_dim=2, to_apply=%add", "f32[3,4]",
+     ["%z = f32[] constant(0)", "%b = f32[3,4]{1,0} broadcast(%z), dimensions={}",
+      "%iota = s32[3,4] iota(), iota_dimension=1", "%reshape = s32[3] reshape(%p0)",
+      "%broadcast = s32[3,4] broadcast(%reshape), dimensions={0}",
+      "%compare = pred[3,4] compare(%iota, %broadcast), direction=EQ",
+      "%reshape.1 = f32[3] reshape(%p1)",
+      "%broadcast.1 = f32[3,4] broadcast(%reshape.1), dimensions={0}",
+      "%add = f32[3,4]{1,0} add(%b, %broadcast.1)",
+      "%select = f32[3,4]{1,0} select(%compare, %add, %b)"]),
     ("static-dimension-size", "f32[3,7]{1,0}",
      "  ROOT %r = s32[] get-dimension-size(%p0), dimensions={1}", "s32[]",
      ["%constant = s32[] constant(7)"]),

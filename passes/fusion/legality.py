@@ -33,7 +33,7 @@ from hlo.ir import Instruction
 from hlo.ops import COLLECTIVE, CONTROL_FLOW, ELEMENTWISE
 
 from ..layout_assignment import eight_bit_dot
-from .cost_model import elements, is_free
+from .cost_model import array_bytes, elements, is_free
 from .rewrite import SMALL_CONSTANT_ELEMENTS, FusionState, Group
 
 
@@ -270,7 +270,7 @@ def can_duplicate(state: FusionState, producer: Group, consumer: Group,
     if ATTENTION in (producer.kind, consumer.kind):
         return no(ATTENTION_FINAL)
     costly = [i for i in producer.instances() if expensive(i)]
-    if costly:
+    if costly and not _cheaper_to_recompute(state, producer, costly):
         return no(f"%{costly[0].name} ({costly[0].opcode}) is expensive and is not duplicated "
                   "into several consumers")
     heroes = [i for i in producer.instances() if is_hero(i)]
@@ -287,6 +287,27 @@ def can_duplicate(state: FusionState, producer: Group, consumer: Group,
     # producer and so cannot depend on the consumer.
     return check_group(state, instances, consumer.members, {consumer.id}, consumer.kind,
                        max_operands, max_size)
+
+
+_RECOMPUTED_VIEWS = frozenset({"broadcast", "reshape", "bitcast", "convert", "iota",
+                               "constant", "slice", "transpose"})
+
+
+def _cheaper_to_recompute(state: FusionState, producer: Group,
+                          costly: list[Instruction]) -> bool:
+    """Whether recomputing ``producer`` (elementwise ops, some transcendental, and views)
+    costs less than the bytes its output moves: it writes more than it reads (an exp of a bf16 tensor written
+    in f32: the softmax's numerator a cross-entropy gradient reads again), so each consumer
+    reading its inputs instead saves memory traffic, and the predicted time of the copies
+    (the cost model counts the transcendentals at the SFU's rate) decides. Otherwise
+    expensive ops are not duplicated, as in XLA's instruction fusion."""
+    if any(i.op.category != ELEMENTWISE and i.opcode not in _RECOMPUTED_VIEWS
+           for i in producer.instances()):
+        return False                 # a GEMM, a reduction, a gather: never recomputed
+    outs = state.outputs(producer.members, {producer.id})
+    out_bytes = sum(array_bytes(o.shape) for o in outs)
+    in_bytes = sum(array_bytes(o.shape) for o in state.external_inputs(producer.instances()))
+    return out_bytes > in_bytes
 
 
 def can_fuse_siblings(state: FusionState, a: Group, b: Group,
