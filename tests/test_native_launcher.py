@@ -117,6 +117,32 @@ def test_words_that_differ_per_staging_set_are_kept_only_where_no_io_address_can
         diff(heap_a, heap_b)
 
 
+def test_a_fill_of_the_captures_own_memory_is_kept_and_one_of_an_argument_is_not():
+    """A memset node whose destination is a temporary of the capture's pool (torch's
+    scatter-add zeroes one: the held-out GPT step kept the Python path for it) is kept as
+    capture A has it; one of an argument or result, or at a host word, is refused."""
+    pool_a, pool_b, heap_a, heap_b = 0x7C00_0000_1200, 0x7C00_0000_2200, 0x5600_0000_10, \
+        0x5600_0000_90
+    segment = {A[0]: 0x7F00_0000_0000, A[1]: 0x7F00_0000_0000, B[0]: 0x7E00_0000_0000,
+               B[1]: 0x7E00_0000_0000, pool_a: 0x7C00_0000_0000, pool_b: 0x7C00_0000_0000}
+
+    def allocation_of(ws):
+        return [segment.get(w, 0) for w in ws]
+
+    def diff(wa, wb):
+        a = [kernel(words(A[0], 7)), NodeInfo("memset", b"", words(wa, 0, 4, 64))]
+        b = [kernel(words(B[0], 7)), NodeInfo("memset", b"", words(wb, 0, 4, 64))]
+        kept: list[str] = []
+        return patch_sites(a, b, A, B, SIZES, a, allocation_of=allocation_of, kept=kept), kept
+    assert diff(pool_a, pool_b) == ([PatchSite(0, 0, 0, 0)],
+                                    ["node 1 (memset) byte 0 (device word outside the "
+                                     "arguments/results)"])
+    with pytest.raises(NotPatchable, match="node 1 \\(memset\\) reads or writes an argument"):
+        diff(A[1] + 64, B[1] + 64)
+    with pytest.raises(NotPatchable, match="byte 0 .*it is no address"):
+        diff(heap_a, heap_b)
+
+
 def test_a_word_before_a_buffer_is_a_site_only_within_its_own_allocation_skew():
     # A kernel given a tensor's storage start (the staging buffer's allocation, SKEW bytes
     # before the buffer) and the offset apart: the same negative offset in both captures.

@@ -152,7 +152,8 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
         raise NotPatchable(f"the captures have {len(nodes_a)}, {len(nodes_b)}, "
                            f"{len(nodes_c)} and {len(nodes_d)} nodes")
     sites: list[PatchSite] = []
-    others: list[tuple[str, int, int, int]] = []   # (where, byte, word in A, word in B)
+    # (where, byte, word in A, word in B, device memory only: a copy or fill node's)
+    others: list[tuple[str, int, int, int, bool]] = []
     for n, (a, b, c, d) in enumerate(zip(nodes_a, nodes_b, nodes_c, nodes_d)):
         where = f"node {n} ({a.label()})"
         if any(x.kind != a.kind or x.key != a.key or len(x.blob) != len(a.blob)
@@ -166,9 +167,6 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
                                "re-pointed)")
         if a.blob == b.blob:
             continue
-        if a.kind in FIXED_ONLY:
-            raise NotPatchable(f"{where} reads or writes an argument or result (the driver "
-                               f"does not re-point {a.kind} nodes at XLA's buffers)")
         n_words = len(a.blob) // 8
         if a.blob[8 * n_words:] != b.blob[8 * n_words:]:
             raise NotPatchable(f"{where}: parameter bytes past the last whole word differ")
@@ -180,10 +178,21 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
             if wa == wb or wa != wc or wb != wd:     # fixed, or local to a capture
                 continue
             hit_a, hit_b = ranges_a.find(wa, skew), ranges_b.find(wb, skew)
+            if a.kind in FIXED_ONLY:
+                # A copy or fill of memory the capture allocated itself (a library op's
+                # temporary in the graph's pool: torch's scatter-add zeroes one) is kept as
+                # A has it, as a kernel's capture-local words are; one of an argument or
+                # result cannot be re-pointed.
+                if hit_a is None and hit_b is None and allocation_of is not None:
+                    others.append((where, 8 * k, wa, wb, True))
+                    continue
+                raise NotPatchable(f"{where} reads or writes an argument or result (the "
+                                   f"driver does not re-point {a.kind} nodes at XLA's "
+                                   "buffers)")
             if hit_a is not None and hit_a == hit_b:
                 sites.append(PatchSite(n, 8 * k, hit_a[0], hit_a[1]))
             elif hit_a is None and hit_b is None and allocation_of is not None:
-                others.append((where, 8 * k, wa, wb))    # decided below, all at once
+                others.append((where, 8 * k, wa, wb, False))    # decided below, at once
             else:
                 raise NotPatchable(_not_an_address_pair(where, 8 * k, wa, wb))
     if others:
@@ -191,18 +200,21 @@ def patch_sites(nodes_a: Sequence[NodeInfo], nodes_b: Sequence[NodeInfo],
     return sites
 
 
-def _keep_capture_local(others: list[tuple[str, int, int, int]], staging_a: Sequence[int],
-                        staging_b: Sequence[int], allocation_of: Callable[[list[int]], list[int]],
+def _keep_capture_local(others: list[tuple[str, int, int, int, bool]],
+                        staging_a: Sequence[int], staging_b: Sequence[int],
+                        allocation_of: Callable[[list[int]], list[int]],
                         kept: Optional[list[str]]) -> None:
-    """Keep each (where, byte, word in A, word in B) that is a host word no kernel can read
-    or points into memory holding no staging buffer, in both captures; else NotPatchable."""
-    words = [w for _, _, wa, wb in others for w in (wa, wb)]
+    """Keep each (where, byte, word in A, word in B, device only) that is a host word no
+    kernel can read (not for a copy or fill node: ``device only``) or points into memory
+    holding no staging buffer, in both captures; else NotPatchable."""
+    words = [w for _, _, wa, wb, _ in others for w in (wa, wb)]
     allocations = allocation_of(words + list(staging_a) + list(staging_b))
     n = len(words)
     staged = set(allocations[n:]) - {0}      # allocations holding a staging buffer
-    for i, (where, byte, wa, wb) in enumerate(others):
+    for i, (where, byte, wa, wb, device_only) in enumerate(others):
         alloc_a, alloc_b = allocations[2 * i], allocations[2 * i + 1]
-        if alloc_a == 0 and alloc_b == 0 and _user_space(wa) and _user_space(wb):
+        if alloc_a == 0 and alloc_b == 0 and _user_space(wa) and _user_space(wb) \
+                and not device_only:
             what = "host word"
         elif alloc_a and alloc_b and not {alloc_a, alloc_b} & staged:
             what = "device word outside the arguments/results"
