@@ -251,7 +251,10 @@ def scatter_into_fn(inst: Instruction) -> Optional[Fn]:
         vals = torch.where(valid, upd, torch.full_like(upd, _identity(op, upd.dtype)))
         where = torch.where(valid, flat, 0)
         if op == "add":
-            out.index_put_((where,), vals, accumulate=True)
+            # Atomic adds, as XLA's GPU scatter does (the order of equal-index sums is not
+            # fixed). index_put_(accumulate=True) sorted the indices first: 1.5 ms of the
+            # held-out GPT step's 4.4 went to its embedding gradient (3.1 M updates).
+            out.scatter_add_(0, where, vals)
         else:
             out.scatter_reduce_(0, where, vals, {"multiply": "prod", "maximum": "amax",
                                                  "minimum": "amin"}[op])
