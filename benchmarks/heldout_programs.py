@@ -18,7 +18,15 @@ measured on them too, so a speed-up is not tuned to the suite): in gpu_suite's t
   JAX: token embedding (a gather) and learned positions, pre-LayerNorm blocks with plain
   causal multi-head attention (f32 softmax) and a GELU MLP, a tied output layer, the mean
   cross-entropy over the tokens, ``jax.value_and_grad``, then AdamW over every parameter.
-  f32 parameters, bf16 activations (mixed precision).
+  f32 parameters, bf16 activations (mixed precision);
+- ``kv_decode``: one decoding step with a KV cache: the new key and value written into the
+  cache at a position (dynamic_update_slice), attention of one query over the cache up to
+  it, the output projection;
+- ``moe_grad``: a mixture-of-experts layer with top-2 routing (top_k) and dense one-hot
+  dispatch einsums (GShard style), value_and_grad over the experts' weights;
+- ``conv_bn_grad``: a ResNet basic block (3x3 convolutions, batch norm, ReLU, residual) in
+  NHWC, value_and_grad over its weights and norms;
+- ``lstm_grad``: an LSTM over a sequence with ``lax.scan`` (a while loop), value_and_grad.
 """
 from __future__ import annotations
 
@@ -27,7 +35,8 @@ import functools
 import numpy as np
 
 NAMES = ("adamw_200", "lion_200", "transformer_train_s", "dpa_grad", "xent_32k",
-         "rmsnorm_swiglu", "lion_step", "gpt_train_step")
+         "rmsnorm_swiglu", "lion_step", "gpt_train_step", "kv_decode", "moe_grad",
+         "conv_bn_grad", "lstm_grad")
 
 
 def param_shapes() -> dict[str, tuple[int, ...]]:
@@ -227,6 +236,107 @@ def gpt_args(r: np.random.Generator, b: int, s: int, d: int, layers: int, vocab:
     return params, m, v, np.float32(3.0), tokens
 
 
+def kv_decode(cache_k, cache_v, x, wq, wk, wv, wo, pos):
+    """One decoding step: x [B, D] at position ``pos`` of caches [B, H, S, Dh]."""
+    import jax
+    import jax.numpy as jnp
+    b, h, smax, dh = cache_k.shape
+    q, k, v = ((x @ w).reshape(b, h, 1, dh) for w in (wq, wk, wv))
+    cache_k = jax.lax.dynamic_update_slice(cache_k, k, (0, 0, pos, 0))
+    cache_v = jax.lax.dynamic_update_slice(cache_v, v, (0, 0, pos, 0))
+    s = jnp.einsum("bhqd,bhkd->bhqk", q, cache_k).astype(jnp.float32) * dh ** -0.5
+    s = jnp.where(jnp.arange(smax)[None, None, None, :] <= pos, s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1).astype(x.dtype)
+    o = jnp.einsum("bhqk,bhkd->bhqd", p, cache_v).reshape(b, h * dh)
+    return o @ wo, cache_k, cache_v
+
+
+def moe_grad(x, w_router, w1, w2):
+    """value_and_grad over (w1, w2) of a top-2 mixture-of-experts layer's squared output."""
+    import jax
+    import jax.numpy as jnp
+
+    def layer(w1, w2):
+        gates = jax.nn.softmax((x @ w_router).astype(jnp.float32), axis=-1)
+        top_v, top_i = jax.lax.top_k(gates, 2)
+        top_v = top_v / jnp.sum(top_v, axis=-1, keepdims=True)
+        dispatch = jax.nn.one_hot(top_i, w_router.shape[1], dtype=x.dtype)    # [T, 2, E]
+        combine = (dispatch * top_v[..., None].astype(x.dtype)).sum(1)        # [T, E]
+        xe = jnp.einsum("te,td->etd", dispatch.sum(1), x)
+        h = jax.nn.gelu(jnp.einsum("etd,edf->etf", xe, w1))
+        y = jnp.einsum("etd,te->td", jnp.einsum("etf,efd->etd", h, w2), combine)
+        return jnp.sum(jnp.square(y.astype(jnp.float32)))
+    return jax.value_and_grad(layer, argnums=(0, 1))(w1, w2)
+
+
+def conv_bn_grad(x, w1, w2, g1, b1, g2, b2):
+    """value_and_grad of a ResNet basic block's mean squared output (NHWC, batch norm with
+    batch statistics)."""
+    import jax
+    import jax.numpy as jnp
+
+    def bn(y, g, b):
+        yf = y.astype(jnp.float32)
+        m, v = jnp.mean(yf, axis=(0, 1, 2)), jnp.var(yf, axis=(0, 1, 2))
+        return ((yf - m) * jax.lax.rsqrt(v + 1e-5) * g + b).astype(y.dtype)
+
+    def block(w1, w2, g1, b1, g2, b2):
+        dn = ("NHWC", "HWIO", "NHWC")
+        y = jax.lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dn)
+        y = jax.nn.relu(bn(y, g1, b1))
+        y = jax.lax.conv_general_dilated(y, w2, (1, 1), "SAME", dimension_numbers=dn)
+        y = jax.nn.relu(bn(y, g2, b2) + x)
+        return jnp.mean(jnp.square(y.astype(jnp.float32)))
+    return jax.value_and_grad(block, argnums=(0, 1, 2, 3, 4, 5))(w1, w2, g1, b1, g2, b2)
+
+
+def lstm_grad(xs, wx, wh, b):
+    """value_and_grad over the weights of an LSTM run over xs [T, B, I] by lax.scan."""
+    import jax
+    import jax.numpy as jnp
+
+    def run(wx, wh, b):
+        def cell(carry, x):
+            h, c = carry
+            i, f, g, o = jnp.split(x @ wx + h @ wh + b, 4, axis=-1)
+            c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+            h = jax.nn.sigmoid(o) * jnp.tanh(c)
+            return (h, c), h
+        zeros = jnp.zeros((xs.shape[1], wh.shape[0]), xs.dtype)
+        _, hs = jax.lax.scan(cell, (zeros, zeros), xs)
+        return jnp.mean(jnp.square(hs))
+    return jax.value_and_grad(run, argnums=(0, 1, 2))(wx, wh, b)
+
+
+def more_args(r: np.random.Generator, name: str, small: bool = False) -> tuple:
+    """Arguments of kv_decode, moe_grad, conv_bn_grad and lstm_grad: realistic sizes, or
+    ``small`` ones for the CPU tests."""
+    import ml_dtypes
+    bf = ml_dtypes.bfloat16
+
+    def f32(*shape, scale=1.0):
+        return (r.standard_normal(shape) * scale).astype(np.float32)
+    if name == "kv_decode":
+        b, h, smax, dh = (2, 4, 64, 16) if small else (8, 16, 2048, 128)
+        d = h * dh
+        return (f32(b, h, smax, dh).astype(bf), f32(b, h, smax, dh).astype(bf),
+                f32(b, d).astype(bf), *(f32(d, d, scale=d ** -0.5).astype(bf) for _ in range(4)),
+                np.int32(smax // 2 + 5))
+    if name == "moe_grad":
+        t, d, e, f = (32, 16, 4, 32) if small else (4096, 1024, 8, 4096)
+        return (f32(t, d).astype(bf), f32(d, e, scale=d ** -0.5).astype(bf),
+                f32(e, d, f, scale=d ** -0.5).astype(bf), f32(e, f, d, scale=f ** -0.5).astype(bf))
+    if name == "conv_bn_grad":
+        n, hw, c = (2, 8, 16) if small else (32, 56, 64)
+        dt = np.float32 if small else bf
+        return (f32(n, hw, hw, c).astype(dt), f32(3, 3, c, c, scale=(9 * c) ** -0.5).astype(dt),
+                f32(3, 3, c, c, scale=(9 * c) ** -0.5).astype(dt), np.ones(c, np.float32),
+                np.zeros(c, np.float32), np.ones(c, np.float32), np.zeros(c, np.float32))
+    t, b, i, h = (12, 4, 8, 16) if small else (128, 64, 256, 512)
+    return (f32(t, b, i), f32(i, 4 * h, scale=i ** -0.5), f32(h, 4 * h, scale=h ** -0.5),
+            f32(4 * h, scale=0.1))
+
+
 def lion_shapes() -> dict[str, tuple[int, ...]]:
     """60 arrays: 6 blocks of 10 (matrices 256-1536 wide, biases, norms)."""
     shapes: dict[str, tuple[int, ...]] = {}
@@ -292,4 +402,15 @@ def programs() -> list[tuple]:
          "tied embedding, cross-entropy, AdamW (f32 params, bf16 activations)",
          functools.partial(gpt_train_step, heads=12), gpt_args(r, 4, 1024, 768, 2, 32000),
          0, 0, "bf16", 3e-2),
+        ("kv_decode", "decoding step with a KV cache: B8 H16 S2048 Dh128 bf16, cache update "
+         "at a position, one query's attention, projections", kv_decode,
+         more_args(r, "kv_decode"), 0, 0, "bf16", 3e-2),
+        ("moe_grad", "top-2 mixture of experts, 4096 tokens, D1024, 8 experts of 4096, dense "
+         "one-hot dispatch, value_and_grad (bf16)", moe_grad, more_args(r, "moe_grad"), 0, 0,
+         "bf16", 3e-2),
+        ("conv_bn_grad", "ResNet basic block N32 56x56 C64 bf16 NHWC (conv, batch norm, ReLU, "
+         "residual), value_and_grad", conv_bn_grad, more_args(r, "conv_bn_grad"), 0, 0,
+         "bf16", 3e-2),
+        ("lstm_grad", "LSTM by lax.scan, T128 B64 I256 H512 f32, value_and_grad", lstm_grad,
+         more_args(r, "lstm_grad"), 0, 0, "", 1e-4),
     ]

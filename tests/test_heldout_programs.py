@@ -1,6 +1,7 @@
 """The held-out programs of benchmarks/heldout_programs.py at small sizes: the same answer as
 jax.jit on the CPU backend, and the fusions the GPU benchmark relies on, deviceless."""
 import numpy as np
+import pytest
 
 import jax
 
@@ -99,3 +100,22 @@ def test_every_layers_attention_fuses_though_cse_shared_their_causal_mask():
     assert not _score_sized(c.module, scores)
     want = float(jax.jit(loss)(args[0], args[4]))
     assert abs(float(np.asarray(c(args[0], args[4]))) - want) <= 1e-3 * abs(want)
+
+
+@pytest.mark.parametrize("name,tol", [("kv_decode", 1e-2), ("moe_grad", 2e-2),
+                                      ("conv_bn_grad", 1e-5), ("lstm_grad", 1e-5)])
+def test_more_heldout_programs_equal_jax_jit(name, tol):
+    """A KV-cache decoding step, a top-2 mixture of experts' gradient, a ResNet block's
+    gradient and an LSTM's (lax.scan) gradient, at small sizes: every output as jax.jit's
+    on the CPU backend, with the default pipeline and with h200's."""
+    import benchmarks.heldout_programs as hp
+    fn = getattr(hp, name)
+    args = hp.more_args(np.random.default_rng(11), name, small=True)
+    want = jax.tree.leaves(jax.jit(fn)(*args))
+    for kw in ({}, {"target": "h200"}):
+        got = jax.tree.leaves(runtime.jit(fn, **kw)(*args))
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+            assert g.shape == w.shape
+            assert np.max(np.abs(g - w)) <= tol * max(np.max(np.abs(w)), 1e-30), (name, kw)
