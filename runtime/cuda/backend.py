@@ -472,6 +472,7 @@ class CudaExecutable:
         None: one kernel does it."""
         from codegen.triton import TritonCodegenError, compile_fusion
         from codegen.triton.kernel import classify
+        from codegen.triton.pdl import role as pdl_role
         from codegen.triton.reductions import finish_fusion, split_of, split_outputs
         if classify(fusion) != "rows":
             return None
@@ -481,7 +482,10 @@ class CudaExecutable:
         try:
             part = compile_fusion(fusion, target=self.target, autotune=self.autotune, split=plan)
             fin_fusion = finish_fusion(fusion, plan)
-            fin = compile_fusion(fin_fusion, target=self.target, autotune=self.autotune)
+            # HLOTK_PDL=split|all: the finishing kernel launches while the partials kernel
+            # runs and waits for it at its top (codegen/triton/pdl.py)
+            fin = compile_fusion(fin_fusion, target=self.target, autotune=self.autotune,
+                                 pdl=pdl_role("split_finish"))
         except TritonCodegenError:
             return None
         if fin.template == "generic":
