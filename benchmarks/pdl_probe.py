@@ -220,7 +220,55 @@ def pair(name: str, fn, args, jsonl: str, ticket: bool, modes: list[str]) -> Non
                 r["error"] = f"{type(e).__name__}: {e}"[:400]
                 traceback.print_exc()
             _emit(r, jsonl)
+    sweep(name, pairs[-1], min(copy_us), jsonl, time.perf_counter() + SWEEP_S)
     del pairs
+
+
+SWEEP_S = 15.0
+# (BLOCK_M kept columns, BLOCK_N partial rows a step, warps) of the finishing kernel; the
+# default is (8, 256, 4): 128 programs, one step over the 256 partial rows
+FINISH_CONFIGS = [(4, 256, 4), (16, 256, 4), (32, 256, 8), (8, 128, 4), (16, 64, 4)]
+# (BLOCK_N rows a step, warps) of the partials kernel (default (8, 8); chunks of 32 rows)
+PARTIALS_CONFIGS = [(16, 8), (16, 16), (8, 4), (8, 16), (4, 4)]
+
+
+def sweep(name: str, p: Pair, copy_us: float, jsonl: str, deadline: float) -> None:
+    """Configs of the pair's two kernels (same sources, Triton compiles each config),
+    the pair timed with the other kernel at its default; results bitwise equal to the
+    default's for finish configs (the same partials, another summation tree: compared
+    within 1e-6)."""
+    (k0, o0, i0), (k1, o1, i1) = p.launches
+    want = p.synced()
+    for what, configs in (("finish", FINISH_CONFIGS), ("partials", PARTIALS_CONFIGS)):
+        for c in configs:
+            if time.perf_counter() > deadline:
+                print(f"# {name}: sweep budget spent", flush=True)
+                return
+            k = k1 if what == "finish" else k0
+            cfg = dict(k.config, num_warps=c[-1])
+            if what == "finish":
+                cfg.update(BLOCK_M=c[0], BLOCK_N=c[1])
+            else:
+                cfg.update(BLOCK_N=c[0])
+            r = {"case": name, "what": f"{what}_config", "pdl_mode": p.mode, "config": cfg}
+
+            def run():
+                k0.launch(o0, i0, config=cfg if what == "partials" else None)
+                k1.launch(o1, i1, config=cfg if what == "finish" else None)
+            try:
+                run()
+                import torch
+                torch.cuda.synchronize()
+                r["max_rel_err"] = max(float((a.double() - b.double()).abs().max()
+                                             / max(float(b.double().abs().max()), 1e-30))
+                                       for a, b in zip(p.outs, want))
+                r["us"] = replay_us(run)
+                if what == "partials":
+                    r["partials_only_us"] = replay_us(lambda: k0.launch(o0, i0, config=cfg))
+                r["vs_copy"] = copy_us / r["us"]
+            except Exception as e:  # noqa: BLE001
+                r["error"] = f"{type(e).__name__}: {e}"[:300]
+            _emit(r, jsonl)
 
 
 # --- the ticketed tail (hand-made from the generated partials kernel) -------------------------
