@@ -15,6 +15,9 @@ an atomic counter after storing its partials; the last ``T`` to arrive wait unti
 partials are stored, then each reduces ``kept / T`` columns of the partials and stores the
 outputs; the last of them resets the counters. Timed and race-checked like the pair.
 
+``--sweep``: configs of the pair's two kernels under the last mode (the finish's tile and
+warps, the partials' rows a step and warps).
+
 ``--programs a,b``: many-kernel programs of the suite (``gpu_suite.programs``) under each
 mode: the executable's device time (its graph replay) and the call (do_bench), results
 against jax.jit.
@@ -169,7 +172,8 @@ class Pair:
         return [o.clone() for o in self.outs]
 
 
-def pair(name: str, fn, args, jsonl: str, ticket: bool, modes: list[str]) -> None:
+def pair(name: str, fn, args, jsonl: str, ticket: bool, modes: list[str],
+         configs: bool = False) -> None:
     """The pair under each of ``modes`` (compiled in this process, one after another),
     timed in alternation: mode A, mode B, ..., then again."""
     import torch
@@ -220,7 +224,8 @@ def pair(name: str, fn, args, jsonl: str, ticket: bool, modes: list[str]) -> Non
                 r["error"] = f"{type(e).__name__}: {e}"[:400]
                 traceback.print_exc()
             _emit(r, jsonl)
-    sweep(name, pairs[-1], min(copy_us), jsonl, time.perf_counter() + SWEEP_S)
+    if configs:
+        sweep(name, pairs[-1], min(copy_us), jsonl, time.perf_counter() + SWEEP_S)
     del pairs
 
 
@@ -409,6 +414,7 @@ def main() -> None:
     ap.add_argument("--jsonl", default="")
     ap.add_argument("--pairs", action="store_true")
     ap.add_argument("--ticket", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="configs of the pair's two kernels")
     ap.add_argument("--cases", default="resid_grad,ln_wgrad")
     ap.add_argument("--programs", default="")
     ap.add_argument("--modes", default="off,split", help="HLOTK_PDL modes, compared in one process")
@@ -422,7 +428,7 @@ def main() -> None:
                 continue
             t0 = time.perf_counter()
             try:
-                pair(name, fn, args, opts.jsonl, opts.ticket, opts.modes.split(","))
+                pair(name, fn, args, opts.jsonl, opts.ticket, opts.modes.split(","), opts.sweep)
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
                 print(f"{name}: {type(e).__name__}: {e}"[:300], flush=True)

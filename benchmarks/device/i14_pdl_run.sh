@@ -6,7 +6,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIE
 export HLOTK_CACHE_DIR=/tmp/hlotk_cache HLOTK_AUTOTUNE=0
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 python3 -c "import triton, torch; from triton.language.extra import cuda as c; print('triton', triton.__version__, 'torch', torch.__version__, 'gdc', hasattr(c, 'gdc_wait'))"
-timeout 110 python3 benchmarks/pdl_probe.py --pairs --ticket --modes off,split --jsonl $OUT/pdl.jsonl > $OUT/pairs.log 2>&1; echo "pairs rc $?"
+timeout 110 python3 benchmarks/pdl_probe.py --pairs --ticket --sweep --modes off,split --jsonl $OUT/pdl.jsonl > $OUT/pairs.log 2>&1; echo "pairs rc $?"
 HLOTK_PDL=split timeout 75 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_pdl.py tests/test_column_tiles.py tests/test_reduction_templates.py > $OUT/test_split.log 2>&1; echo "tests (split) rc $?"; tail -3 $OUT/test_split.log
 timeout 65 python3 benchmarks/pdl_probe.py --programs adam_step,mlp_train --modes off,all,split --jsonl $OUT/pdl.jsonl > $OUT/programs.log 2>&1; echo "programs rc $?"
 HLOTK_PDL=all timeout 35 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_runtime.py -k "graphs_and_no_graphs" > $OUT/test_all.log 2>&1; echo "tests (all) rc $?"; tail -3 $OUT/test_all.log

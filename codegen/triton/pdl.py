@@ -20,11 +20,17 @@ Roles of a generated kernel (``Pdl``):
   and no program of this kernel is left waiting for an SM the next one holds). Harmless
   when the next kernel is launched normally.
 
-``HLOTK_PDL`` picks which kernels get roles: ``off`` (none), ``split`` (a split
-reduction's partials kernel signals, its finishing kernel waits: the pair from
-``runtime/cuda/backend.py``), ``all`` (every generated kernel waits and signals: an
-experiment for many-kernel graphs). Nothing is emitted under Triton's interpreter (it has
-no grid dependency control) or where the installed Triton has no ``gdc_wait``.
+``HLOTK_PDL`` picks which kernels get roles: ``off`` (none, the default), ``split`` (a
+split reduction's partials kernel signals, its finishing kernel waits: the pair from
+``runtime/cuda/backend.py``), ``all`` (every generated kernel waits and signals). Nothing
+is emitted under Triton's interpreter (it has no grid dependency control) or where the
+installed Triton has no ``gdc_wait``.
+
+Measured on the H200 (graph replays, benchmarks/NOTES.md, i14-pdl), hence off by default:
+``split`` made transformer_train's split LN gradients slower, not faster (80 MiB pair 37.7
+-> 41.1 us, 32 MiB 23.1 -> 26.9; the captured graph did hold the programmatic edge and the
+results were bitwise those of a synced run); ``all`` took adam_step's 16 loop kernels from
+0.194 to 0.184 ms of device time (-5%) but mlp_train from 1.122 to 1.131 ms (+0.8%).
 """
 from __future__ import annotations
 
