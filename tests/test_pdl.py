@@ -96,6 +96,14 @@ def test_bad_mode_and_kind_raise_the_codegen_error(monkeypatch):
         pdl.role("gemm")
 
 
+def test_bad_mode_fails_the_compile_not_each_kernel(monkeypatch):
+    # (kernels compiled with a bad mode would each fall back to the host otherwise)
+    monkeypatch.setenv(pdl.ENV, "1")
+    x = np.ones((8, 16), np.float32)
+    with pytest.raises(TritonCodegenError, match="HLOTK_PDL='1'"):
+        runtime.jit(lambda x: jnp.sum(x, 0), backend="cuda").lower(x).compile()
+
+
 # --- generated source and config --------------------------------------------------------------
 def test_split_pair_source_and_config(monkeypatch):
     # Codegen only (nothing launched): the finishing kernel's first statement is the wait

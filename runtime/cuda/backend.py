@@ -152,7 +152,9 @@ class CudaExecutable:
         self.assignment = assignment
         self.target = target or default_target(self.device)
         from codegen.triton.autotune import autotune_level
+        from codegen.triton.pdl import mode as pdl_mode
         self.autotune = autotune_level(autotune)
+        pdl_mode()    # a bad HLOTK_PDL raises here, not as every kernel's host fallback
         self.poison = _env_flag("HLOTK_POISON_ARENA", False) if poison is None else poison
         graphs = _env_flag("HLOTK_CUDA_GRAPHS", True) if cuda_graphs is None else cuda_graphs
         self.graphs = GraphSettings(enabled=bool(graphs) and self.on_gpu)
