@@ -206,10 +206,11 @@ def pair(name: str, fn, args, jsonl: str, ticket: bool, modes: list[str],
     if ticket:
         p = pairs[0]
         k0, o0, i0 = p.launches[0]
-        for T in (16, 32, 64):
-            r = {"case": name, "what": "ticket", "T": T, "bytes": nbytes, "base_mode": p.mode}
+        for T, pb in TICKETS:
+            r = {"case": name, "what": "ticket", "T": T, "PB": pb, "bytes": nbytes,
+                 "base_mode": p.mode}
             try:
-                tk = TicketKernel(k0, T)
+                tk = TicketKernel(k0, T, pb)
                 fin = [torch.empty_like(o) for o in p.outs]
 
                 def trun():
@@ -276,6 +277,11 @@ def sweep(name: str, p: Pair, copy_us: float, jsonl: str, deadline: float) -> No
             _emit(r, jsonl)
 
 
+# (T finishers, PB partial rows a step). i14-pdl's call ran PB=64 (4 dependent L2 round
+# trips per finisher; slower than the two-kernel pair at every T); PB=256 reads them in one.
+TICKETS = [(16, 64), (32, 64), (64, 64), (64, 256), (32, 256)]
+
+
 # --- the ticketed tail (hand-made from the generated partials kernel) -------------------------
 TAIL = '''
     # ticketed tail (benchmarks/pdl_probe.py): the last T programs to store their partials
@@ -322,7 +328,7 @@ class TicketKernel:
     """The generated partials kernel ``k`` (sum reducers into f32, one kept dim, whole
     rows per program) with the ticketed tail; outputs f32 [kept]."""
 
-    def __init__(self, k, T: int) -> None:
+    def __init__(self, k, T: int, pb: int = 64) -> None:
         import importlib.util
         import tempfile
         import torch
@@ -335,7 +341,7 @@ class TicketKernel:
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         self.fn = getattr(mod, name)
-        self.k, self.T = k, T
+        self.k, self.T, self.pb = k, T, pb
         self.parts = int(k.output_shapes[0].dims[0])
         self.kept = int(k.output_shapes[0].dims[1])
         self.cnt = torch.zeros(2, dtype=torch.int32, device="cuda")
@@ -349,7 +355,7 @@ class TicketKernel:
         cfg.pop("launch_pdl", None)
         grid = k.plan.grid(dict(cfg))
         kw = dict(cfg, num_warps=warps, num_stages=stages, cnt=self.cnt, NPARTS=self.parts,
-                  T=self.T, KEPT=self.kept, PB=min(64, self.parts))
+                  T=self.T, KEPT=self.kept, PB=min(self.pb, self.parts))
         for j, f in enumerate(fin):
             kw[f"fin{j}"] = f
             kw[f"sf{j}"] = int(f.stride(0))
