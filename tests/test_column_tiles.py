@@ -190,3 +190,52 @@ def test_gpu_mlp_bias_gradient_and_views():
     run(lambda x: jnp.sum(x, 0), x)
     for pitch in (1000, 1001):
         test_split_column_sum_on_views_of_any_row_pitch(pitch)
+
+
+def _split_fusion_of(fn, *args) -> Instruction:
+    """The split column reduction fusion of ``fn`` after the h200 CUDA pipeline (nothing
+    runs: arguments only give shapes)."""
+    from passes.fusion.pass_ import with_target
+    from passes.pipelines import pipeline_spec
+    from runtime.tools import compile_module
+    m = runtime.jit(fn, pipeline="none").lower(*args).module
+    compile_module(m, with_target(pipeline_spec("default", "cuda"), "h200"), backend="cuda")
+    found = [i for c in m.computations for i in c.instructions
+             if i.opcode == "fusion" and split_of(i.attrs["calls"]) is not None]
+    assert len(found) == 1, [i.name for i in found]
+    return found[0]
+
+
+@pytest.mark.parametrize("case,warps", [("resid", 4), ("ln", 8), ("relu_bias", 8)])
+def test_split_partials_warps_follow_the_tile_registers(case, warps):
+    # transformer_train's 80 MiB residual gradient (3 bf16 + 1 f32 inputs, two sums: ~144
+    # registers a step at 8 warps) runs its partials kernel at 4 warps (35.2 -> 31.5 us on
+    # the H200, i14-pdl); the bf16 LN gradients (~96) and mlp_train's ReLU/bias split
+    # (128) stay at 8, where they measured faster.
+    from codegen.triton.reductions import analyze, tile_registers
+    z16 = np.zeros((4, 2048, 1024), jnp.bfloat16)
+    z32 = np.zeros((4, 2048, 1024), np.float32)
+    if case == "resid":
+        def f(a, b, c, d):
+            s = ((a + b) + c).astype(jnp.float32)
+            return s.sum((0, 1)), (d * s).sum((0, 1))
+        args, need = (z16, z16, z16, z32), 144
+    elif case == "ln":
+        def f(x, mu, rs, dy):
+            dyf = dy.astype(jnp.float32)
+            return dyf.sum((0, 1)), (((x.astype(jnp.float32) - mu) * rs) * dyf).sum((0, 1))
+        col = np.zeros((4, 2048, 1), np.float32)
+        args, need = (z16, col, col, z16), 96
+    else:
+        def f(g, h, b):
+            sel = jnp.where(h + b > 0, g, 0.0)
+            return sel, jnp.sum(sel, 0)
+        g = np.zeros((2048, 4096), np.float32)
+        args, need = (g, g, np.zeros((4096,), np.float32)), 128
+    fusion = _split_fusion_of(f, *args)
+    sp = split_of(fusion.attrs["calls"])
+    a = analyze(fusion.attrs["calls"])
+    assert tile_registers(a, sp.block_m * sp.block_n // 256) == need
+    part = compile_fusion(fusion, target="h200", split=sp)
+    assert part.config["num_warps"] == warps
+    assert {c["num_warps"] for c in part.plan.candidates} == {4, 8}   # autotuning tries both

@@ -25,6 +25,8 @@ from hlo.ir import Computation, Instruction
 from codegen.cache import KernelCache, cache_root, content_key
 
 from . import direct_launch, jit_hash
+from . import pdl as pdl_mod
+from .pdl import Pdl
 from .autotune import autotune_level, needs_timing, tune, tuned_config
 from .canonical import canonical_text
 from .elemental import Emitter, TritonCodegenError, helpers_for
@@ -204,7 +206,8 @@ def _header(fusion: Instruction, comp: Computation, template: str, name: str) ->
 
 
 def _generate(fusion: Instruction, template: str, round_narrow: bool,
-              split: Optional[Split] = None) -> tuple[str, Plan, Emitter]:
+              split: Optional[Split] = None, pdl: Pdl = pdl_mod.NONE
+              ) -> tuple[str, Plan, Emitter]:
     comp: Computation = fusion.attrs["calls"]
     em = Emitter(fusion.name, round_narrow)
     params = sorted(comp.parameters, key=lambda p: p.parameter_number)
@@ -242,12 +245,15 @@ def _generate(fusion: Instruction, template: str, round_narrow: bool,
     parts = [_header(fusion, comp, plan.template, name), "",
              "import triton", "import triton.language as tl"]
     parts.append("from triton.language.extra import libdevice" if not interpret_mode() else "")
+    if pdl:
+        parts.append(pdl_mod.IMPORT)
     helpers = helpers_for("\n".join(list(em.combine_fns.values()) + em.lines), interpret_mode())
     if helpers:
         parts += ["", "", helpers]
     for src in em.combine_fns.values():
         parts += ["", src]
     parts += ["", "@triton.jit", f"def {name}({sig}):"]
+    parts += pdl_mod.prologue(pdl)    # before any load (pdl.py)
     parts += em.lines
     return "\n".join(parts) + "\n", plan, em
 
@@ -265,7 +271,7 @@ def _write_partial(fusion: Instruction, err: TritonCodegenError) -> Path:
 
 def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: bool | int = 0,
                    round_narrow_each_op: bool = True, template: Optional[str] = None,
-                   split: Optional[Split] = None) -> TritonKernel:
+                   split: Optional[Split] = None, pdl: Optional[Pdl] = None) -> TritonKernel:
     """Generate (or fetch from the cache) the Triton kernel for one ``fusion`` instruction.
 
     ``template``: force gemm | rows | loop | generic (default: chosen from the fusion).
@@ -274,6 +280,9 @@ def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: 
     exhaustive; ``codegen.triton.autotune``); a config already tuned for this kernel
     source, device and Triton version is used without measuring. ``split``: the partials
     kernel of a split reduction (``reductions.split_of``); its outputs are the partials.
+    ``pdl``: the kernel's part in programmatic dependent launch (``pdl.py``); None: what
+    ``HLOTK_PDL`` gives a kernel (a split reduction's partials kernel, with ``split``).
+    Dropped where PDL is unavailable (Triton's interpreter).
     """
     if fusion_inst.opcode != "fusion":
         raise TritonCodegenError(f"%{fusion_inst.name} is a {fusion_inst.opcode}, not a fusion")
@@ -283,10 +292,14 @@ def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: 
         (["generic"] if first != "generic" else [])
     if split is not None:
         order = ["rows"]
+    if pdl is None:
+        pdl = pdl_mod.role("split_partials" if split is not None else "kernel")
+    elif pdl and pdl_mod.unavailable():
+        pdl = pdl_mod.NONE
     last_err: Optional[Exception] = None
     for t in order:
         try:
-            source, plan, em = _generate(fusion_inst, t, round_narrow_each_op, split)
+            source, plan, em = _generate(fusion_inst, t, round_narrow_each_op, split, pdl)
             break
         except NotTileable as e:
             last_err = e
@@ -309,9 +322,16 @@ def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: 
         path = Path(tempfile.mkdtemp(prefix="hlotk_triton_")) / f"{key}.py"
         path.write_text(source)
     params = sorted(comp.parameters, key=lambda p: p.parameter_number)
+    if pdl.wait:
+        # launched with the PDL attribute (Triton's compile option; the metadata carries it
+        # to the launch): in every config, those autotuning tries included
+        plan.config = dict(plan.config, launch_pdl=True)
+        plan.candidates = [dict(c, launch_pdl=True) for c in plan.candidates]
     cfg = dict(plan.config)
     level = autotune_level(autotune)
     tuned = tuned_config(key) if level else None
+    if tuned is not None and pdl.wait:
+        tuned = dict(tuned, launch_pdl=True)
     from passes.fusion.cost_model import get_device, predict
     from passes.fusion.kinds import fusion_kind
     est = predict(fusion_inst, target)

@@ -536,11 +536,39 @@ def _single(em: Emitter, a: Analysis, big: bool) -> Plan:
                 lambda c: (max(1, -(-M // c["BLOCK_M"])),), cands)
 
 
+# Registers a thread has at 8 warps with 2 programs per SM (64K per SM / 512 threads); the
+# split partials kernels compiled for sm_90 used exactly 128 at 8 warps (ptxas -v).
+WARP8_REGISTERS = 128
+
+
+def tile_registers(a: Analysis, per_thread: int) -> float:
+    """A rough count of the 32-bit registers one step of a column tile holds per thread,
+    ``per_thread`` elements each: one lane accumulator per reduction value, the loaded
+    values of every full-shaped input and the values of every full-shaped output (4-byte
+    registers hold 2 bf16 or 1 f32)."""
+    accs = sum(len(_reduce_parts(r)[1]) for r in a.reduces)
+    full = math.prod(a.full_dims)
+    nbytes = sum(p.shape.dtype.bits // 8 for p in a.params
+                 if p.shape.is_array and math.prod(p.shape.dims) == full)
+    nbytes += sum(o.shape.dtype.bits // 8 for o, k in zip(a.outs, a.out_kind) if k == "full")
+    return per_thread * (accs + nbytes / 4)
+
+
 def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan:
     if a.column:
         BM = split.block_m if split else column_block_m(a, split=False)
         BN = split.block_n if split else max(16, min(next_pow2(a.R), 8192 // BM))
         warps = 8 if BM * BN >= 8192 else 4
+        if split is not None and warps == 8 and \
+                tile_registers(a, BM * BN // (32 * warps)) > WARP8_REGISTERS:
+            # A split column tile whose loads and lane accumulators need more registers
+            # than a thread of 8 warps has at 2 programs per SM: 4 warps (255 each).
+            # transformer_train's 80 MiB residual gradient (3 bf16 + 1 f32 inputs, two
+            # sums; ~144 estimated): its partials kernel 35.2 -> 31.5 us at 4 warps, while
+            # the bf16 LN gradients (~96) ran 20.7 at 8 warps and 26.5 at 4 (H200 graph
+            # replays, i14-pdl); mlp_train's ReLU/bias split (128) measured 8 warps faster
+            # too (34.1 vs 34.5, i14-colred).
+            warps = 4
     else:
         BM, BN = 1, split.block_n if split else ROW_TILE
         warps = 8 if a.width <= 2 else 4

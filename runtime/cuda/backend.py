@@ -152,7 +152,9 @@ class CudaExecutable:
         self.assignment = assignment
         self.target = target or default_target(self.device)
         from codegen.triton.autotune import autotune_level
+        from codegen.triton.pdl import mode as pdl_mode
         self.autotune = autotune_level(autotune)
+        pdl_mode()    # a bad HLOTK_PDL raises here, not as every kernel's host fallback
         self.poison = _env_flag("HLOTK_POISON_ARENA", False) if poison is None else poison
         graphs = _env_flag("HLOTK_CUDA_GRAPHS", True) if cuda_graphs is None else cuda_graphs
         self.graphs = GraphSettings(enabled=bool(graphs) and self.on_gpu)
@@ -472,6 +474,7 @@ class CudaExecutable:
         None: one kernel does it."""
         from codegen.triton import TritonCodegenError, compile_fusion
         from codegen.triton.kernel import classify
+        from codegen.triton.pdl import role as pdl_role
         from codegen.triton.reductions import finish_fusion, split_of, split_outputs
         if classify(fusion) != "rows":
             return None
@@ -481,7 +484,10 @@ class CudaExecutable:
         try:
             part = compile_fusion(fusion, target=self.target, autotune=self.autotune, split=plan)
             fin_fusion = finish_fusion(fusion, plan)
-            fin = compile_fusion(fin_fusion, target=self.target, autotune=self.autotune)
+            # HLOTK_PDL=split|all: the finishing kernel launches while the partials kernel
+            # runs and waits for it at its top (codegen/triton/pdl.py)
+            fin = compile_fusion(fin_fusion, target=self.target, autotune=self.autotune,
+                                 pdl=pdl_role("split_finish"))
         except TritonCodegenError:
             return None
         if fin.template == "generic":
