@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hlo.ir import Instruction
+from hlo.layout_util import major_to_minor
 from hlo.ops import COLLECTIVE, CONTROL_FLOW, ELEMENTWISE
 
 from ..layout_assignment import eight_bit_dot
@@ -200,6 +201,12 @@ def check_group(state: FusionState, instances: list[Instruction], members: list[
         if relayout:
             return no(f"%{relayout[0].name} lays out an 8-bit operand of %{dot.name} K-major "
                       "for the tensor cores; fused back, the GEMM would read it in the old order")
+        moved = [o for o in dot.operands if id(o) in ids and _moves_minor_dim(o)]
+        if moved:
+            return no(f"%{moved[0].name} ({moved[0].opcode}) changes which dim of %{dot.name}'s "
+                      "operand is contiguous; fused back, the GEMM would read its tiles across "
+                      "the old order (one element per memory segment): it runs as its own "
+                      "transpose kernel")
         if len(outs) > 1:
             return no("a GEMM fusion has one output; "
                       + ", ".join("%" + o.name for o in outs) + " are all read outside")
@@ -262,6 +269,26 @@ def can_merge(state: FusionState, producer: Group, consumer: Group,
         return no(f"fusing would create a cycle: %{name} is on another path from "
                   f"%{producer.label} to %{consumer.label}")
     return YES
+
+
+def _moves_minor_dim(inst: Instruction) -> bool:
+    """Whether a copy or transpose makes another logical dim the contiguous one: element i
+    of its result's minor dim sits a whole row apart from element i+1 in its operand. (A
+    mixture-of-experts einsum's [T, D, E] operand re-laid out E-major for a batched GEMM:
+    fused as the GEMM's prologue it ran at a tenth of the library's rate.)"""
+    if inst.opcode not in ("copy", "transpose") or not inst.shape.is_array or \
+            inst.shape.rank < 2:
+        return False
+    src = inst.operands[0]
+    if not src.shape.is_array:
+        return False
+    out_minor = major_to_minor(inst.shape.layout, inst.shape.rank)[-1]
+    if inst.opcode == "transpose":
+        out_minor = tuple(inst.attrs.get("dimensions", ()))[out_minor]
+    src_minor = major_to_minor(src.shape.layout, src.shape.rank)[-1]
+    size = inst.operands[0].shape.dims
+    # Moving a dim of size 1 changes no addresses.
+    return out_minor != src_minor and size[src_minor] > 1 and size[out_minor] > 1
 
 
 def can_duplicate(state: FusionState, producer: Group, consumer: Group,
