@@ -169,6 +169,21 @@ class TargetRules:
         inputs, which the tensor cores want, NCHW (``bf01``/OIHW) otherwise."""
         dl = inst.attrs["dim_labels"]
         nhwc = inst.operands[0].shape.dtype.name in ("f16", "bf16", "s8", "u8")
+        if _weight_gradient(inst):
+            # jax.grad's weight gradient labels the activations' batch as the conv's
+            # feature and their channels as its batch (f01b, i01o). cuDNN's backward-filter
+            # (codegen/library/cudnn.py) reads the activations and the output gradient as
+            # themselves: in their own NHWC (NCHW), which the forward and the batch norm
+            # around it use too. In the conv's labels instead, they were laid out with the
+            # image batch minor, and every fusion writing or reducing them strided.
+            lhs = [dl.input_feature, *dl.input_spatial, dl.input_batch] if nhwc else \
+                [dl.input_feature, dl.input_batch, *dl.input_spatial]
+            rhs = [dl.kernel_input_feature, *dl.kernel_spatial, dl.kernel_output_feature] \
+                if nhwc else [dl.kernel_input_feature, dl.kernel_output_feature,
+                              *dl.kernel_spatial]
+            out = [dl.output_batch, *dl.output_spatial, dl.output_feature] if nhwc else \
+                [dl.output_batch, dl.output_feature, *dl.output_spatial]
+            return lhs, rhs, out
         if nhwc:
             return ([dl.input_batch, *dl.input_spatial, dl.input_feature],
                     [dl.kernel_output_feature, *dl.kernel_spatial, dl.kernel_input_feature],
@@ -179,6 +194,13 @@ class TargetRules:
 
 
 # --- helpers ----------------------------------------------------------------------------------
+def _weight_gradient(inst: Instruction) -> bool:
+    """Whether the CUDA backend runs this convolution as cuDNN's backward-filter."""
+    from codegen.library.cudnn import plan
+    p = plan(inst)
+    return p is not None and p.kind == "filter_grad"
+
+
 def _attention_dots(module: Module) -> frozenset[int]:
     """ids of the dots the fusion pass will turn into flash-attention kernels (forward
     and backward)."""

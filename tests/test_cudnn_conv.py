@@ -479,3 +479,35 @@ def test_zoo_conv_programs(cache_dir, name):
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5,
                                    atol=1e-5 * max(float(np.abs(np.asarray(w)).max()), 1.0))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_weight_gradient_reads_the_activations_in_their_own_layout(dtype):
+    """For the GPU, the weight gradient's operands (the activations and the output gradient,
+    labelled f01b / i01o by jax.grad) keep their own NHWC (16-bit) or NCHW order: the
+    forward conv and the batch norm around it use the same, and no fusion writes or
+    reduces them with the image batch minor (a ResNet block's batch norm had)."""
+    import runtime
+    from hlo.layout_util import major_to_minor
+    from passes.pipelines import PIPELINES
+    dt = ml_dtypes.bfloat16 if dtype == "bf16" else np.float32
+    x = np.random.default_rng(0).standard_normal((4, 8, 8, 16)).astype(dt)
+    k = (np.random.default_rng(1).standard_normal((3, 3, 16, 16)) * 0.1).astype(dt)
+    specs = ("NHWC", "HWIO", "NHWC") if dtype == "bf16" else ("NCHW", "OIHW", "NCHW")
+    if dtype == "f32":
+        x, k = x.transpose(0, 3, 1, 2).copy(), k.transpose(3, 2, 0, 1).copy()
+
+    def loss(k):
+        y = jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=specs)
+        return jnp.sum(jnp.square(y.astype(jnp.float32)))
+    c = runtime.jit(jax.grad(loss), target="h200", pipeline=PIPELINES["default"]["cuda"]) \
+        .lower(k).compile()
+    grads = [i for comp in c.module.computations for i in comp.instructions
+             if i.opcode == "convolution" and plan(i) is not None and plan(i).kind == "filter_grad"]
+    assert len(grads) == 1, c.as_text()
+    for operand in grads[0].operands:
+        assert major_to_minor(operand.shape.layout, 4) == (0, 1, 2, 3), operand.to_text()
+    want = np.asarray(jax.jit(jax.grad(loss))(k), np.float32)
+    got = np.asarray(c(k), np.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-2 if dtype == "bf16" else 1e-4,
+                               atol=2e-2 * np.abs(want).max())
