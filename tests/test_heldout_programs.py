@@ -119,3 +119,16 @@ def test_more_heldout_programs_equal_jax_jit(name, tol):
             g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
             assert g.shape == w.shape
             assert np.max(np.abs(g - w)) <= tol * max(np.max(np.abs(w)), 1e-30), (name, kw)
+
+
+def test_a_decoding_step_is_not_a_flash_attention_and_says_why():
+    """One query row per head over a KV cache: the dots stay library GEMMs (the flash
+    kernel's grid would be one program per head), and explain-fusion says so."""
+    import benchmarks.heldout_programs as hp
+    from passes.fusion import report_for
+    args = hp.more_args(np.random.default_rng(3), "kv_decode", small=True)
+    c = runtime.jit(hp.kv_decode, target="h200").lower(*args).compile()
+    kinds = [fusion_kind(i) for i in c.module.entry.instructions if i.opcode == "fusion"]
+    assert "attention" not in kinds, kinds
+    reasons = [d.reason for d in report_for(c.module).decisions if d.action == "attention"]
+    assert any("1 query row(s) per batch and head (a decoding step)" in r for r in reasons)
