@@ -378,7 +378,10 @@ def test_zoo_normalized_back_to_default_layouts(name: str):
 
 def test_transposes_removed_in_the_zoo():
     """The count the pass reports, on programs whose transposes feed dots or get undone."""
+    # The zoo's transformer block has 8 query rows per head: its attention runs as library
+    # dots (fewer than 16 rows are a decoding step to the attention matcher, not a flash
+    # kernel reading its operands in place), and the head transposes feeding them stay.
     _zoo(by_name("transformer_block"), ZOO_SPEC)
-    assert LayoutAssignment.last_stats["transposes_removed"] == 1
+    assert LayoutAssignment.last_stats["transposes_removed"] == 0
     _zoo(by_name("mlp_train_step"), ZOO_SPEC)
     assert LayoutAssignment.last_stats["transposes_removed"] == 2

@@ -155,3 +155,27 @@ ENTRY e {
   ROOT f = f32[2,48,64]{2,1,0} fusion(p), kind=kLoop, calls=fc
 }""")
     assert transpose_tile_dims(m.entry.root.attrs["calls"]) is None
+
+
+@needs_kernels
+def test_large_transpose_with_a_dim_of_8_is_tiled():
+    """A [T, D, 8] array re-laid out with the 8 major (a mixture-of-experts dispatch made
+    expert-major for the batched GEMM): from 2^20 elements a tile of [8, 128] reads and
+    writes whole runs (as a loop kernel it read each sector for 2 of its elements). The
+    ragged D (not a multiple of 128) exercises the masks."""
+    m, exe = build("""HloModule m
+ENTRY e {
+  p = bf16[1024,136,8]{2,1,0} parameter(0)
+  ROOT c = bf16[1024,136,8]{1,0,2} copy(p)
+}""")
+    assert templates(exe)["c"] == "transpose"
+    import ml_dtypes
+    x = np.random.default_rng(1).standard_normal((1024, 136, 8)).astype(ml_dtypes.bfloat16)
+    run_both(m, exe, [x])
+    small = hlo.parse_hlo("""HloModule m
+ENTRY e {
+  p = bf16[64,136,8]{2,1,0} parameter(0)
+  ROOT c = bf16[64,136,8]{1,0,2} copy(p)
+}""")
+    from runtime.cuda.thunks import one_instruction_fusion
+    assert transpose_tile_dims(one_instruction_fusion(small.entry.root).attrs["calls"]) is None

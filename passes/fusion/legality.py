@@ -291,6 +291,11 @@ def _moves_minor_dim(inst: Instruction) -> bool:
     return out_minor != src_minor and size[src_minor] > 1 and size[out_minor] > 1
 
 
+def _minor_of(inst: Instruction) -> int:
+    """The logical dim ``inst``'s result holds contiguously."""
+    return major_to_minor(inst.shape.layout, inst.shape.rank)[-1]
+
+
 def can_duplicate(state: FusionState, producer: Group, consumer: Group,
                   max_operands: int = 96, max_size: int = 256) -> Decision:
     """May ``producer`` be recomputed inside ``consumer`` (the original stays for others)?"""
@@ -346,6 +351,11 @@ def can_fuse_siblings(state: FusionState, a: Group, b: Group,
         return no(ATTENTION_FINAL)
     if any(i.opcode == "dot" for i in a.instances() + b.instances()):
         return no("GEMM fusions are not merged with siblings")
+    relayouts = [next((i for i in g.instances() if _moves_minor_dim(i)), None) for g in (a, b)]
+    if all(relayouts) and _minor_of(relayouts[0]) != _minor_of(relayouts[1]):
+        return no(f"%{relayouts[0].name} and %{relayouts[1].name} re-lay out data with "
+                  "different contiguous dims; together no tile reads and writes whole runs, "
+                  "apart each is a transpose kernel")
     members = a.members + b.members
     instances = members + [c for c in a.copies + b.copies if c not in members]
     d = check_group(state, instances, members, {a.id, b.id}, "", max_operands, max_size)
