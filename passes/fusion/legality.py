@@ -207,6 +207,12 @@ def check_group(state: FusionState, instances: list[Instruction], members: list[
                       "operand is contiguous; fused back, the GEMM would read its tiles across "
                       "the old order (one element per memory segment): it runs as its own "
                       "transpose kernel")
+        moved = [i for i in instances if i is not dot and id(i) not in
+                 {id(o) for o in dot.operands} and _moves_minor_dim(i)]
+        if moved:
+            return no(f"%{moved[0].name} ({moved[0].opcode}) re-lays out %{dot.name}'s result "
+                      "with another dim contiguous; in the epilogue the GEMM would store its "
+                      "tiles across that order: it runs as its own transpose kernel")
         if len(outs) > 1:
             return no("a GEMM fusion has one output; "
                       + ", ".join("%" + o.name for o in outs) + " are all read outside")
