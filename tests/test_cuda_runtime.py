@@ -102,14 +102,23 @@ def test_zoo_in_cpu_mode(name):
 
 @interpret
 def test_thunk_kinds_and_report():
+    # lax.scan over 6 steps: a counted loop (hlo/trip_count.py), its body run 6 times with
+    # no predicate read back, so the whole program is capturable.
     prog = by_name("scan_rnn")
     exe = executable_of(compiled_cuda(prog.fn, *prog.args()))
     kinds = exe.kernel_count()
-    assert kinds.get("while") == 1 and kinds.get("kernel", 0) >= 2 and kinds.get("library-call", 0) >= 1
+    assert kinds.get("loop") == 1 and kinds.get("kernel", 0) >= 2 and kinds.get("library-call", 0) >= 1
+    assert "while" not in kinds
     text = exe.describe()
-    assert "while %" in text and "(host-driven)" in text and "cublas.mm" in text
+    assert "(6 trips, counted: no predicate read)" in text and "cublas.mm" in text
+    assert all(t.capturable for t in exe.sequence.thunks)
     exe.run(list(jax.tree_util.tree_leaves(prog.args())), output="numpy")
     assert exe.stats["loop_iterations"] == 6
+    # A data-dependent loop stays host-driven.
+    prog = by_name("while_loop_newton")
+    with x64_scope(prog):
+        exe = executable_of(compiled_cuda(prog.fn, *prog.args()))
+    assert exe.kernel_count().get("while") == 1 and "(host-driven)" in exe.describe()
     # select-and-scatter (max pooling's gradient) has no device thunk: one host fallback,
     # named in the report.
     prog = by_name("conv_grad_maxpool_grad")

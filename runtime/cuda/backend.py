@@ -42,6 +42,7 @@ from hlo.evaluator.core import EvalContext, Evaluator
 from hlo.errors import InvalidArgumentError
 from hlo.ir import Computation, Instruction, Module
 from hlo.limits import check_arena, check_module
+from hlo.trip_count import known_trip_count
 from passes.buffer_assignment import BufferAssignment, assign_buffers
 from passes.dataflow import array_leaves
 from passes.fusion.kinds import fusion_kind
@@ -54,11 +55,15 @@ from .errors import NoCudaDeviceError
 from .graphs import GraphSegment, GraphSettings, segment
 from .linalg_calls import linalg_call_thunk
 from .torch_ops import DEVICE_OPS, device_op_thunk
-from .thunks import (BytesCopyThunk, ConditionalThunk, CopyThunk, HostThunk, KernelThunk,
-                     LibraryThunk, RunContext, SequenceThunk, Thunk, WhileThunk,
-                     one_instruction_fusion)
+from .thunks import (BytesCopyThunk, ConditionalThunk, CopyThunk, CountedLoopThunk,
+                     HostThunk, KernelThunk, LibraryThunk, RunContext, SequenceThunk, Thunk,
+                     WhileThunk, one_instruction_fusion)
 
 _LIBRARY_OPS = {"dot", "convolution"}
+# A counted loop is unrolled into the program's CUDA graph up to this many body thunks in
+# all (trips x thunks per trip); a longer one stays host-driven (its graph would be large
+# and slow to capture four times for the native path).
+MAX_UNROLLED_THUNKS = 8192
 _NO_THUNK = {"parameter", "constant", "tuple", "get-tuple-element", "optimization-barrier"}
 # Never worth asking the Triton generator for (no template takes them).
 _HOST_ONLY = {"sort", "scatter", "rng", "rng-bit-generator", "rng-get-and-update-state",
@@ -247,7 +252,14 @@ class CudaExecutable:
             return [BytesCopyThunk(inst, [src], [dst])]
         if op == "while":
             cond = inst.attrs["condition"]
-            return [WhileThunk(inst, self._sequence(cond), self._sequence(inst.attrs["body"]),
+            body = [t for b in inst.attrs["body"].instructions for t in self._thunks(b)]
+            trips = known_trip_count(inst)
+            if trips is not None and all(t.capturable for t in body) and \
+                    trips * len(body) <= MAX_UNROLLED_THUNKS:
+                return [CountedLoopThunk(inst, body, trips)]
+            if self.on_gpu:
+                body = segment(body, self._dynamic)
+            return [WhileThunk(inst, self._sequence(cond), SequenceThunk(None, body),
                                self.leaves(cond.root)[()])]
         if op == "conditional":
             if "branch_computations" in inst.attrs:

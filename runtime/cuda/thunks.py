@@ -333,6 +333,38 @@ class WhileThunk(Thunk):
         yield from self.body.walk()
 
 
+class CountedLoopThunk(Thunk):
+    """A ``while`` whose trip count is known (``hlo.trip_count``: lax.scan, fori_loop with
+    static bounds): the body's thunks run that many times, the predicate never read back.
+    Capturable when the body is: one CUDA graph then holds every iteration (an LSTM's
+    scan of 128 steps ran 177 us of host work per step, host-driven)."""
+    kind = "loop"
+
+    def __init__(self, inst: Instruction, body: list[Thunk], trips: int):
+        super().__init__(inst)
+        self.body, self.trips = body, trips
+
+    @property
+    def capturable(self) -> bool:              # type: ignore[override]
+        return all(t.capturable for t in self.body)
+
+    def run(self, mem: Memory, ctx: RunContext) -> None:
+        for _ in range(self.trips):
+            for t in self.body:
+                t.run(mem, ctx)
+        ctx.stats["loop_iterations"] = ctx.stats.get("loop_iterations", 0) + self.trips
+
+    def describe(self, depth: int = 0) -> str:
+        pad = "  " * depth
+        return (f"{pad}while %{self.inst.name} ({self.trips} trips, counted: no predicate "
+                f"read)\n{pad} body:\n" + "\n".join(t.describe(depth + 1) for t in self.body))
+
+    def walk(self):
+        yield self
+        for t in self.body:
+            yield from t.walk()
+
+
 class ConditionalThunk(Thunk):
     """Host-driven conditional: read the predicate / branch index, run that branch."""
     kind = "conditional"
