@@ -786,7 +786,9 @@ def test_host_control_flow_takes_the_python_path_with_the_same_answer():
     import runtime
     from runtime.cuda import executable_of
     dev = _jax_gpu()
-    fn = lambda v: lax.fori_loop(0, 3, lambda i, c: c * 2 + i, v)  # noqa: E731
+    # A data-dependent loop (a counted one, fori_loop(0, 3), is one graph: see below).
+    fn = lambda v: lax.while_loop(lambda c: c[0] < 40.0,  # noqa: E731
+                                  lambda c: (c[0] * 2 + 1, c[1] * 2), (v[0], v))[1]
     x = jax.device_put(np.ones(8, np.float32), dev)
     f = runtime.jit(fn, backend="cuda")
     _close(f(x), jax.jit(fn)(x), 1e-6)
@@ -794,3 +796,9 @@ def test_host_control_flow_takes_the_python_path_with_the_same_answer():
     assert exe.native is None and "while" in exe.native_reason
     assert "host path: python" in exe.report()
     _close(f(x), jax.jit(fn)(x), 1e-6)      # later calls: the checked path, still right
+    counted = lambda v: lax.fori_loop(0, 3, lambda i, c: c * 2 + i, v)  # noqa: E731
+    g = runtime.jit(counted, backend="cuda")
+    _close(g(x), jax.jit(counted)(x), 1e-6)
+    _close(g(x), jax.jit(counted)(x), 1e-6)
+    exe = executable_of(g._cache[next(iter(g._cache))])
+    assert exe.native is not None, exe.native_reason
