@@ -446,3 +446,31 @@ def test_entry_output_that_is_a_bitcast_of_a_fresh_value_owns_it_without_a_copy(
     got = hlo.evaluate(m, [x])
     np.testing.assert_allclose(got[0], np.exp(x), rtol=1e-6)
     np.testing.assert_array_equal(got[1], x.reshape(12))
+
+
+def test_a_scans_stacked_output_is_updated_in_place_without_a_state_copy():
+    """A scan writes row i of its stacked output each step (dynamic-update-slice of the
+    state leaf): the update lands in the state buffer itself, with no state-update copy
+    (which moved the whole stack every step); the other readers of the old stack run
+    before it, and the poisoned run (temporaries filled with NaN) equals jax.jit."""
+    def f(xs, w):
+        def step(h, x):
+            h = jnp.tanh(h @ w + x)
+            return h, h * 2.0
+        return jax.lax.scan(step, jnp.zeros(xs.shape[1:], xs.dtype), xs)
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((6, 3, 4)).astype(np.float32)
+    w = (rng.standard_normal((4, 4)) * 0.3).astype(np.float32)
+    c = runtime.jit(f, poison=True).lower(xs, w).compile()
+    loop = next(i for i in c.module.entry.instructions if i.opcode == "while")
+    body = loop.attrs["body"]
+    flow = Dataflow(c.module)
+    state = body.parameters[0]
+    stacked = [k for k, e in enumerate(body.root.shape.elements) if e.dims == (6, 3, 4)]
+    assert stacked
+    for k in stacked:
+        v = body.root.operands[k]
+        assert v.opcode != "copy", v.to_text()
+        assert flow.buffer_set(v) is flow.buffer_set(state, (k,))
+    for g, want in zip(jax.tree.leaves(c(xs, w)), jax.tree.leaves(jax.jit(f)(xs, w))):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-6, atol=1e-6)

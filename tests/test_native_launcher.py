@@ -509,10 +509,16 @@ def test_host_control_flow_keeps_the_python_path():
     from jax import lax
     from runtime.cuda.native import launcher
     x = np.ones(8, np.float32)
-    exe = _exe(lambda v: lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2),
+    # The trip count depends on the data: the predicate is read back every iteration.
+    exe = _exe(lambda v: lax.while_loop(lambda c: c[1][0] < 40.0, lambda c: (c[0] + 1, c[1] * 2),
                                         (0, v))[1], x)
     assert "host control flow" in launcher.program_reason(exe)
     assert "while" in launcher.program_reason(exe)
+    # Counting from a constant to a constant: the body runs 3 times, no predicate read,
+    # nothing keeps the program off one graph (hlo/trip_count.py).
+    exe = _exe(lambda v: lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2),
+                                        (0, v))[1], x)
+    assert launcher.program_reason(exe) is None
 
 
 @needs_torch

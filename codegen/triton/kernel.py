@@ -34,6 +34,7 @@ from .reductions import Split, legacy as legacy_reductions
 from .reductions import rows_template as reduction_rows_template
 from .templates import (NotTileable, Plan, gemm_template, loop_template, outputs_of, rows_template,
                         transpose_tile_dims, transpose_template)
+from .update_slice import update_slice_template
 
 GENERATOR_VERSION = "triton-1"
 _CACHE = KernelCache("triton")
@@ -58,7 +59,7 @@ def kernel_name(comp: Computation) -> str:
 
 
 def classify(fusion: Instruction) -> str:
-    """Which template to try first: gemm | rows | transpose | loop."""
+    """Which template to try first: gemm | rows | update_slice | transpose | loop."""
     try:
         from passes.fusion.kinds import fusion_kind
         kind = fusion_kind(fusion)
@@ -70,6 +71,10 @@ def classify(fusion: Instruction) -> str:
         return "gemm"
     if kind in ("normalization", "input") or "reduce" in opcodes:
         return "rows"
+    root = comp.root
+    if root.opcode == "dynamic-update-slice" and root.operands[0].opcode == "parameter" \
+            and len(root.operands[0].users) == 1:
+        return "update_slice"
     return "transpose" if transpose_tile_dims(comp) is not None else "loop"
 
 
@@ -227,6 +232,8 @@ def _generate(fusion: Instruction, template: str, round_narrow: bool,
                     else reduction_rows_template(em, comp, big, split=split))
         elif template == "transpose":
             plan = transpose_template(em, comp, big)
+        elif template == "update_slice":
+            plan = update_slice_template(em, comp, big)
         else:
             plan = loop_template(em, comp, big, generic=(template == "generic"))
     except TritonCodegenError as e:
@@ -288,7 +295,7 @@ def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: 
         raise TritonCodegenError(f"%{fusion_inst.name} is a {fusion_inst.opcode}, not a fusion")
     comp: Computation = fusion_inst.attrs["calls"]
     first = template or classify(fusion_inst)
-    order = [first] + (["loop"] if first == "transpose" else []) + \
+    order = [first] + (["loop"] if first in ("transpose", "update_slice") else []) + \
         (["generic"] if first != "generic" else [])
     if split is not None:
         order = ["rows"]

@@ -47,6 +47,9 @@ class Plan:
     candidates: list[dict] = field(default_factory=list)   # configs autotuning may try
     # The kernel's outputs when they are not the fusion's (a split reduction's partials).
     output_shapes: Optional[list[Shape]] = None
+    # The parameter whose values the output must already hold: the kernel writes only a
+    # window of it (update_slice.py); None for kernels that write every output element.
+    in_place: Optional[int] = None
 
 
 def outputs_of(comp: Computation) -> list[Instruction]:

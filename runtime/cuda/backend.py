@@ -297,7 +297,7 @@ class CudaExecutable:
             return [self._flash_attention(inst)]
         if op == "fusion":
             t = self._kernel(inst, inst, wrapped=False)
-            return list(t.thunks) if isinstance(t, SplitThunk) else [t]
+            return list(t.thunks) if isinstance(t, SplitThunk) else _operand_first(t)
         if op == "copy":
             if all(ar.torch_dtype(s.shape.dtype) is not None for s in self.leaves(inst).values()):
                 ins = [self.leaves(inst.operands[0])[ix] for ix in self.leaves(inst)]
@@ -319,7 +319,7 @@ class CudaExecutable:
         if op in _HOST_ONLY or inst.is_side_effecting:
             return [self._host(inst, "no kernel generator for this op")]
         t = self._kernel(inst, one_instruction_fusion(inst), wrapped=True)
-        return list(t.thunks) if isinstance(t, SplitThunk) else [t]
+        return list(t.thunks) if isinstance(t, SplitThunk) else _operand_first(t)
 
     def _flash_attention(self, inst: Instruction) -> Thunk:
         """A flash-attention fusion (forward, maybe with its row max and sum, or backward):
@@ -908,6 +908,20 @@ def scratch_like(view: Any) -> Any:
     shift = 0 if view.data_ptr() % 16 == 0 else 1      # elements: 2+ bytes each
     buf = torch.empty(extent + shift, dtype=view.dtype, device=view.device)
     return torch.as_strided(buf, tuple(view.shape), tuple(view.stride()), shift)
+
+
+def _operand_first(t: Thunk) -> list[Thunk]:
+    """``[t]``, or ``[copy of the operand into the output, t]`` where ``t``'s kernel writes
+    only a window of its output (an in-place dynamic-update-slice, ``Plan.in_place``) and
+    buffer assignment did not give the output the operand's buffer."""
+    plan = getattr(getattr(t, "kernel", None), "plan", None)
+    p = getattr(plan, "in_place", None)
+    if not isinstance(t, KernelThunk) or p is None:
+        return [t]
+    src, dst = t.inputs[p], t.outputs[0]
+    if (src.allocation, src.offset) == (dst.allocation, dst.offset):
+        return [t]
+    return [BytesCopyThunk(t.inst, [src], [dst]), t]
 
 
 class SplitThunk(SequenceThunk):
