@@ -395,3 +395,28 @@ def test_gemm_fusion_the_template_cannot_tile_is_split_into_cublas_and_loops():
         for t in exe.thunks())
     np.testing.assert_allclose(np.asarray(c(x, w, r), np.float32),
                                np.asarray(jax.jit(f)(x, w, r), np.float32), rtol=2e-2, atol=2e-2)
+
+
+@interpret
+def test_update_slices_write_their_window_in_place_or_after_a_copy():
+    """A dynamic-update-slice fusion runs as a kernel over the update window alone
+    (codegen/triton/update_slice.py): into a scan's stacked state in place, with no copy;
+    into an argument it may not overwrite after a copy of the argument into the result."""
+    def scan(xs, w):
+        return lax.scan(lambda h, x: (jnp.tanh(h @ w + x),) * 2, jnp.zeros(4, jnp.float32), xs)
+
+    def cache(c, k, pos):
+        return lax.dynamic_update_slice(c, k * 2.0, (pos, 0))
+    rng = np.random.default_rng(4)
+    xs = rng.standard_normal((7, 4)).astype(np.float32)
+    w = (rng.standard_normal((4, 4)) * 0.3).astype(np.float32)
+    c0 = rng.standard_normal((16, 8)).astype(np.float32)
+    k = rng.standard_normal((3, 8)).astype(np.float32)
+    for fn, args, copies in ((scan, (xs, w), 0), (cache, (c0, k, np.int32(14)), 1)):
+        c = compiled_cuda(fn, *args)
+        exe = executable_of(c)
+        windows = [t for t in exe.thunks() if getattr(getattr(t, "kernel", None), "template",
+                                                        "") == "update_slice"]
+        assert windows, exe.describe()
+        assert exe.kernel_count().get("bytes-copy", 0) == copies, exe.describe()
+        check_close(c(*args), jax.jit(fn)(*args), 1e-6, 1e-6)
