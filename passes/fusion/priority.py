@@ -11,7 +11,7 @@ priority fusion.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Optional
 
 from .legality import YES, Decision, no
 from .policy import (Candidate, benefit_us, estimates, producer_consumer_candidates,
@@ -46,6 +46,30 @@ class PriorityPolicy:
             return known[1]
         value = self._priority(c, state)
         state.priorities[key] = (est, value)
+        return value
+
+    def priority_bound(self, c: Candidate, state: FusionState) -> Optional[float]:
+        """An upper bound of ``priority(c, state)`` that needs no estimate of the fused
+        kernel, or None (the fusion loop then asks for the priority): the loop estimates a
+        candidate only when its bound reaches the top of its ranking (pass_.run_ranked).
+        For a merge: the benefit is the two groups' times apart (their own estimates,
+        which the exact priority sums too) less the fused kernel's, which is at least a
+        launch when it computes anything (cost_model.estimate_kernel); the other terms of
+        ``_priority`` only lower a positive benefit or give 1e-3. Float subtraction is
+        monotonic, so the bound holds as computed."""
+        if c.action != "merge" or type(self)._priority is not PriorityPolicy._priority \
+                or c.key in state._candidates:
+            return None
+        p, g = c.producer, c.consumer
+        ep, eg = state.node_estimate(p), state.node_estimate(g)
+        # Kept while both groups' own estimates are the objects it came from: the state
+        # drops a group's estimate whenever its readers change, and the bound depends on
+        # nothing else that changes (the groups' contents never do).
+        known = state.bounds.get(c.key)
+        if known is not None and known[0] is ep and known[1] is eg:
+            return known[2]
+        value = max((ep + eg).time_us - state.merged_floor_us(p, g), 1e-3)
+        state.bounds[c.key] = (ep, eg, value)
         return value
 
     def _priority(self, c: Candidate, state: FusionState) -> float:
