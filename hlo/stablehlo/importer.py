@@ -18,8 +18,7 @@ from ..attrs import FrontendAttributes, Raw
 from ..errors import HloImportError
 from ..ir import Computation, Instruction, Module
 from ..shape import AnyShape, Shape, TupleShape
-from .mlir_utils import (LazyLocation, isa, location_metadata, make_context, short_location,
-                         to_shape)
+from .mlir_utils import (isa, location_metadata, make_context, short_location, to_shape)
 
 # op name -> rule(importer, scope, op) -> Instruction | list[Instruction] | None
 OP_RULES: dict[str, Callable] = {}
@@ -226,7 +225,7 @@ class Importer:
         arg_attrs = _array_of_dicts(f, "arg_attrs")
         for i, a in enumerate(block.arguments):
             name = _loc_name(a.location) if entry else ""
-            p = self._param(comp, i, to_shape(a.type, LazyLocation(a.location)), name)
+            p = self._param(comp, i, to_shape(a.type, short_location(a.location)), name)
             if i < len(arg_attrs):
                 d = arg_attrs[i]
                 if "mhlo.sharding" in d:
