@@ -140,12 +140,15 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
     naming it dropped by a duplicate): nothing else changes a priority, so a bound stays
     valid while its entry lives. Exact entries popped and not taken go back after the
     round. Siblings are scored every round, as before, and come after the groups'
-    candidates of equal priority. ``audit``: called each round with group id -> (candidate
-    list, exact priority or bound per candidate, which are exact) (tests)."""
-    from .policy import group_candidates, sibling_candidates
+    candidates of equal priority (last round's, scored, while ``sibling_stamp`` and the
+    state's epoch say they are the same). ``audit``: called each round with group id ->
+    (candidate list, exact priority or bound per candidate, which are exact) (tests)."""
+    from .policy import group_candidates, sibling_candidates, sibling_stamp
     said: dict[tuple, tuple[bool, str]] = {}
     rejected: dict[tuple, Decision] = {}
     bound = getattr(policy, "priority_bound", None)
+    last_stamp: Optional[tuple] = None
+    scored: list[tuple] = []
     # group id -> [candidate list, key value per candidate (-priority or -bound),
     #              whether that value is exact]
     ranked: dict[int, list] = {}
@@ -175,10 +178,19 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
                 heapq.heappush(heap, (values[j], gid, j, exact[j], next(seq), entry))
         if audit is not None:
             audit(ranked)
-        siblings = [(-policy.priority(c, state), s, c) for s, c in
-                    enumerate(sibling_candidates(state))] \
-            if policy.siblings else []       # type: ignore[attr-defined]
-        heapq.heapify(siblings)
+        if policy.siblings:                  # type: ignore[attr-defined]
+            # Scored again only when a value they come from has other group readers or a
+            # duplicate dropped estimates (the epoch): else they are last round's, whose
+            # priorities come from the same estimates.
+            stamp = (state.epoch, sibling_stamp(state))
+            if stamp != last_stamp:
+                scored = [(-policy.priority(c, state), s, c) for s, c in
+                          enumerate(sibling_candidates(state))]
+                heapq.heapify(scored)
+                last_stamp = stamp
+            siblings = list(scored)
+        else:
+            siblings = []
         popped: list[tuple] = []      # this round's exact entries not taken: back after it
         taken = None
         while True:

@@ -104,6 +104,10 @@ class FusionState:
         # of those read by two groups or more, ids of values whose group readers were
         # dropped since): shared_values
         self._shared: dict[int, tuple[dict[int, int], set[int], set[int]]] = {}
+        # Bumped when shared_values looks again at a value whose group readers were dropped:
+        # sibling candidates (pairs of those readers) are as they were while it and the
+        # epoch stay (pass_.run_ranked keeps the round's scored siblings).
+        self.shared_version = 0
         self._user_nodes: dict[int, list[Node]] = {}          # inst id -> user_nodes
         self._pc_candidates: dict[int, dict[tuple, list]] = {}  # group id -> flags -> list
         self.epoch = 0        # bumped when readers change in ways merges do not (duplicates)
@@ -340,6 +344,7 @@ class FusionState:
         for vid in dropped:
             k = index.get(vid)
             if k is not None:
+                self.shared_version += 1      # a value's group readers may have changed
                 if len(self.group_readers(big[k])) > 1:
                     shared.add(vid)
                 else:
