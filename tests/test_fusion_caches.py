@@ -200,7 +200,7 @@ def test_ranked_loop_rankings_are_current(monkeypatch, name):
     import copy
 
     from passes.fusion import pass_
-    from passes.fusion.policy import group_candidates
+    from passes.fusion.policy import group_candidates, sibling_candidates
     fn, args = (_adam, _adam_args()) if name == "adam" else \
         (by_name(name).fn, by_name(name).args())
     rounds, stale, bounds = [], [], []
@@ -224,6 +224,10 @@ def test_ranked_loop_rankings_are_current(monkeypatch, name):
                         bounds.append(not exact[j])
                         if (exact[j] and v != fresh[j]) or (not exact[j] and v > fresh[j]):
                             stale.append((gid, j))
+                for c in sibling_candidates(state):    # their bounds, made each round
+                    ub = policy.priority_bound(c, state)
+                    if ub is not None and ub < policy._priority(c, state):
+                        stale.append(c.key)
             finally:
                 state.__dict__.clear()
                 state.__dict__.update(saved)

@@ -139,10 +139,11 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
     ``FusionState.changed`` names it (made, its candidate list dropped, or estimates
     naming it dropped by a duplicate): nothing else changes a priority, so a bound stays
     valid while its entry lives. Exact entries popped and not taken go back after the
-    round. Siblings are scored every round, as before, and come after the groups'
-    candidates of equal priority (last round's, scored, while ``sibling_stamp`` and the
-    state's epoch say they are the same). ``audit``: called each round with group id ->
-    (candidate list, exact priority or bound per candidate, which are exact) (tests)."""
+    round. Siblings are ranked the same way (bounds, made exact on top) in a heap of their
+    own each round, and come after the groups' candidates of equal priority; the round's
+    heap is last round's while ``sibling_stamp`` and the state's epoch say the siblings are
+    the same. ``audit``: called each round with group id -> (candidate list, exact
+    priority or bound per candidate, which are exact) (tests)."""
     from .policy import group_candidates, sibling_candidates, sibling_stamp
     said: dict[tuple, tuple[bool, str]] = {}
     rejected: dict[tuple, Decision] = {}
@@ -184,8 +185,12 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
             # priorities come from the same estimates.
             stamp = (state.epoch, sibling_stamp(state))
             if stamp != last_stamp:
-                scored = [(-policy.priority(c, state), s, c) for s, c in
-                          enumerate(sibling_candidates(state))]
+                # (-priority or -bound, position, exact, candidate), as the groups' entries
+                scored = []
+                for s, c in enumerate(sibling_candidates(state)):
+                    ub = bound(c, state) if bound is not None else None
+                    scored.append((-policy.priority(c, state), s, True, c) if ub is None
+                                  else (-ub, s, False, c))
                 heapq.heapify(scored)
                 last_stamp = stamp
             siblings = list(scored)
@@ -208,7 +213,13 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
                 popped.append(e)
                 c = e[5][0][e[2]]
             elif siblings:
-                c = heapq.heappop(siblings)[2]
+                if not siblings[0][2]:
+                    # A sibling's bound on top (a group candidate at least as high would
+                    # have been taken first): its priority, in its place.
+                    _, s, _, c = heapq.heappop(siblings)
+                    heapq.heappush(siblings, (-policy.priority(c, state), s, True, c))
+                    continue
+                c = heapq.heappop(siblings)[3]
             else:
                 break
             d = _decide(c, state, policy, rejected, max_operands, max_size)

@@ -52,12 +52,12 @@ class PriorityPolicy:
         """An upper bound of ``priority(c, state)`` that needs no estimate of the fused
         kernel, or None (the fusion loop then asks for the priority): the loop estimates a
         candidate only when its bound reaches the top of its ranking (pass_.run_ranked).
-        For a merge: the benefit is the two groups' times apart (their own estimates,
-        which the exact priority sums too) less the fused kernel's, which is at least a
-        launch when it computes anything (cost_model.estimate_kernel); the other terms of
-        ``_priority`` only lower a positive benefit or give 1e-3. Float subtraction is
-        monotonic, so the bound holds as computed."""
-        if c.action != "merge" or type(self)._priority is not PriorityPolicy._priority \
+        For a merge or siblings: the benefit is the two groups' times apart (their own
+        estimates, which the exact priority sums too) less the fused kernel's, which is at
+        least ``FusionState.merged_floor_us``; the other terms of ``_priority`` only lower
+        a positive benefit, give 1e-3 (a merge) or subtract the siblings' penalty. Float
+        subtraction is monotonic, so the bound holds as computed."""
+        if c.action == "duplicate" or type(self)._priority is not PriorityPolicy._priority \
                 or c.key in state._candidates:
             return None
         p, g = c.producer, c.consumer
@@ -69,6 +69,8 @@ class PriorityPolicy:
         if known is not None and known[0] is ep and known[1] is eg:
             return known[2]
         value = max((ep + eg).time_us - state.merged_floor_us(p, g), 1e-3)
+        if c.action == "sibling":
+            value -= SIBLING_PENALTY
         state.bounds[c.key] = (ep, eg, value)
         return value
 

@@ -409,7 +409,8 @@ class FusionState:
         out = self._summaries.get(g.id)
         if out is None:
             facts = self._facts.facts
-            instances = g.instances()
+            # each instance once: the merged kernel holds each at least once
+            instances = list({id(i): i for i in g.instances()}.values())
             ids = {id(i) for i in instances}
             reads: dict[int, list[int]] = {}
             for i in instances:
