@@ -215,7 +215,7 @@ def test_ranked_loop_rankings_are_current(monkeypatch, name):
                 if isinstance(v, (dict, set)):
                     setattr(state, k, copy.copy(v))
             try:
-                for gid, (cands, values, exact) in ranked.items():
+                for gid, (cands, values, exact, _) in ranked.items():
                     now = group_candidates(state, state.groups[gid])
                     fresh = [-policy._priority(c, state) for c in now]
                     if now is not cands:

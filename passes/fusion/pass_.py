@@ -129,34 +129,42 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
     ``run_policy`` walks ``sorted((-priority, k))`` over one round's candidates (k: the
     position in the enumeration: each group's list, groups in the state's order, which is
     their ids' order, then the siblings): the order of (-priority, group id, index in the
-    group's list). Here one heap, kept across rounds, holds an entry per candidate of
-    every live group, keyed so: with its exact priority, or, until it is asked for, with
-    an upper bound of it (``PriorityPolicy.priority_bound``; a candidate without one is
-    scored when its group is ranked). A popped bound is replaced by the exact priority,
-    pushed back; a popped exact entry is then the best of all candidates, as sorting would
-    give (every other entry's key is at most its candidate's priority, ties broken by
-    (group id, index) alike). A group is ranked again (its entries replaced) when
-    ``FusionState.changed`` names it (made, its candidate list dropped, or estimates
-    naming it dropped by a duplicate): nothing else changes a priority, so a bound stays
-    valid while its entry lives. Exact entries popped and not taken go back after the
-    round. Siblings are ranked the same way (bounds, made exact on top) in a heap of their
-    own each round, and come after the groups' candidates of equal priority; the round's
-    heap is last round's while ``sibling_stamp`` and the state's epoch say the siblings are
-    the same. ``audit``: called each round with group id -> (candidate list, exact
-    priority or bound per candidate, which are exact) (tests)."""
+    group's list). Here each live group keeps a heap of its candidates keyed so, with the
+    exact priority or, until it is asked for, an upper bound of it
+    (``PriorityPolicy.priority_bound``; a candidate without one is scored when its group
+    is ranked), and one heap kept across rounds holds each group's top. A bound popped
+    from it is replaced by the exact priority, in the group's heap; an exact entry popped
+    is then the best of all candidates, as sorting would give (every other key is at most
+    its candidate's priority, ties broken by (group id, index) alike), and the group's
+    next one takes its place. A group is ranked again (its heap made anew) when
+    ``FusionState.changed`` names it (made, its candidate list dropped, or estimates naming
+    it dropped by a duplicate): nothing else changes a priority, so a bound stays valid
+    while its heap lives. Exact entries popped and not taken go back after the round.
+    Siblings are ranked the same way in a heap of their own, and come after the groups'
+    candidates of equal priority; the round's sibling heap is last round's while
+    ``sibling_stamp`` and the state's epoch say the siblings are the same. ``audit``:
+    called each round with group id -> (candidate list, exact priority or bound per
+    candidate, which are exact, the group's heap) (tests)."""
     from .policy import group_candidates, sibling_candidates, sibling_stamp
     said: dict[tuple, tuple[bool, str]] = {}
     rejected: dict[tuple, Decision] = {}
     bound = getattr(policy, "priority_bound", None)
     last_stamp: Optional[tuple] = None
     scored: list[tuple] = []
-    # group id -> [candidate list, key value per candidate (-priority or -bound),
-    #              whether that value is exact]
+    # group id -> [candidate list, key value per candidate (-priority or -bound), whether
+    #              that value is exact, the group's heap of (value, index, exact)]
     ranked: dict[int, list] = {}
-    # (-priority or -bound, group id, index, exact, seq, entry): seq keeps entries of one
-    # position apart (the entry lists are never compared).
+    # (-priority or -bound, group id, index, exact, seq, entry): each group's top, when it
+    # was pushed (an entry is live while it is still its group's top); seq keeps entries
+    # of one position apart (the entry lists are never compared).
     heap: list[tuple] = []
     seq = itertools.count()
+
+    def push_top(gid: int, entry: list) -> None:
+        if entry[3]:
+            value, j, exact = entry[3][0]
+            heapq.heappush(heap, (value, gid, j, exact, next(seq), entry))
+
     applied = 0
     while True:
         for gid in state.take_changed():
@@ -167,16 +175,14 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
             cands = group_candidates(state, g)
             values: list[float] = []
             exact: list[bool] = []
-            entry = ranked[gid] = [cands, values, exact]
-            for j, c in enumerate(cands):
+            for c in cands:
                 ub = bound(c, state) if bound is not None else None
-                if ub is None:
-                    values.append(-policy.priority(c, state))
-                    exact.append(True)
-                else:
-                    values.append(-ub)
-                    exact.append(False)
-                heapq.heappush(heap, (values[j], gid, j, exact[j], next(seq), entry))
+                values.append(-policy.priority(c, state) if ub is None else -ub)
+                exact.append(ub is None)
+            gheap = [(values[j], j, exact[j]) for j in range(len(cands))]
+            heapq.heapify(gheap)
+            entry = ranked[gid] = [cands, values, exact, gheap]
+            push_top(gid, entry)
         if audit is not None:
             audit(ranked)
         if policy.siblings:                  # type: ignore[attr-defined]
@@ -199,19 +205,27 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
         popped: list[tuple] = []      # this round's exact entries not taken: back after it
         taken = None
         while True:
-            while heap and ranked.get(heap[0][1]) is not heap[0][5]:
-                heapq.heappop(heap)   # a group gone or ranked again
+            while heap:
+                top = heap[0]
+                entry = ranked.get(top[1])
+                if entry is top[5] and entry[3] and entry[3][0][1] == top[2] \
+                        and entry[3][0][2] == top[3]:
+                    break
+                heapq.heappop(heap)   # a group gone or ranked again, or not its top now
             if heap and not heap[0][3]:
                 # A bound on top: the candidate's priority, in its place.
                 _, gid, j, _, _, entry = heapq.heappop(heap)
+                heapq.heappop(entry[3])
                 value = entry[1][j] = -policy.priority(entry[0][j], state)
                 entry[2][j] = True
-                heapq.heappush(heap, (value, gid, j, True, next(seq), entry))
+                heapq.heappush(entry[3], (value, j, True))
+                push_top(gid, entry)
                 continue
             if heap and (not siblings or heap[0][0] <= siblings[0][0]):
-                e = heapq.heappop(heap)
-                popped.append(e)
-                c = e[5][0][e[2]]
+                _, gid, j, _, _, entry = heapq.heappop(heap)
+                popped.append((gid, entry, heapq.heappop(entry[3])))
+                push_top(gid, entry)          # the group's next candidate
+                c = entry[0][j]
             elif siblings:
                 if not siblings[0][2]:
                     # A sibling's bound on top (a group candidate at least as high would
@@ -229,8 +243,10 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
                 break
         if taken is None:
             return applied
-        for e in popped:
-            heapq.heappush(heap, e)
+        for gid, entry, item in popped:
+            if ranked.get(gid) is entry:
+                heapq.heappush(entry[3], item)
+                push_top(gid, entry)
         apply(taken, state)
         applied += 1
 

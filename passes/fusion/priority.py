@@ -61,13 +61,15 @@ class PriorityPolicy:
                 or c.key in state._candidates:
             return None
         p, g = c.producer, c.consumer
-        ep, eg = state.node_estimate(p), state.node_estimate(g)
         # Kept while both groups' own estimates are the objects it came from: the state
         # drops a group's estimate whenever its readers change, and the bound depends on
         # nothing else that changes (the groups' contents never do).
         known = state.bounds.get(c.key)
-        if known is not None and known[0] is ep and known[1] is eg:
-            return known[2]
+        if known is not None:
+            own = state._node_estimates       # by group id (node_estimate's cache)
+            if own.get(p.id) is known[0] and own.get(g.id) is known[1]:
+                return known[2]
+        ep, eg = state.node_estimate(p), state.node_estimate(g)
         value = max((ep + eg).time_us - state.merged_floor_us(p, g), 1e-3)
         if c.action == "sibling":
             value -= SIBLING_PENALTY
