@@ -40,9 +40,11 @@ def _adam(params, grads, m, v, step):
     return out
 
 
-def _adam_args() -> tuple:
+def _adam_args(big: bool = False) -> tuple:
     r = np.random.RandomState(0)
     shapes = {"w1": (64, 128), "b1": (128,), "w2": (128, 64), "b2": (64,), "g": (64,)}
+    if big:     # arrays of 64 KiB and more: sibling candidates (policy.sibling_candidates)
+        shapes = {"w1": (256, 128), "b1": (128,), "w2": (128, 256), "b2": (256,), "g": (64,)}
     tree = lambda s: {k: r.standard_normal(v).astype(np.float32) * s for k, v in shapes.items()}
     return tree(0.02), tree(1e-3), tree(1e-4), {k: np.abs(a) for k, a in tree(1e-6).items()}, \
         np.float32(3.0)
@@ -190,7 +192,7 @@ def test_a_policy_that_changes_priorities_goes_the_general_way():
     assert not pass_.ranks_by_group(Reversed())
 
 
-@pytest.mark.parametrize("name", ["adam", "transformer_block", "mlp_train_step"])
+@pytest.mark.parametrize("name", ["adam", "adam_big", "transformer_block", "mlp_train_step"])
 def test_ranked_loop_rankings_are_current(monkeypatch, name):
     """Every round, each live group's kept candidate list is its current one, each exact
     priority kept is what scoring the candidate afresh gives, and each bound kept in its
@@ -201,9 +203,9 @@ def test_ranked_loop_rankings_are_current(monkeypatch, name):
 
     from passes.fusion import pass_
     from passes.fusion.policy import group_candidates, sibling_candidates
-    fn, args = (_adam, _adam_args()) if name == "adam" else \
+    fn, args = (_adam, _adam_args(name == "adam_big")) if name.startswith("adam") else \
         (by_name(name).fn, by_name(name).args())
-    rounds, stale, bounds = [], [], []
+    rounds, stale, bounds, floors, siblings = [], [], [], [], []
     real_run = pass_.run_ranked
 
     def run(state, policy, *a):
@@ -224,9 +226,13 @@ def test_ranked_loop_rankings_are_current(monkeypatch, name):
                         bounds.append(not exact[j])
                         if (exact[j] and v != fresh[j]) or (not exact[j] and v > fresh[j]):
                             stale.append((gid, j))
+                floor = policy.sibling_floor(state)    # below every sibling's key
+                floors.append(floor)
                 for c in sibling_candidates(state):    # their bounds, made each round
+                    siblings.append(c.key)
                     ub = policy.priority_bound(c, state)
-                    if ub is not None and ub < policy._priority(c, state):
+                    exact = policy._priority(c, state)
+                    if (ub is not None and ub < exact) or -exact < floor:
                         stale.append(c.key)
             finally:
                 state.__dict__.clear()
@@ -235,8 +241,11 @@ def test_ranked_loop_rankings_are_current(monkeypatch, name):
     monkeypatch.setattr(pass_, "run_ranked", run)
     _compile(fn, args)
     assert len(rounds) > 3 and stale == []
-    if name == "adam":
+    if name.startswith("adam"):
         assert any(bounds)        # candidates ranked by a bound, never estimated until needed
+        assert all(f > float("-inf") for f in floors)   # no dot: siblings listed when needed
+    if name == "adam_big":
+        assert siblings           # the floor was checked against some
 
 
 def test_a_duplicate_marks_the_producers_of_the_dropped_estimates_changed():

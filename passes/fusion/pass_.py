@@ -151,6 +151,12 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
     bound = getattr(policy, "priority_bound", None)
     last_stamp: Optional[tuple] = None
     scored: list[tuple] = []
+    # A group candidate keyed at most this (-priority) comes before every sibling, whose
+    # priority is its benefit less SIBLING_PENALTY and its benefit at most the two groups'
+    # times: the round's siblings are not even listed while the best group candidate is
+    # such (-inf: always listed). PriorityPolicy.sibling_floor says why it holds.
+    floor = getattr(policy, "sibling_floor", None)
+    above_siblings = floor(state) if floor is not None else float("-inf")
     # group id -> [candidate list, key value per candidate (-priority or -bound), whether
     #              that value is exact, the group's heap of (value, index, exact)]
     ranked: dict[int, list] = {}
@@ -185,23 +191,7 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
             push_top(gid, entry)
         if audit is not None:
             audit(ranked)
-        if policy.siblings:                  # type: ignore[attr-defined]
-            # Scored again only when a value they come from has other group readers or a
-            # duplicate dropped estimates (the epoch): else they are last round's, whose
-            # priorities come from the same estimates.
-            stamp = (state.epoch, sibling_stamp(state))
-            if stamp != last_stamp:
-                # (-priority or -bound, position, exact, candidate), as the groups' entries
-                scored = []
-                for s, c in enumerate(sibling_candidates(state)):
-                    ub = bound(c, state) if bound is not None else None
-                    scored.append((-policy.priority(c, state), s, True, c) if ub is None
-                                  else (-ub, s, False, c))
-                heapq.heapify(scored)
-                last_stamp = stamp
-            siblings = list(scored)
-        else:
-            siblings = []
+        siblings: Optional[list] = None if policy.siblings else []  # type: ignore[attr-defined]
         popped: list[tuple] = []      # this round's exact entries not taken: back after it
         taken = None
         while True:
@@ -221,6 +211,21 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
                 heapq.heappush(entry[3], (value, j, True))
                 push_top(gid, entry)
                 continue
+            if siblings is None and not (heap and heap[0][0] <= above_siblings):
+                # The round's siblings, scored again only when a value they come from has
+                # other group readers or a duplicate dropped estimates (the epoch): else
+                # they are last round's, whose priorities come from the same estimates.
+                stamp = (state.epoch, sibling_stamp(state))
+                if stamp != last_stamp:
+                    # (-priority or -bound, position, exact, candidate), as the groups'
+                    scored = []
+                    for s, c in enumerate(sibling_candidates(state)):
+                        ub = bound(c, state) if bound is not None else None
+                        scored.append((-policy.priority(c, state), s, True, c) if ub is None
+                                      else (-ub, s, False, c))
+                    heapq.heapify(scored)
+                    last_stamp = stamp
+                siblings = list(scored)
             if heap and (not siblings or heap[0][0] <= siblings[0][0]):
                 _, gid, j, _, _, entry = heapq.heappop(heap)
                 popped.append((gid, entry, heapq.heappop(entry[3])))

@@ -76,6 +76,23 @@ class PriorityPolicy:
         state.bounds[c.key] = (ep, eg, value)
         return value
 
+    def sibling_floor(self, state: FusionState) -> float:
+        """A key (-priority) at or below which a candidate comes before every sibling
+        candidate of ``state``, or -inf. A sibling's priority is its benefit less
+        SIBLING_PENALTY, and its benefit at most its two groups' times apart. Where no
+        instruction of the computation is a dot or has tensor-core work (so no group is
+        priced split, split_gemm.py), each group's time is ``estimate_kernel``'s: a launch
+        plus the larger of memory time (reads and writes, each at most the bytes of all
+        the computation's values) and compute time (at most all its instructions'
+        arithmetic): ``FusionState.kernel_ceiling_us``. Float arithmetic is monotonic, so
+        the bound holds as computed."""
+        if type(self)._priority is not PriorityPolicy._priority:
+            return float("-inf")
+        ceiling = state.kernel_ceiling_us()
+        if ceiling is None:
+            return float("-inf")
+        return -((ceiling + ceiling) - SIBLING_PENALTY)
+
     def _priority(self, c: Candidate, state: FusionState) -> float:
         b = benefit_us(c, state)
         if b == 0.0 and _free(c):

@@ -123,6 +123,7 @@ class FusionState:
         # for the same reason as ``_work``.
         self._facts = KernelFacts(spec, SMALL_CONSTANT_ELEMENTS, self.work_of)
         self._summaries: dict[int, tuple] = {}     # group id -> _summary (contents fixed)
+        self._ceiling: Optional[tuple[Optional[float]]] = None   # kernel_ceiling_us
         # merge candidate key -> (the groups' own estimates it came from, its priority
         # bound) (priority.py)
         self.bounds: dict[tuple, tuple[Estimate, Estimate, float]] = {}
@@ -467,6 +468,32 @@ class FusionState:
         compute_us = 0.0 + (flops_a + flops_b) / spec.cuda_rate("fp32") \
             + (trans_a + trans_b) / spec.sfu_ops_per_us
         return spec.kernel_launch_us + max(memory_us, compute_us)
+
+    def kernel_ceiling_us(self) -> Optional[float]:
+        """An upper bound of any group's own estimate in this computation, or None where
+        an instruction is a dot or convolution or has tensor-core work (a group holding
+        one may be priced as several kernels, split_gemm.py). A group's kernel reads
+        distinct values of the computation and writes some of its members, so each is at
+        most the bytes of all its values; its arithmetic is at most all of theirs."""
+        if self._ceiling is None:
+            facts = self._facts.facts
+            total = 0
+            flops = trans = 0.0
+            ceiling: Optional[float] = None
+            for inst in self.comp.instructions:
+                w = facts(inst)[2]
+                if inst.opcode in ("dot", "convolution") or w.tensor_flops:
+                    break
+                total += array_bytes(inst.shape)
+                flops += w.flops
+                trans += w.transcendentals
+            else:
+                spec = self.spec
+                ceiling = spec.kernel_launch_us + max(
+                    (total + total) / spec.bytes_per_us,
+                    0.0 + flops / spec.cuda_rate("fp32") + trans / spec.sfu_ops_per_us)
+            self._ceiling = (ceiling,)
+        return self._ceiling[0]
 
     def node_outputs(self, g: Group) -> list[Instruction]:
         """``outputs(g.members, {g.id})``: the members ``g``'s own kernel writes (do not
