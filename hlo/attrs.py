@@ -8,6 +8,7 @@ Insertion order is printing order.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -255,8 +256,14 @@ class FrontendAttributes:
         return "{" + ",".join(f"{k}={quote(v)}" for k, v in self.items) + "}"
 
 
+# A character quote() escapes (a backslash, a double quote, a control character).
+_ESCAPED = re.compile(r'[\\"\x00-\x1f]')
+
+
 def quote(s: str) -> str:
     """A C-escaped, double-quoted string as XLA prints it."""
+    if _ESCAPED.search(s) is None:
+        return '"' + s + '"'        # most strings (metadata's op names and files)
     out = []
     for ch in s:
         if ch == "\\":

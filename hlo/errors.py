@@ -50,6 +50,8 @@ class HloImportError(HlotkError):
     """StableHLO/JAX input that cannot be imported. Exported as ``hlo.ImportError``."""
 
     def __init__(self, message: str, op: str | None = None, location: str | None = None):
+        if location is not None and not isinstance(location, str):
+            location = str(location)        # a location made when asked (LazyLocation)
         self.message = message
         self.op = op
         self.location = location

@@ -25,6 +25,7 @@ class IRError(HlotkError):
 
 
 _ids = itertools.count()
+_COMPUTATION_ATTR_SET = frozenset(COMPUTATION_ATTRS)
 
 
 class Instruction:
@@ -106,6 +107,9 @@ class Instruction:
     @property
     def called_computations(self) -> list["Computation"]:
         out: list[Computation] = []
+        if self.attrs.keys().isdisjoint(_COMPUTATION_ATTR_SET):
+            return out      # most instructions call nothing (asked for every instruction
+            #                 by the verifier, the printer and most passes)
         for key in COMPUTATION_ATTRS:
             v = self.attrs.get(key)
             if isinstance(v, Computation):

@@ -199,7 +199,8 @@ def _check_edges(comp: Computation, inst: Instruction, position: dict[int, int],
         if position[id(o)] >= me:
             raise err(f"operand {k} %{o.name} comes after its user in the instruction order "
                       "(not a topological order)", inst)
-        if not any(u is inst for u in o.users):
+        # ``in`` on lists of instructions compares by identity (Instruction has no __eq__)
+        if inst not in o.users:
             raise err(f"is an operand's user but is missing from %{o.name}.users", inst)
     for c in inst.control_predecessors:
         if id(c) not in position:
@@ -212,7 +213,7 @@ def _check_edges(comp: Computation, inst: Instruction, position: dict[int, int],
         if id(u) in seen:
             raise err(f"users list names %{u.name} more than once", inst)
         seen.add(id(u))
-        if not any(o is inst for o in u.operands):
+        if inst not in u.operands:
             raise err(f"users list names %{u.name}, which does not use it", inst)
         if id(u) not in position:
             raise err(f"users list names %{u.name}, which is not in this computation", inst)
@@ -226,16 +227,18 @@ def _check_arity(inst: Instruction, err) -> None:
 
 def _check_called(module: Module, inst: Instruction, err) -> None:
     for c in inst.called_computations:
-        if c.parent is not module or all(c is not m for m in module.computations):
+        if c.parent is not module or c not in module.computations:     # by identity
             raise err(f"calls computation %{c.name}, which is not in the module", inst)
         if c is inst.parent:
             raise err(f"calls its own computation %{c.name}", inst)
 
 
 def _check_layouts(inst: Instruction, err) -> None:
-    if not isinstance(inst.shape, (Shape, TupleShape)):
-        raise err(f"shape {inst.shape!r} is not a Shape or TupleShape", inst)
-    for path, leaf in leaf_paths(inst.shape):
+    shape = inst.shape
+    if not isinstance(shape, (Shape, TupleShape)):
+        raise err(f"shape {shape!r} is not a Shape or TupleShape", inst)
+    # An array shape is its own only leaf (leaf_paths' generator, without it)
+    for path, leaf in leaf_paths(shape) if isinstance(shape, TupleShape) else (((), shape),):
         if leaf.is_token and leaf.dims:
             raise err(f"token shape at {path} has dimensions", inst)
         if any(d < 0 for d in leaf.dims):

@@ -28,7 +28,7 @@ there) is decided later by buffer assignment, once the schedule is known, under
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 from hlo.attrs import Raw
 from hlo.ir import Computation, Instruction, Module
@@ -279,7 +279,7 @@ def same_iteration_space(a: AnyShape, b: AnyShape) -> bool:
 
 
 def reads_at_same_index(fusion: Instruction, param: int, output: int,
-                        single_pass: bool = False) -> bool:
+                        single_pass: bool = False, memo: Optional[dict] = None) -> bool:
     """Whether fused parameter ``param`` reaches fused output ``output``, and no other
     output, only through elementwise ops (and as operand 0 of a dynamic-update-slice), with
     the same dims and layout as the output: then each output element is written by the
@@ -289,7 +289,11 @@ def reads_at_same_index(fusion: Instruction, param: int, output: int,
     ``single_pass``: the kernel computes every output in the one pass that reads the
     parameter (a loop kernel), so other outputs the parameter reaches elementwise do not
     read it again after ``output`` was written: they may share its index too (an optimizer
-    step's moment feeds both the new moment and the new parameter)."""
+    step's moment feeds both the new moment and the new parameter).
+
+    ``memo``: a dict the caller keeps while the fusion does not change; the walk from a
+    parameter (which outputs it reaches, and whether only elementwise) is made once per
+    parameter there, whatever the output asked about."""
     comp = fusion.attrs["calls"]
     root = comp.root
     outs = list(root.operands) if root.opcode == "tuple" else [root]
@@ -300,6 +304,23 @@ def reads_at_same_index(fusion: Instruction, param: int, output: int,
             _layout_of(p.shape) != _layout_of(outs[output].shape) or \
             p.shape.dims != outs[output].shape.dims:
         return False
+    key = (id(comp), param)
+    walked = memo.get(key) if memo is not None else None
+    if walked is None:
+        walked = _walk_elementwise(p, outs, root)
+        if memo is not None:
+            memo[key] = walked
+    if walked is False:
+        return False
+    reached = walked
+    return reached == {output} or (single_pass and output in reached)
+
+
+def _walk_elementwise(p: Instruction, outs: list[Instruction], root: Instruction
+                      ) -> Union[set[int], bool]:
+    """The outputs (positions in ``outs``) that parameter ``p`` reaches, or False when a
+    user on the way is not elementwise over ``p``'s dims (nor a dynamic-update-slice into
+    it)."""
     reached: set[int] = set()
     stack, seen = [p], {id(p)}
     while stack:
@@ -318,11 +339,12 @@ def reads_at_same_index(fusion: Instruction, param: int, output: int,
             if id(u) not in seen:
                 seen.add(id(u))
                 stack.append(u)
-    return reached == {output} or (single_pass and output in reached)
+    return reached
 
 
 def can_share_operand_buffer(user: Instruction, operand_number: int, user_index: Index = (),
-                             slots: Optional[list[int]] = None) -> bool:
+                             slots: Optional[list[int]] = None,
+                             memo: Optional[dict] = None) -> bool:
     """Whether leaf ``user_index`` of ``user``'s result may be written over the buffer of
     operand ``operand_number`` (XLA's CanShareOperandBufferWithUser; buffer assignment still
     checks that the operand dies at ``user`` and that the sizes match).
@@ -337,6 +359,7 @@ def can_share_operand_buffer(user: Instruction, operand_number: int, user_index:
 
     ``slots``: the operand numbers holding the same value as ``operand_number`` (found
     here when not given; ``in_place_operand_candidates`` finds them once per user).
+    ``memo``: ``reads_at_same_index``'s, kept by the caller while ``user`` is unchanged.
     """
     operand = user.operands[operand_number]
     if operand.opcode == "constant" or operand.shape.is_tuple or not operand.shape.is_array:
@@ -360,7 +383,7 @@ def can_share_operand_buffer(user: Instruction, operand_number: int, user_index:
             return False
         else:
             output = 0
-        return all(reads_at_same_index(user, k, output) for k in slots)
+        return all(reads_at_same_index(user, k, output, memo=memo) for k in slots)
     if user.opcode == "sort":
         if operand.users != [user] or len(slots) != 1:
             return False
@@ -382,9 +405,10 @@ def in_place_operand_candidates(inst: Instruction) -> list[tuple[Index, int]]:
     slots: dict[int, list[int]] = {}
     for k, o in enumerate(inst.operands):
         slots.setdefault(id(o), []).append(k)
+    memo: dict = {}      # a fusion's walk from each parameter, once (not per output leaf)
     for index, _ in array_leaves(inst.shape):
         for k, o in enumerate(inst.operands):
-            if can_share_operand_buffer(inst, k, index, slots[id(o)]):
+            if can_share_operand_buffer(inst, k, index, slots[id(o)], memo):
                 out.append((index, k))
     return out
 

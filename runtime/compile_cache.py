@@ -5,7 +5,8 @@ Key: the input module's full HLO text (constants and metadata included), the pas
 the backend and a hash of hlotk's own ``hlo/`` and ``passes/`` sources, so a changed pass
 never reads an old result. Value: the optimized module, pickled (parsing HLO text back
 costs as much as the passes on a big module), stored only when the unpickled copy prints
-the same HLO text, with whether the input was verified. ``$HLOTK_CACHE_DIR/modules/
+the same HLO text (``hlo.same.prints_same``: compared field by field, not printed), with
+whether the input was verified. ``$HLOTK_CACHE_DIR/modules/
 <key>.pickle``; ``HLOTK_COMPILE_CACHE=0`` turns it off (and ``imported``: modules imported
 from JAX, by their StableHLO bytecode, in ``imports/``). A hit gives the pass records and
 the fusion report (``report_for``) of the run that produced the module, so
@@ -22,6 +23,7 @@ from typing import Callable, Optional
 
 import hlo
 from codegen.cache import cache_root, content_key
+from hlo.same import prints_same
 from passes.fusion.explain import attach, report_for
 
 _SOURCE_HASH: Optional[str] = None
@@ -142,7 +144,7 @@ def compiled(module: hlo.Module, spec: str, backend: str,
         # stored only if the copy prints exactly as the module does.
         data = _dumps((copy, records, report_for(copy), check is not None),
                       _instruction_count(copy))
-        if pickle.loads(data)[0].to_text() == copy.to_text():
+        if prints_same(pickle.loads(data)[0], copy):
             _store(path, data)
     except Exception:  # noqa: BLE001  (an unpicklable attribute: just not cached)
         pass
@@ -164,7 +166,8 @@ def imported(exported: object) -> hlo.Module:
     MLIR's deserialization and the import were ~20% of a warm first call's CPU work on the
     Adam step). Key: the exported StableHLO bytecode, its function name, the jax/jaxlib
     versions (MLIR's reader) and hlo/ + passes/ sources (the importer). Stored pickled,
-    only when the unpickled copy prints the same HLO text; each hit is a fresh module."""
+    only when the unpickled copy prints the same HLO text (``prints_same``); each hit is
+    a fresh module."""
     from hlo.stablehlo import from_exported
     if not enabled():
         return from_exported(exported)
@@ -185,7 +188,7 @@ def imported(exported: object) -> hlo.Module:
     module = from_exported(exported)
     try:
         data = _dumps(module, _instruction_count(module))
-        if pickle.loads(data).to_text() == module.to_text():
+        if prints_same(pickle.loads(data), module):
             _store(path, data)
     except Exception:  # noqa: BLE001  (unpicklable or unwritable: just not cached)
         pass

@@ -40,9 +40,11 @@ def _adam(params, grads, m, v, step):
     return out
 
 
-def _adam_args() -> tuple:
+def _adam_args(big: bool = False) -> tuple:
     r = np.random.RandomState(0)
     shapes = {"w1": (64, 128), "b1": (128,), "w2": (128, 64), "b2": (64,), "g": (64,)}
+    if big:     # arrays of 64 KiB and more: sibling candidates (policy.sibling_candidates)
+        shapes = {"w1": (256, 128), "b1": (128,), "w2": (128, 256), "b2": (256,), "g": (64,)}
     tree = lambda s: {k: r.standard_normal(v).astype(np.float32) * s for k, v in shapes.items()}
     return tree(0.02), tree(1e-3), tree(1e-4), {k: np.abs(a) for k, a in tree(1e-6).items()}, \
         np.float32(3.0)
@@ -190,30 +192,60 @@ def test_a_policy_that_changes_priorities_goes_the_general_way():
     assert not pass_.ranks_by_group(Reversed())
 
 
-@pytest.mark.parametrize("name", ["adam", "transformer_block", "mlp_train_step"])
+@pytest.mark.parametrize("name", ["adam", "adam_big", "transformer_block", "mlp_train_step"])
 def test_ranked_loop_rankings_are_current(monkeypatch, name):
-    """Every round, each live group's kept ranking is what ranking its candidates afresh
-    gives (``FusionState.changed`` names every group whose ranking may have changed)."""
+    """Every round, each live group's kept candidate list is its current one, each exact
+    priority kept is what scoring the candidate afresh gives, and each bound kept in its
+    place is at least that (``FusionState.changed`` names every group whose candidates'
+    priorities may have changed). Fresh scores are computed on a copy of the state's
+    caches (scoring caches estimates, which would change what the loop estimates)."""
+    import copy
+
     from passes.fusion import pass_
-    from passes.fusion.policy import group_candidates
-    fn, args = (_adam, _adam_args()) if name == "adam" else \
+    from passes.fusion.policy import group_candidates, sibling_candidates
+    fn, args = (_adam, _adam_args(name == "adam_big")) if name.startswith("adam") else \
         (by_name(name).fn, by_name(name).args())
-    rounds, stale = [], []
+    rounds, stale, bounds, floors, siblings = [], [], [], [], []
     real_run = pass_.run_ranked
 
     def run(state, policy, *a):
         def audit(ranked):
             rounds.append(1)
             assert set(ranked) == set(state.groups)
-            for gid, (cands, order) in ranked.items():
-                now = group_candidates(state, state.groups[gid])
-                fresh = sorted((-policy._priority(c, state), j) for j, c in enumerate(now))
-                if now is not cands or fresh != order:
-                    stale.append(gid)
+            saved = copy.copy(state.__dict__)
+            for k, v in saved.items():
+                if isinstance(v, (dict, set)):
+                    setattr(state, k, copy.copy(v))
+            try:
+                for gid, (cands, values, exact, _) in ranked.items():
+                    now = group_candidates(state, state.groups[gid])
+                    fresh = [-policy._priority(c, state) for c in now]
+                    if now is not cands:
+                        stale.append(gid)
+                    for j, v in enumerate(values):
+                        bounds.append(not exact[j])
+                        if (exact[j] and v != fresh[j]) or (not exact[j] and v > fresh[j]):
+                            stale.append((gid, j))
+                floor = policy.sibling_floor(state)    # below every sibling's key
+                floors.append(floor)
+                for c in sibling_candidates(state):    # their bounds, made each round
+                    siblings.append(c.key)
+                    ub = policy.priority_bound(c, state)
+                    exact = policy._priority(c, state)
+                    if (ub is not None and ub < exact) or -exact < floor:
+                        stale.append(c.key)
+            finally:
+                state.__dict__.clear()
+                state.__dict__.update(saved)
         return real_run(state, policy, *a, audit=audit)
     monkeypatch.setattr(pass_, "run_ranked", run)
     _compile(fn, args)
     assert len(rounds) > 3 and stale == []
+    if name.startswith("adam"):
+        assert any(bounds)        # candidates ranked by a bound, never estimated until needed
+        assert all(f > float("-inf") for f in floors)   # no dot: siblings listed when needed
+    if name == "adam_big":
+        assert siblings           # the floor was checked against some
 
 
 def test_a_duplicate_marks_the_producers_of_the_dropped_estimates_changed():
@@ -244,3 +276,36 @@ ENTRY %main (p0: f32[4096]) -> (f32[4096], f32[4096]) {
     assert gx.id in state.changed
     assert ("merge", gx.id, gp.id) not in state._candidates
     assert before is not estimates(Candidate("merge", gx, (gp,)), state)
+
+
+@pytest.mark.parametrize("name", ["adam", "transformer_block", "conv_grad_maxpool_grad",
+                                  "scan_rnn"])
+def test_kernel_facts_estimate_as_estimate_kernel(name):
+    """``KernelFacts.estimate`` (each instruction's facts worked out once) gives exactly
+    ``estimate_kernel``'s estimate, over windows of a lowered program's instructions with
+    their last one or two as outputs, small constants folded or not, repeated instances
+    (a copy listed twice) included."""
+    import random
+
+    from passes.fusion.cost_model import KernelFacts, estimate_kernel, get_device
+    fn, args = _program(name)
+    module = runtime.jit(fn, pipeline="none").lower(*args).module
+    spec = get_device("h200")
+    rng = random.Random(0)
+    checked = 0
+    for comp in module.computations:
+        insts = [i for i in comp.instructions if i.opcode != "tuple" or i is not comp.root]
+        for small in (0, 64):
+            facts = KernelFacts(spec, small)
+            for _ in range(60):
+                if not insts:
+                    break
+                a = rng.randrange(len(insts))
+                body = insts[a:a + rng.randint(1, 12)]
+                if rng.random() < 0.2:
+                    body = body + body[:1]
+                outs = body[-rng.randint(1, min(2, len(body))):]
+                want = estimate_kernel(body, outs, spec, small)
+                assert facts.estimate(body, outs) == want, [i.name for i in body]
+                checked += 1
+    assert checked > 100

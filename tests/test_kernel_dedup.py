@@ -191,3 +191,101 @@ def test_gpu_optimizer_step_shares_kernels_and_equals_jax(tmp_path, monkeypatch,
     again = c(*args)                  # the captured graph's replay: the same numbers
     for g, w in zip(jax.tree_util.tree_leaves(again), jax.tree_util.tree_leaves(got)):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+# --- the tokenizer canonical_text reads generated source with --------------------------------
+def _tokenize_tokens(source: str) -> list:
+    import io
+    import tokenize
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER)
+    return [(t.type, t.string) for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type not in skip]
+
+
+EDGE_SOURCES = [
+    SRC,
+    '"""doc\nover lines"""\nx = (1,\n     2)  # c\n\n# top comment\ndef f(a):\n'
+    '    if a:\n        # inner comment\n        return a\n    b = [a,\n  # in brackets\n'
+    '         .5, 1e-3, 0x1F, 1_000, 2j, ...]\n    return b\n',
+    'x = "a\\"b" + \'c\\\\d\' + f"{x!r}" + rb"\\x00"\ny = """one""" ; z = \'\'\'t\nu\'\'\' + x\n',
+    'def g():\n    return """a\n  b""".strip()\n\n\n',
+    'a = {1: [2, (3,\n 4)],\n}\nb = a[1][0] ** 2 // 3 >> 1 -> 2 if a != b else a @ b\n',
+    'class C:\n    def m(self):\n        pass\n  # dedented comment\n    x = 1\ny = 2\n',
+]
+# Read by tokenize itself (the fast path declines): tabs, a backslash continuation, a string
+# continued by a backslash, no final newline, a stray character, an unclosed bracket.
+FALLBACK_SOURCES = ['def f():\n\treturn 1\n', 'x = 1 + \\\n    2\n', 'x = "a\\\nb"\n',
+                    'x = 1', 'x = 1 $ 2\n', 'x = (1,\n']
+
+
+@pytest.mark.parametrize("k", range(len(EDGE_SOURCES)))
+def test_fast_tokens_are_tokenize_tokens(k):
+    from codegen.triton.canonical import _fast_tokens
+    src = EDGE_SOURCES[k]
+    fast = _fast_tokens(src)
+    assert fast is not None
+    assert fast == _tokenize_tokens(src)
+
+
+@pytest.mark.parametrize("k", range(len(FALLBACK_SOURCES)))
+def test_what_the_fast_tokenizer_declines_goes_to_tokenize(k):
+    import tokenize
+
+    from codegen.triton.canonical import _fast_tokens, _tokens
+    src = FALLBACK_SOURCES[k]
+    assert _fast_tokens(src) is None
+    try:
+        want = _tokenize_tokens(src)
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        assert canonical_text(src) == src
+        return
+    assert _tokens(src) == want
+
+
+def _kernel_programs() -> list:
+    """Small programs whose fusions take the loop, reduction, normalization and GEMM
+    templates (an optimizer step, softmax, layer norm, a bias + GELU matmul, a column sum
+    of a transposed product)."""
+    import jax
+    import jax.numpy as jnp
+    r = np.random.default_rng(0)
+    f = lambda *s: r.standard_normal(s).astype(np.float32)  # noqa: E731
+    bf = lambda *s: f(*s).astype(jnp.bfloat16)  # noqa: E731
+
+    def adam(p, g, m, v):
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g * g
+        return p - 1e-3 * m / (jnp.sqrt(v) + 1e-8), m, v
+
+    def layernorm(x, g, b):
+        mu = x.mean(-1, keepdims=True)
+        d = x - mu
+        return d * jax.lax.rsqrt((d * d).mean(-1, keepdims=True) + 1e-5) * g + b
+    return [(adam, (f(256, 64), f(256, 64), f(256, 64), f(256, 64))),
+            (lambda x: jax.nn.softmax(x, -1), (f(64, 128),)),
+            (layernorm, (f(64, 256), f(256), f(256))),
+            (lambda x, w, b: jax.nn.gelu(x @ w + b), (bf(128, 256), bf(256, 128), bf(128))),
+            (lambda x, w: (x @ w).T.sum(0), (f(64, 32), f(32, 48)))]
+
+
+def test_fast_tokens_on_every_generated_kernel(tmp_path, monkeypatch):
+    """Every kernel the Triton generators write for programs of each template tokenizes the
+    same both ways, and its canonical text is what tokenize's tokens give."""
+    _interpreted()
+    import runtime
+    from codegen.triton import canonical
+    monkeypatch.setenv("HLOTK_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("HLOTK_COMPILE_CACHE", "0")
+    for fn, args in _kernel_programs():
+        runtime.jit(fn, backend="cuda", target="h200").lower(*args).compile()
+    files = sorted(tmp_path.rglob("*.py"))
+    assert len(files) >= 4          # (the f32 matmuls are cuBLAS calls: no kernel)
+    for f in files:
+        src = f.read_text()
+        fast = canonical._fast_tokens(src)
+        assert fast is not None, f.name
+        assert fast == _tokenize_tokens(src), f.name
+        with monkeypatch.context() as m:
+            m.setattr(canonical, "_fast_tokens", lambda s: None)
+            slow_text = canonical.canonical_text(src)
+        assert canonical.canonical_text(src) == slow_text, f.name

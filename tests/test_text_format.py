@@ -569,3 +569,13 @@ ENTRY %e (x: f32[4]) -> (f32[4], f32[4], f32[4]) {
     assert hlo.parse_hlo(printed).to_text() == printed
     with pytest.raises(hlo.ParseError, match="does not have"):
         hlo.parse_hlo(text.replace("{'axis_1'}", "{'axis_9'}"))
+
+
+def test_quote_escapes_as_xla_prints():
+    """``attrs.quote``: plain strings as they are (its fast path), C escapes otherwise."""
+    from hlo.attrs import quote
+    assert quote("jit(f)/mul") == '"jit(f)/mul"'
+    assert quote("") == '""'
+    assert quote('a"b\\c') == '"a\\"b\\\\c"'
+    assert quote("x\ny\tz\x01\x1f") == '"x\\ny\\tz\\x01\\x1f"'
+    assert quote("é\x7f") == '"é\x7f"'

@@ -46,11 +46,28 @@ def element_dtype(elem_type: Any, where: str = "") -> dt.DType:
         raise HloImportError(f"unsupported element type {name}", location=where) from None
 
 
+# MLIR type text -> its HLO shape: a program's values have few distinct types (the Adam
+# step: ~6,000 results of a few dozen), and a shape is immutable, so instructions share
+# one. The text names the whole type (element type, dimensions, encoding).
+_SHAPES: dict[str, AnyShape] = {}
+
+
 def to_shape(ty: Any, where: str = "") -> AnyShape:
     """The HLO shape of an MLIR type, with XLA's default row-major layout."""
+    text = str(ty)
+    shape = _SHAPES.get(text)
+    if shape is None:
+        shape = _to_shape(ty, text, where)
+        if len(_SHAPES) > 4096:
+            _SHAPES.clear()
+        _SHAPES[text] = shape
+    return shape
+
+
+def _to_shape(ty: Any, text: str, where: str) -> AnyShape:
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import stablehlo as sh
-    if str(ty) == "!stablehlo.token" or isa(ty, sh.TokenType):
+    if text == "!stablehlo.token" or isa(ty, sh.TokenType):
         return Shape(dt.TOKEN, ())
     if isa(ty, ir.TupleType):
         tt = ty if isinstance(ty, ir.TupleType) else ty.maybe_downcast()
@@ -209,10 +226,36 @@ def short_location(loc: Any) -> str:
     return m.group(1) if m else s
 
 
+class LazyLocation:
+    """``short_location(loc)`` made when an error message asks for it (``str``): shapes
+    are read with a location for their errors, and ``str`` of an MLIR location costs a
+    call into MLIR per op (issue 13: ~0.01 s of importing the Adam step)."""
+    __slots__ = ("loc",)
+
+    def __init__(self, loc: Any):
+        self.loc = loc
+
+    def __str__(self) -> str:
+        return short_location(self.loc)
+
+
 def location_metadata(loc: Any) -> Optional[Metadata]:
     """XLA's metadata from a JAX location: op_name from the outermost name, and the source
     file/line of the first (innermost-callee) file location, as XLA's translator does."""
     s = str(loc)
+    if s in _METADATA:
+        return _METADATA[s]
+    md = _METADATA[s] = _location_metadata(s)
+    if len(_METADATA) > 4096:
+        _METADATA.clear()
+    return md
+
+
+# location text -> metadata (immutable; ops of one line of a program share a location)
+_METADATA: dict[str, Optional[Metadata]] = {}
+
+
+def _location_metadata(s: str) -> Optional[Metadata]:
     if s == "loc(unknown)":
         return None
     fields: list[tuple[str, Any]] = []

@@ -16,7 +16,7 @@ from ..attrs import (ConvDimLabels, PaddingConfig, PadDim, Raw, ReplicaGroups, S
 from ..errors import HloImportError
 from ..shape import Shape, TupleShape
 from .importer import Importer, Scope, _is_constant, _string_value, free_values, op_rule
-from .mlir_utils import isa, attr_text, parse_dense, short_location, to_shape
+from .mlir_utils import LazyLocation, isa, attr_text, parse_dense, short_location, to_shape
 
 
 # --- attribute readers ------------------------------------------------------------------
@@ -65,12 +65,13 @@ def enum_text(text: str) -> str:
 
 
 def result_shape(op, i: int = 0):
-    return to_shape(op.results[i].type, short_location(op.location))
+    return to_shape(op.results[i].type, LazyLocation(op.location))  # type: ignore[arg-type]
 
 
 def results_shape(op):
     """One shape for all results: the single one, or a tuple (XLA's multi-output form)."""
-    shapes = [to_shape(r.type, short_location(op.location)) for r in op.results]
+    where = LazyLocation(op.location)
+    shapes = [to_shape(r.type, where) for r in op.results]  # type: ignore[arg-type]
     return shapes[0] if len(shapes) == 1 else TupleShape(tuple(shapes))
 
 

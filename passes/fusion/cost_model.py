@@ -342,6 +342,78 @@ def estimate_kernel(body: Sequence[Instruction], outputs: Sequence[Instruction],
                     tensor + cuda + trans, 1, memory_us, compute_us)
 
 
+class KernelFacts:
+    """What ``estimate_kernel`` reads of one instruction, worked out once: a fusion pass
+    estimates thousands of candidate kernels over the same instructions (issue 13: the
+    Adam step's fusion made ~3,700 estimates, each re-deriving every member's operand
+    sizes, touched bytes and arithmetic), and the graph does not change while it decides.
+    ``estimate`` gives exactly ``estimate_kernel``'s answer (the same sums in the same
+    order; every byte count is an int and every flop count an integral float, so the
+    result is bit-identical): tests/test_fusion_caches.py compares them."""
+
+    __slots__ = ("spec", "small", "work", "_facts")
+
+    def __init__(self, spec: DeviceSpec, small_constant_elements: int = 0,
+                 work: Callable[[Instruction], Work] = work_of):
+        self.spec = spec
+        self.small = small_constant_elements
+        self.work = work
+        # id(inst) -> (free, ((operand id, operand bytes, touched bytes), ...), work,
+        #              own bytes, bytes a dynamic-update-slice output does not write or None)
+        self._facts: dict[int, tuple] = {}
+
+    def facts(self, inst: Instruction) -> tuple:
+        f = self._facts.get(id(inst))
+        if f is None:
+            reads = tuple((id(o), array_bytes(o.shape), touched_bytes(inst, k))
+                          for k, o in enumerate(inst.operands)
+                          if not (o.opcode == "constant" and elements(o.shape) <= self.small))
+            unwritten = array_bytes(inst.shape) - array_bytes(inst.operands[1].shape) \
+                if inst.opcode == "dynamic-update-slice" else None
+            f = self._facts[id(inst)] = (is_free(inst), reads, self.work(inst),
+                                         array_bytes(inst.shape), unwritten)
+        return f
+
+    def estimate(self, body: Sequence[Instruction], outputs: Sequence[Instruction],
+                 inside: Any = None) -> Estimate:
+        """``estimate_kernel(body, outputs, spec, small_constant_elements, work)``;
+        ``inside``: the ids of ``body`` as a set, when the caller has them."""
+        facts = [self.facts(i) for i in body]
+        if all(f[0] for f in facts):
+            return ZERO
+        if inside is None:
+            inside = {id(i) for i in body}
+        reads: dict[int, list[int]] = {}
+        for f in facts:
+            for oid, cap, touched in f[1]:
+                if oid in inside:
+                    continue
+                e = reads.get(oid)
+                if e is None:
+                    reads[oid] = [cap, touched]
+                else:
+                    e[1] += touched
+        read = sum(min(cap, s) for cap, s in reads.values())
+        written = sum(self.facts(o)[3] for o in outputs)
+        for inst, f in zip(body, facts):
+            if f[4] is not None and any(o is inst for o in outputs):
+                written -= f[4]
+        tensor = cuda = trans = 0.0
+        kind = ""
+        for f in facts:
+            w = f[2]
+            tensor += w.tensor_flops
+            kind = w.tensor_kind or kind
+            cuda += w.flops
+            trans += w.transcendentals
+        spec = self.spec
+        memory_us = (read + written) / spec.bytes_per_us
+        compute_us = ((tensor / spec.tensor_rate(kind) if tensor else 0.0)
+                      + cuda / spec.cuda_rate("fp32") + trans / spec.sfu_ops_per_us)
+        return Estimate(spec.kernel_launch_us + max(memory_us, compute_us), read, written,
+                        tensor + cuda + trans, 1, memory_us, compute_us)
+
+
 def fusion_outputs(fused: Computation) -> list[Instruction]:
     root = fused.root
     assert root is not None

@@ -114,6 +114,14 @@ def sibling_candidates(state: FusionState, min_shared_bytes: int = 1 << 16) -> I
                 yield c
 
 
+def sibling_stamp(state: FusionState, min_shared_bytes: int = 1 << 16) -> int:
+    """A number that changes whenever ``sibling_candidates(state, min_shared_bytes)`` may
+    give other pairs: the state's count of looks at values whose group readers changed
+    (after bringing the shared values up to date)."""
+    state.shared_values(min_shared_bytes)
+    return state.shared_version
+
+
 def estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:
     """(unfused, fused): predicted cost of the kernels involved, apart and after fusing
     (computed once per candidate: ``FusionState.candidate_estimates``)."""

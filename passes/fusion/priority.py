@@ -11,7 +11,7 @@ priority fusion.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Optional
 
 from .legality import YES, Decision, no
 from .policy import (Candidate, benefit_us, estimates, producer_consumer_candidates,
@@ -47,6 +47,51 @@ class PriorityPolicy:
         value = self._priority(c, state)
         state.priorities[key] = (est, value)
         return value
+
+    def priority_bound(self, c: Candidate, state: FusionState) -> Optional[float]:
+        """An upper bound of ``priority(c, state)`` that needs no estimate of the fused
+        kernel, or None (the fusion loop then asks for the priority): the loop estimates a
+        candidate only when its bound reaches the top of its ranking (pass_.run_ranked).
+        For a merge or siblings: the benefit is the two groups' times apart (their own
+        estimates, which the exact priority sums too) less the fused kernel's, which is at
+        least ``FusionState.merged_floor_us``; the other terms of ``_priority`` only lower
+        a positive benefit, give 1e-3 (a merge) or subtract the siblings' penalty. Float
+        subtraction is monotonic, so the bound holds as computed."""
+        if c.action == "duplicate" or type(self)._priority is not PriorityPolicy._priority \
+                or c.key in state._candidates:
+            return None
+        p, g = c.producer, c.consumer
+        # Kept while both groups' own estimates are the objects it came from: the state
+        # drops a group's estimate whenever its readers change, and the bound depends on
+        # nothing else that changes (the groups' contents never do).
+        known = state.bounds.get(c.key)
+        if known is not None:
+            own = state._node_estimates       # by group id (node_estimate's cache)
+            if own.get(p.id) is known[0] and own.get(g.id) is known[1]:
+                return known[2]
+        ep, eg = state.node_estimate(p), state.node_estimate(g)
+        value = max((ep + eg).time_us - state.merged_floor_us(p, g), 1e-3)
+        if c.action == "sibling":
+            value -= SIBLING_PENALTY
+        state.bounds[c.key] = (ep, eg, value)
+        return value
+
+    def sibling_floor(self, state: FusionState) -> float:
+        """A key (-priority) at or below which a candidate comes before every sibling
+        candidate of ``state``, or -inf. A sibling's priority is its benefit less
+        SIBLING_PENALTY, and its benefit at most its two groups' times apart. Where no
+        instruction of the computation is a dot or has tensor-core work (so no group is
+        priced split, split_gemm.py), each group's time is ``estimate_kernel``'s: a launch
+        plus the larger of memory time (reads and writes, each at most the bytes of all
+        the computation's values) and compute time (at most all its instructions'
+        arithmetic): ``FusionState.kernel_ceiling_us``. Float arithmetic is monotonic, so
+        the bound holds as computed."""
+        if type(self)._priority is not PriorityPolicy._priority:
+            return float("-inf")
+        ceiling = state.kernel_ceiling_us()
+        if ceiling is None:
+            return float("-inf")
+        return -((ceiling + ceiling) - SIBLING_PENALTY)
 
     def _priority(self, c: Candidate, state: FusionState) -> float:
         b = benefit_us(c, state)

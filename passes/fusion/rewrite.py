@@ -19,8 +19,8 @@ from hlo.attrs import Raw
 from hlo.ir import Computation, Instruction
 from hlo.shape import TupleShape
 
-from .cost_model import (DeviceSpec, Estimate, Work, elements, estimate_kernel, is_free,
-                         work_of)
+from .cost_model import (DeviceSpec, Estimate, KernelFacts, Work, array_bytes, elements,
+                         estimate_kernel, is_free, work_of)
 from .kinds import FLASH_ATTENTION_CONFIG, TRITON_GEMM, TRITON_NORMALIZATION
 
 _gids = itertools.count(1)
@@ -93,6 +93,8 @@ class FusionState:
         self._big: dict[int, list[Instruction]] = {}
         self._consumers: dict[int, list[Node]] = {}
         self._node_estimates: dict[int, Estimate] = {}
+        # group id -> the outputs its node estimate found (dropped with it): node_outputs
+        self._node_outputs: dict[int, list[Instruction]] = {}
         # (producer id, consumer id) -> the consumer's kernel with the producer recomputed
         # in it (copy_estimate), and consumer id -> those keys
         self._copy_estimates: dict[tuple[int, int], Estimate] = {}
@@ -102,6 +104,10 @@ class FusionState:
         # of those read by two groups or more, ids of values whose group readers were
         # dropped since): shared_values
         self._shared: dict[int, tuple[dict[int, int], set[int], set[int]]] = {}
+        # Bumped when shared_values looks again at a value whose group readers were dropped:
+        # sibling candidates (pairs of those readers) are as they were while it and the
+        # epoch stay (pass_.run_ranked keeps the round's scored siblings).
+        self.shared_version = 0
         self._user_nodes: dict[int, list[Node]] = {}          # inst id -> user_nodes
         self._pc_candidates: dict[int, dict[tuple, list]] = {}  # group id -> flags -> list
         self.epoch = 0        # bumped when readers change in ways merges do not (duplicates)
@@ -113,6 +119,14 @@ class FusionState:
         # inst id -> its arithmetic (cost_model.work_of): the graph does not change while
         # the state lives (materialize rewrites it at the end), so it needs no invalidation.
         self._work: dict[int, Work] = {}
+        # Per instruction, what estimate_kernel reads of it (cost_model.KernelFacts): valid
+        # for the same reason as ``_work``.
+        self._facts = KernelFacts(spec, SMALL_CONSTANT_ELEMENTS, self.work_of)
+        self._summaries: dict[int, tuple] = {}     # group id -> _summary (contents fixed)
+        self._ceiling: Optional[tuple[Optional[float]]] = None   # kernel_ceiling_us
+        # merge candidate key -> (the groups' own estimates it came from, its priority
+        # bound) (priority.py)
+        self.bounds: dict[tuple, tuple[Estimate, Estimate, float]] = {}
         # (group id, group id) -> the sibling Candidate of that pair (policy.py): a pair's
         # candidate is the same whatever round finds it (groups never change contents).
         self._siblings: dict[tuple[int, int], object] = {}
@@ -234,6 +248,7 @@ class FusionState:
         for g in groups:
             self._consumers.pop(g.id, None)
             self._node_estimates.pop(g.id, None)
+            self._node_outputs.pop(g.id, None)
             self._drop_copy_estimates(g.id)
             self._pc_candidates.pop(g.id, None)
             self.changed.add(g.id)
@@ -247,6 +262,7 @@ class FusionState:
                     if h is not None:
                         self._consumers.pop(h.id, None)
                         self._node_estimates.pop(h.id, None)
+                        self._node_outputs.pop(h.id, None)
                         self._drop_copy_estimates(h.id)
                         self._pc_candidates.pop(h.id, None)
                         self.changed.add(h.id)
@@ -329,6 +345,7 @@ class FusionState:
         for vid in dropped:
             k = index.get(vid)
             if k is not None:
+                self.shared_version += 1      # a value's group readers may have changed
                 if len(self.group_readers(big[k])) > 1:
                     shared.add(vid)
                 else:
@@ -338,20 +355,29 @@ class FusionState:
 
     # --- cost -----------------------------------------------------------------------------
     def estimate(self, instances: list[Instruction], inside: set[int]) -> Estimate:
-        members = [i for i in instances if self.home.get(id(i)) is not None
-                   and self.home[id(i)].id in inside]
+        return self._estimate_outs(instances, inside)[0]
+
+    def _estimate_outs(self, instances: list[Instruction], inside: set[int]
+                       ) -> tuple[Estimate, list[Instruction]]:
+        """``estimate``, and the members it found written (the kernel's outputs)."""
+        home = self.home
+        members = [i for i in instances
+                   if (h := home.get(id(i))) is not None and h.id in inside]
         outs = self.outputs(members, inside)
-        key = (frozenset(id(i) for i in instances), tuple(id(o) for o in outs))
+        ids = frozenset(id(i) for i in instances)
+        key = (ids, tuple(id(o) for o in outs))
         est = self._estimates.get(key)
         if est is None:
-            if self.split_gemms:
+            # split_estimate prices groups holding one dot (None for any other group)
+            if self.split_gemms and any(i.opcode == "dot" for i in instances):
                 from .split_gemm import split_estimate
                 est = split_estimate(instances, outs, self.spec, SMALL_CONSTANT_ELEMENTS)
             if est is None:
-                est = estimate_kernel(instances, outs, self.spec, SMALL_CONSTANT_ELEMENTS,
-                                      self.work_of)
+                # estimate_kernel(instances, outs, spec, SMALL_CONSTANT_ELEMENTS, work_of),
+                # from each instruction's facts worked out once
+                est = self._facts.estimate(instances, outs, ids)
             self._estimates[key] = est
-        return est
+        return est, outs
 
     def work_of(self, inst: Instruction) -> Work:
         """``cost_model.work_of(inst)``, once per instruction."""
@@ -376,6 +402,109 @@ class FusionState:
                 self._candidates_of.setdefault(gid, []).append(key)
         return est
 
+    def _summary(self, g: Group) -> tuple:
+        """(external reads: operand id -> [bytes, touched bytes summed over g's
+        instances], flops and transcendentals of g's members, whether every instance is
+        free, whether one is a dot), as estimate_kernel counts them. Cached by group id:
+        a group's contents never change."""
+        out = self._summaries.get(g.id)
+        if out is None:
+            facts = self._facts.facts
+            # each instance once: the merged kernel holds each at least once
+            instances = list({id(i): i for i in g.instances()}.values())
+            ids = {id(i) for i in instances}
+            reads: dict[int, list[int]] = {}
+            for i in instances:
+                for oid, cap, touched in facts(i)[1]:
+                    if oid in ids:
+                        continue
+                    e = reads.get(oid)
+                    if e is None:
+                        reads[oid] = [cap, touched]
+                    else:
+                        e[1] += touched
+            flops = trans = 0.0
+            for m in g.members:
+                w = facts(m)[2]
+                flops += w.flops
+                trans += w.transcendentals
+            out = self._summaries[g.id] = (
+                reads, ids, flops, trans, all(facts(i)[0] for i in instances),
+                any(i.opcode == "dot" for i in instances))
+        return out
+
+    def merged_floor_us(self, a: Group, b: Group) -> float:
+        """A lower bound of the predicted time of one kernel holding the instances of
+        ``a`` and ``b`` (``estimate`` of a merge), without estimating it: what it must
+        read (each outside value either group reads, at least as much as the one reading
+        more of it reads), what it must write (``b``'s members read outside both; a
+        dynamic-update-slice counted as writing nothing), the members' arithmetic, and a
+        launch; 0 when everything is free or a dot may be priced split (split_gemm.py)."""
+        ra, ids_a, flops_a, trans_a, free_a, dot_a = self._summary(a)
+        rb, ids_b, flops_b, trans_b, free_b, dot_b = self._summary(b)
+        if (free_a and free_b) or (self.split_gemms and (dot_a or dot_b)):
+            return 0.0
+        read = 0
+        for oid, (cap, touched) in ra.items():
+            if oid in ids_b:
+                continue
+            v = min(cap, touched)
+            e = rb.get(oid)
+            if e is not None:
+                v = max(v, min(cap, e[1]))
+            read += v
+        for oid, (cap, touched) in rb.items():
+            if oid not in ids_a and oid not in ra:
+                read += min(cap, touched)
+        written = 0
+        inside = {a.id, b.id}
+        root = self.comp.root
+        for m in self.node_outputs(b):      # a member written apart is, if read elsewhere
+            if m.opcode != "dynamic-update-slice" and (
+                    m is root or self._read_outside(m, inside)):
+                written += array_bytes(m.shape)
+        spec = self.spec
+        memory_us = (read + written) / spec.bytes_per_us
+        compute_us = 0.0 + (flops_a + flops_b) / spec.cuda_rate("fp32") \
+            + (trans_a + trans_b) / spec.sfu_ops_per_us
+        return spec.kernel_launch_us + max(memory_us, compute_us)
+
+    def kernel_ceiling_us(self) -> Optional[float]:
+        """An upper bound of any group's own estimate in this computation, or None where
+        an instruction is a dot or convolution or has tensor-core work (a group holding
+        one may be priced as several kernels, split_gemm.py). A group's kernel reads
+        distinct values of the computation and writes some of its members, so each is at
+        most the bytes of all its values; its arithmetic is at most all of theirs."""
+        if self._ceiling is None:
+            facts = self._facts.facts
+            total = 0
+            flops = trans = 0.0
+            ceiling: Optional[float] = None
+            for inst in self.comp.instructions:
+                w = facts(inst)[2]
+                if inst.opcode in ("dot", "convolution") or w.tensor_flops:
+                    break
+                total += array_bytes(inst.shape)
+                flops += w.flops
+                trans += w.transcendentals
+            else:
+                spec = self.spec
+                ceiling = spec.kernel_launch_us + max(
+                    (total + total) / spec.bytes_per_us,
+                    0.0 + flops / spec.cuda_rate("fp32") + trans / spec.sfu_ops_per_us)
+            self._ceiling = (ceiling,)
+        return self._ceiling[0]
+
+    def node_outputs(self, g: Group) -> list[Instruction]:
+        """``outputs(g.members, {g.id})``: the members ``g``'s own kernel writes (do not
+        modify the list). Kept with the node estimate, and dropped with it."""
+        outs = self._node_outputs.get(g.id)
+        if outs is None or g.id not in self._node_estimates:
+            self._node_estimates.pop(g.id, None)
+            self.node_estimate(g)
+            outs = self._node_outputs[g.id]
+        return outs
+
     def node_estimate(self, n: Node) -> Estimate:
         """The predicted cost of one node as it is now. Cached: an instruction's never
         changes; a group's changes only with its outputs, i.e. with its readers, so it is
@@ -384,7 +513,7 @@ class FusionState:
         est = self._node_estimates.get(key)
         if est is None:
             if isinstance(n, Group):
-                est = self.estimate(n.instances(), {n.id})
+                est, self._node_outputs[key] = self._estimate_outs(n.instances(), {n.id})
             else:
                 est = estimate_kernel([n], [n], self.spec) if not is_free(n) else \
                     estimate_kernel([], [], self.spec)
@@ -430,6 +559,14 @@ class FusionState:
         # The producer loses a reader (its members' outputs may change) and its inputs'
         # groups gain one (the copy): estimates naming them are stale.
         touched = {producer.id} | {n.id for n in self.producers(producer) if isinstance(n, Group)}
+        # The candidates naming a touched group, estimated or not (pass_.run_ranked keeps
+        # only a bound for some): a touched group's own, and those of the groups feeding
+        # it (a group's candidates name its consumers). Their groups are ranked again.
+        for gid in touched:
+            self.changed.add(gid)
+            for n in self.producers(self.groups[gid]):
+                if isinstance(n, Group):
+                    self.changed.add(n.id)
         for gid in touched:        # by the index, not a scan of every cached candidate
             for k in self._candidates_of.pop(gid, ()):
                 if self._candidates.pop(k, None) is not None:
