@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Final validation of merged main (lead, sixth 2026-11-26 session), call A: every gpu test
+# and gpu_suite (all suite programs beside XLA in the same process).
+set -u
+OUT=${OUT:-/tmp}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD JAX_PLATFORMS=cuda,cpu HLOTK_CACHE_DIR=/tmp/hlotk_cache
+timeout 40 python3 -m compileall -q -j 0 hlo passes codegen runtime benchmarks > /dev/null 2>&1
+XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 python3 -m pytest -q -p no:cacheprovider \
+    -n 8 -m gpu tests/ > $OUT/t_gpu.log 2>&1
+echo "gpu tests rc $?"; grep -E "passed|failed" $OUT/t_gpu.log | tail -1
+grep -E "^FAILED|^ERROR" $OUT/t_gpu.log | head -20
+timeout 200 python3 -m benchmarks.gpu_suite --out $OUT/gpu_suite.md > $OUT/suite.log 2>&1
+echo "gpu_suite rc $?"; grep "^|" $OUT/gpu_suite.md | cut -c1-230
