@@ -37,7 +37,10 @@ def update_slice_template(em: Emitter, comp: Computation, big: bool) -> Plan:
     clamp_if(em, lin, "offs", n, "BLOCK")
     local = em.delinearize("u", lin, dims)
     starts = em._starts(root, 2, dims)         # clamped into the operand, as XLA does
-    at = tuple(em.assign("o", f"{i} + {s}") for i, s in zip(local, starts))
+    # A dim the update holds once has the constant index 0: ``lin * 0`` keeps the store's
+    # address a block like its mask (Triton rejects a scalar pointer with a block mask).
+    at = tuple(em.assign("o", f"{i} + {s}" + (f" + {lin} * 0" if str(i).strip().isdigit()
+                                               else "")) for i, s in zip(local, starts))
     _store(em, 0, root, em.value(update, tuple(local)), at, mask)
     block = min(1024, max(16, next_pow2(n)))
     cfg = {"BLOCK": block, "num_warps": 4 if block >= 512 else 2, "num_stages": 1}
