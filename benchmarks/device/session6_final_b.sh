@@ -6,6 +6,10 @@ set -u
 OUT=${OUT:-/tmp}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD JAX_PLATFORMS=cuda,cpu HLOTK_CACHE_DIR=/tmp/hlotk_cache
 timeout 40 python3 -m compileall -q -j 0 hlo passes codegen runtime benchmarks > /dev/null 2>&1
+XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 120 python3 -m pytest -q -p no:cacheprovider -n 8 \
+    -m gpu tests/test_cuda_runtime.py tests/test_cuda_torch_ops.py > $OUT/t_gpu.log 2>&1
+echo "gpu tests (cuda runtime, torch ops) rc $?"; grep -E "passed|failed" $OUT/t_gpu.log | tail -1
+grep -E "^FAILED|^ERROR" $OUT/t_gpu.log | head -10
 timeout 120 python3 -m benchmarks.attention --only xent,suite \
     --programs attn_fwd,transformer_train > $OUT/attention.log 2>&1
 echo "attention rc $?"; grep -v "^ \|^[0-9. ]*ms \|arn" $OUT/attention.log | tail -14 | cut -c1-250
