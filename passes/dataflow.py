@@ -630,15 +630,17 @@ def _copy_while(comp: Computation, w: Instruction) -> bool:
 def _update_in_place(body: Computation, v: Instruction, vix: Index, param: Instruction,
                      ix: Index) -> bool:
     """Whether body root leaf ``ix``, leaf ``vix`` of ``v``, may be written over state leaf
-    ``ix`` itself, with no state-update copy: ``v`` updates that leaf in place by design (a
-    dynamic-update-slice, or a fusion rooted at one, ``in_place_pairs``) reading it
-    directly, only the root reads ``v``, and every other reader of the old leaf can run
-    before ``v`` (control edges are added here, as for a copy). XLA keeps a scan's stacked
-    outputs the same way; with a copy, each of 128 steps moved every stack twice."""
+    ``ix`` itself, with no state-update copy: ``v`` may take that leaf's buffer
+    (``in_place_operand_candidates``: a dynamic-update-slice writes into it by design, an
+    elementwise op or fusion reads each element where it writes it) reading it directly,
+    only the root reads ``v``, and every other reader of the old leaf can run before ``v``
+    (control edges are added here, as for a copy). XLA keeps a scan's stacked outputs and
+    accumulated gradients the same way; with copies, each of an LSTM's 128 steps moved
+    every stack twice and copied its weight gradients."""
     if not v.users or any(u is not body.root and u.opcode != "tuple" for u in v.users):
         return False
     state = None
-    for k, r_index in in_place_pairs(v):
+    for r_index, k in in_place_operand_candidates(v):
         if r_index == vix and _leaf_value(v.operands[k], ()) == (param, ix):
             state = v.operands[k]
     if state is None:

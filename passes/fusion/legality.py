@@ -357,6 +357,11 @@ def can_fuse_siblings(state: FusionState, a: Group, b: Group,
         return no(ATTENTION_FINAL)
     if any(i.opcode == "dot" for i in a.instances() + b.instances()):
         return no("GEMM fusions are not merged with siblings")
+    updates = [i for i in a.instances() + b.instances() if i.opcode == "dynamic-update-slice"]
+    if updates:
+        return no(f"%{updates[0].name} writes a window of its operand in place (a scan's "
+                  "stacked output); merged with siblings, the fusion would write the whole "
+                  "operand every step")
     relayouts = [next((i for i in g.instances() if _moves_minor_dim(i)), None) for g in (a, b)]
     if all(relayouts) and _minor_of(relayouts[0]) != _minor_of(relayouts[1]):
         return no(f"%{relayouts[0].name} and %{relayouts[1].name} re-lay out data with "
