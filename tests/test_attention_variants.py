@@ -15,6 +15,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import runtime  # noqa: E402
 from passes.fusion import fusion_kind, report_for  # noqa: E402
+from tests.test_heldout_programs import _score_sized  # noqa: E402
 from tests.test_fusion_attention import (_gpu_pipeline_grad, _loss_grad,  # noqa: E402,F401
                                          small_backward_blocks, triton_attention_on_cpu)
 
@@ -692,15 +693,6 @@ def _layers_sharing_a_mask(form: str, layers: int = 2):
     return f, args, b * 2 * s * s
 
 
-def _score_sized(c, elements: int) -> list:
-    out = []
-    for i in c.module.entry.instructions:
-        for sh in (i.shape.elements if i.shape.is_tuple else [i.shape]):
-            if not sh.is_tuple and int(np.prod(sh.dims)) == elements:
-                out.append(i.name)
-    return out
-
-
 @pytest.mark.usefixtures("small_backward_blocks")
 @pytest.mark.parametrize("form", ["causal", "padding"])
 def test_layers_sharing_one_mask_each_fuse_with_their_own_copy(form):
@@ -716,7 +708,7 @@ def test_layers_sharing_one_mask_each_fuse_with_their_own_copy(form):
         c = jf.lower(*args).compile()
         kinds = _kinds(c)
         assert kinds.count("attention") == 2 and kinds.count("attention_backward") == backward
-        assert not _score_sized(c, scores), _score_sized(c, scores)
+        assert not _score_sized(c.module, scores), _score_sized(c.module, scores)
         with jax.default_matmul_precision("highest"):
             want = jax.jit(fn)(*args)
         for a, w in zip(jax.tree.leaves(jf(*args)), jax.tree.leaves(want)):
@@ -746,7 +738,7 @@ def test_layers_sharing_one_mask_cuda_kernels(form):
             c = jf.lower(*args).compile()
             want = jax.jit(fn)(*args)
         assert _kinds(c).count("attention") == 3
-        assert not _score_sized(c, scores)
+        assert not _score_sized(c.module, scores)
         assert not [t for t in executable_of(c).host_fallbacks() if "attention" in t.reason]
         for a, w in zip(jax.tree.leaves(c(*args)), jax.tree.leaves(want)):
             a, w = np.asarray(a, np.float32), np.asarray(w, np.float32)

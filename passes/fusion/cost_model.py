@@ -29,7 +29,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Iterable, Sequence, Union
 
 from hlo.errors import HlotkError
 from hlo.ir import Computation, Instruction, Module
@@ -342,6 +342,23 @@ def estimate_kernel(body: Sequence[Instruction], outputs: Sequence[Instruction],
                     tensor + cuda + trans, 1, memory_us, compute_us)
 
 
+def external_reads(per_instruction: Iterable[Iterable[tuple[int, int, int]]],
+                   inside: set[int]) -> dict[int, list[int]]:
+    """operand id -> [its bytes, bytes touched summed over the readers]: the reads of a
+    kernel's instructions (each a ``KernelFacts`` read list) from outside ``inside``."""
+    reads: dict[int, list[int]] = {}
+    for facts in per_instruction:
+        for oid, cap, touched in facts:
+            if oid in inside:
+                continue
+            e = reads.get(oid)
+            if e is None:
+                reads[oid] = [cap, touched]
+            else:
+                e[1] += touched
+    return reads
+
+
 class KernelFacts:
     """What ``estimate_kernel`` reads of one instruction, worked out once: a fusion pass
     estimates thousands of candidate kernels over the same instructions (issue 13: the
@@ -383,16 +400,7 @@ class KernelFacts:
             return ZERO
         if inside is None:
             inside = {id(i) for i in body}
-        reads: dict[int, list[int]] = {}
-        for f in facts:
-            for oid, cap, touched in f[1]:
-                if oid in inside:
-                    continue
-                e = reads.get(oid)
-                if e is None:
-                    reads[oid] = [cap, touched]
-                else:
-                    e[1] += touched
+        reads = external_reads((f[1] for f in facts), inside)
         read = sum(min(cap, s) for cap, s in reads.values())
         written = sum(self.facts(o)[3] for o in outputs)
         for inst, f in zip(body, facts):

@@ -20,7 +20,7 @@ from hlo.ir import Computation, Instruction
 from hlo.shape import TupleShape
 
 from .cost_model import (DeviceSpec, Estimate, KernelFacts, Work, array_bytes, elements,
-                         estimate_kernel, is_free, work_of)
+                         estimate_kernel, external_reads, is_free, work_of)
 from .kinds import FLASH_ATTENTION_CONFIG, TRITON_GEMM, TRITON_NORMALIZATION
 
 _gids = itertools.count(1)
@@ -413,16 +413,7 @@ class FusionState:
             # each instance once: the merged kernel holds each at least once
             instances = list({id(i): i for i in g.instances()}.values())
             ids = {id(i) for i in instances}
-            reads: dict[int, list[int]] = {}
-            for i in instances:
-                for oid, cap, touched in facts(i)[1]:
-                    if oid in ids:
-                        continue
-                    e = reads.get(oid)
-                    if e is None:
-                        reads[oid] = [cap, touched]
-                    else:
-                        e[1] += touched
+            reads = external_reads((facts(i)[1] for i in instances), ids)
             flops = trans = 0.0
             for m in g.members:
                 w = facts(m)[2]
