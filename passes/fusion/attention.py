@@ -36,7 +36,7 @@ from hlo.ir import Instruction
 from .attention_masks import (_GENERATED, _VIEWS, NoMatch, ScoreStep,  # noqa: F401
                               _is_identity, _is_row_broadcast, _mask_step, _row_reduce,
                               _same_elements, _scalar_constant, _through, band_text,
-                              recomputable, keeps_diagonal, merged_band)
+                              keeps_diagonal, merged_band, recomputable)
 from .rewrite import _unique
 from .views import compose, view_step
 
@@ -425,10 +425,11 @@ def match_attention(pv: Instruction, stats_out: bool = False) -> Optional[Attent
     _, rows = score_layout(m.logits, m.qk)
     queries = int(np.prod([m.logits.shape.dims[r] for r in rows])) if rows else 1
     if queries < MIN_QUERY_ROWS:
+        kib = m.logits.shape.size * 4 // 1024
         raise NoMatch(f"{queries} query row(s) per batch and head (a decoding step): the "
-                      f"scores %{m.logits.name} are {m.logits.shape.size * 4 // 1024} KiB, and a flash "
-                      "kernel would stream K and V with one program per head; the dots run "
-                      "as library GEMMs, reading K and V once at full bandwidth")
+                      f"scores %{m.logits.name} are {kib} KiB, and a flash kernel would "
+                      "stream K and V with one program per head; the dots run as library "
+                      "GEMMs, reading K and V once at full bandwidth")
     members = m.members
     ids = {id(i) for i in members}
     allowed = {id(i) for i in row_stats(m)} if stats_out else set()

@@ -308,7 +308,7 @@ def can_duplicate(state: FusionState, producer: Group, consumer: Group,
     if ATTENTION in (producer.kind, consumer.kind):
         return no(ATTENTION_FINAL)
     costly = [i for i in producer.instances() if expensive(i)]
-    if costly and not _cheaper_to_recompute(state, producer, costly):
+    if costly and not _cheaper_to_recompute(state, producer):
         return no(f"%{costly[0].name} ({costly[0].opcode}) is expensive and is not duplicated "
                   "into several consumers")
     heroes = [i for i in producer.instances() if is_hero(i)]
@@ -331,14 +331,14 @@ _RECOMPUTED_VIEWS = frozenset({"broadcast", "reshape", "bitcast", "convert", "io
                                "constant", "slice", "transpose"})
 
 
-def _cheaper_to_recompute(state: FusionState, producer: Group,
-                          costly: list[Instruction]) -> bool:
+def _cheaper_to_recompute(state: FusionState, producer: Group) -> bool:
     """Whether recomputing ``producer`` (elementwise ops, some transcendental, and views)
-    costs less than the bytes its output moves: it writes more than it reads (an exp of a bf16 tensor written
-    in f32: the softmax's numerator a cross-entropy gradient reads again), so each consumer
-    reading its inputs instead saves memory traffic, and the predicted time of the copies
-    (the cost model counts the transcendentals at the SFU's rate) decides. Otherwise
-    expensive ops are not duplicated, as in XLA's instruction fusion."""
+    may cost less than the bytes its output moves: it writes more than it reads (an exp of
+    a bf16 tensor written in f32: the softmax's numerator a cross-entropy gradient reads
+    again), so each consumer reading its inputs instead saves memory traffic, and the
+    predicted time of the copies (the cost model counts the transcendentals at the SFU's
+    rate) decides. Otherwise expensive ops are not duplicated, as in XLA's instruction
+    fusion."""
     if any(i.op.category != ELEMENTWISE and i.opcode not in _RECOMPUTED_VIEWS
            for i in producer.instances()):
         return False                 # a GEMM, a reduction, a gather: never recomputed

@@ -253,6 +253,9 @@ class CudaExecutable:
         if op == "while":
             cond = inst.attrs["condition"]
             body = [t for b in inst.attrs["body"].instructions for t in self._thunks(b)]
+            if self.comm is not None:     # as _sequence does for any computation
+                from .collectives import pair_capturable
+                pair_capturable(body)
             trips = known_trip_count(inst)
             if trips is not None and all(t.capturable for t in body) and \
                     trips * len(body) <= MAX_UNROLLED_THUNKS:
