@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import sys
 import time
@@ -40,18 +39,7 @@ os.environ.setdefault("HLOTK_CACHE_DIR", "/tmp/hlotk_cache")
 os.environ.setdefault("HLOTK_AUTOTUNE", "0")
 
 
-def _emit(row: dict, jsonl: str) -> None:
-    print(json.dumps(row, default=str), flush=True)
-    if jsonl:
-        with open(jsonl, "a") as fh:
-            fh.write(json.dumps(row, default=str) + "\n")
-
-
-def _fill(row: dict, key: str, measure) -> None:
-    try:
-        row[key] = measure()
-    except Exception as e:  # noqa: BLE001  (one failure is a field)
-        row[key + "_error"] = f"{type(e).__name__}: {e}"[:300]
+from benchmarks.ln_split_probe import _emit, _fill  # noqa: E402  (the same row format)
 
 
 def replay_us(run) -> float:

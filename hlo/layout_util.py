@@ -48,6 +48,12 @@ def major_to_minor(layout: Layout | Sequence[int] | None, rank: int) -> tuple[in
     return tuple(reversed(_m2m(layout, rank)))
 
 
+def minor_dim(shape: Shape) -> int:
+    """The logical dim of an array ``shape`` that is contiguous in memory (the last one
+    without a layout)."""
+    return major_to_minor(shape.layout, shape.rank)[-1]
+
+
 def physical_dims(shape: Shape) -> tuple[int, ...]:
     """The shape's dims in memory order (major-most first)."""
     return tuple(shape.dims[d] for d in major_to_minor(shape.layout, shape.rank))

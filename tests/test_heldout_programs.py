@@ -132,3 +132,49 @@ def test_a_decoding_step_is_not_a_flash_attention_and_says_why():
     assert "attention" not in kinds, kinds
     reasons = [d.reason for d in report_for(c.module).decisions if d.action == "attention"]
     assert any("1 query row(s) per batch and head (a decoding step)" in r for r in reasons)
+
+
+def test_layout_copies_around_the_expert_gemms_are_not_gemm_prologues_or_epilogues():
+    """The mixture of experts' dispatch einsum gives [T, D, E]; layout assignment re-lays
+    it out expert-major for the batched GEMMs. Those copies change which dim is contiguous,
+    so no GEMM fusion takes them in (read or stored across the old order, the expert GEMMs
+    ran at a tenth of cuBLAS's rate on the H200), and explain-fusion says why."""
+    import benchmarks.heldout_programs as hp
+    from passes.fusion import report_for
+    from passes.fusion.legality import _moves_minor_dim
+    from passes.pipelines import PIPELINES
+    args = hp.more_args(np.random.default_rng(0), "moe_grad", small=True)
+    c = runtime.jit(hp.moe_grad, target="h200", pipeline=PIPELINES["default"]["cuda"]) \
+        .lower(*args).compile()
+    gemms = [i for i in c.module.entry.instructions
+             if i.opcode == "fusion" and fusion_kind(i) == "gemm"]
+    assert not [g.name for g in gemms
+                if any(_moves_minor_dim(b) for b in g.attrs["calls"].instructions)]
+    reasons = " ".join(d.reason for d in report_for(c.module).decisions)
+    assert "operand is contiguous" in reasons and "re-lays out" in reasons
+
+
+def test_a_scans_stacked_outputs_are_not_one_sibling_fusion():
+    """Two stacked outputs of a scan written from one 128 KB carry: each is its own
+    in-place update-slice fusion, not one multi-output fusion writing every stack each
+    step (an LSTM's eleven stacks: 176 MB per step)."""
+    import jax.numpy as jnp
+    from passes.pipelines import PIPELINES
+
+    def f(xs, w):
+        def step(h, x):
+            h = jnp.tanh(h @ w + x)
+            return h, (h * 2.0, h + 1.0)
+        return jax.lax.scan(step, jnp.zeros(xs.shape[1:], xs.dtype), xs)
+    rng = np.random.default_rng(1)
+    xs = rng.standard_normal((8, 64, 512)).astype(np.float32)
+    w = (rng.standard_normal((512, 512)) * 0.03).astype(np.float32)
+    c = runtime.jit(f, target="h200", pipeline=PIPELINES["default"]["cuda"]) \
+        .lower(xs, w).compile()
+    loop = next(i for i in c.module.entry.instructions if i.opcode == "while")
+    updates = [sum(b.opcode == "dynamic-update-slice" for b in i.attrs["calls"].instructions)
+               for i in loop.attrs["body"].instructions if i.opcode == "fusion"]
+    assert updates.count(1) >= 2 and max(updates) == 1, updates
+    got, want = jax.tree.leaves(c(xs, w)), jax.tree.leaves(jax.jit(f)(xs, w))
+    for g, wv in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(wv), rtol=2e-5, atol=2e-5)

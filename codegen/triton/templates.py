@@ -260,8 +260,8 @@ def loop_template(em: Emitter, comp: Computation, big: bool, generic: bool = Fal
 
 # --- transpose template -----------------------------------------------------------------------
 def _physical_minor(shape: Shape) -> int:
-    from hlo.layout_util import major_to_minor
-    return major_to_minor(shape.layout, shape.rank)[-1]
+    from hlo.layout_util import minor_dim
+    return minor_dim(shape)
 
 
 def _source_minor(v: Instruction) -> int | None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hlo.ir import Instruction
-from hlo.layout_util import major_to_minor
+from hlo.layout_util import minor_dim
 from hlo.ops import COLLECTIVE, CONTROL_FLOW, ELEMENTWISE
 
 from ..layout_assignment import eight_bit_dot
@@ -117,13 +117,11 @@ def is_tiled_transpose(inst: Instruction) -> bool:
     shared-memory tiles (XLA's transpose hero)."""
     if inst.opcode != "transpose":
         return False
-    from hlo.layout_util import major_to_minor
     src = inst.operands[0].shape
     perm = tuple(inst.attrs.get("dimensions", ()))
     if not perm or src.rank < 2:
         return False
-    out_minor = major_to_minor(inst.shape.layout, inst.shape.rank)[-1]
-    in_minor = major_to_minor(src.layout, src.rank)[-1]
+    out_minor, in_minor = minor_dim(inst.shape), minor_dim(src)
     moved = perm[out_minor] != in_minor
     return moved and src.dims[in_minor] >= 32 and inst.shape.dims[out_minor] >= 32
 
@@ -288,18 +286,13 @@ def _moves_minor_dim(inst: Instruction) -> bool:
     src = inst.operands[0]
     if not src.shape.is_array:
         return False
-    out_minor = major_to_minor(inst.shape.layout, inst.shape.rank)[-1]
+    out_minor = minor_dim(inst.shape)
     if inst.opcode == "transpose":
         out_minor = tuple(inst.attrs.get("dimensions", ()))[out_minor]
-    src_minor = major_to_minor(src.shape.layout, src.shape.rank)[-1]
+    src_minor = minor_dim(src.shape)
     size = inst.operands[0].shape.dims
     # Moving a dim of size 1 changes no addresses.
     return out_minor != src_minor and size[src_minor] > 1 and size[out_minor] > 1
-
-
-def _minor_of(inst: Instruction) -> int:
-    """The logical dim ``inst``'s result holds contiguously."""
-    return major_to_minor(inst.shape.layout, inst.shape.rank)[-1]
 
 
 def can_duplicate(state: FusionState, producer: Group, consumer: Group,
@@ -363,7 +356,7 @@ def can_fuse_siblings(state: FusionState, a: Group, b: Group,
                   "stacked output); merged with siblings, the fusion would write the whole "
                   "operand every step")
     relayouts = [next((i for i in g.instances() if _moves_minor_dim(i)), None) for g in (a, b)]
-    if all(relayouts) and _minor_of(relayouts[0]) != _minor_of(relayouts[1]):
+    if all(relayouts) and minor_dim(relayouts[0].shape) != minor_dim(relayouts[1].shape):
         return no(f"%{relayouts[0].name} and %{relayouts[1].name} re-lay out data with "
                   "different contiguous dims; together no tile reads and writes whole runs, "
                   "apart each is a transpose kernel")
