@@ -425,3 +425,27 @@ def test_fusion_is_deterministic_across_clones():
         Fusion(target="h200", library_dots="f32").run(c)
         texts.add(c.to_text())
     assert len(texts) == 1
+
+
+def _update_kernels(shared_input: bool) -> list:
+    """Two Adam-like updates of [512,512] arrays (1 MB each). They share a scalar's
+    broadcast (lr * t), and with ``shared_input`` also a 1 MB array."""
+    def f(p1, g1, p2, g2, t):
+        lr = 1e-3 * t
+        if shared_input:
+            return p1 - lr * g1 * g2, p2 - lr * g2
+        return p1 - lr * g1, p2 - lr * g2
+    s = jax.ShapeDtypeStruct((512, 512), jnp.float32)
+    m = hlo.from_jax(f, s, s, s, s, jax.ShapeDtypeStruct((), jnp.float32))
+    run_pipeline(m, f"{PREP},fusion{{target=h200}}")
+    return fusions(m)
+
+
+def test_siblings_sharing_only_a_broadcast_scalar_stay_apart():
+    # Each update recomputes the broadcast: one kernel would read nothing fewer, and its
+    # source would differ from the single update's (one more Triton compile per shape).
+    apart = _update_kernels(shared_input=False)
+    assert len(apart) == 2 and all(len(list(f.shape.leaves())) == 1 for f in apart)
+    # A real 1 MB input read by both is read once by a sibling fusion.
+    (together,) = _update_kernels(shared_input=True)
+    assert len(list(together.shape.leaves())) == 2

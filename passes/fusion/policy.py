@@ -104,6 +104,11 @@ def sibling_candidates(state: FusionState, min_shared_bytes: int = 1 << 16) -> I
     made = state._siblings       # the same object for the same pair in every round
     for inst in state.shared_values(min_shared_bytes):
         readers = state.group_readers(inst)
+        if all(inst in g for g in readers):
+            # Every reader recomputes the value (a broadcast duplicated into each): nothing
+            # is read once for all of them, and the merged kernel would only be a bigger
+            # compile (adam_step's same-shape updates sharing one broadcast of a scalar).
+            continue
         for a, b in zip(readers, readers[1:]):
             pair = (a.id, b.id)
             if pair not in seen:
