@@ -31,7 +31,8 @@ candidate compiled at once by the compile workers, codegen/triton/parallel.py),
 candidate configs; HLOTK_AUTOTUNE level as given), ``warmup`` (the whole first run: pool,
 JIT, loads, autotune, first launches), ``native`` (the native graph's captures and
 patching), ``call_rest`` (the first call minus warmup and native: the native launcher's
-library, JAX's jit of the FFI call), ``capture`` (the second call). ``first call`` = lower +
+library, JAX's jit of the FFI call), ``capture`` (the second call: since session 7 the first
+call runs on the Python path and the second builds the native graph). ``first call`` = lower +
 compile + the first call, after imports and device init (XLA's ``lower+compile`` is measured
 the same way: after JAX's import and device init); ``fresh process`` adds the imports and
 inits (XLA's: jax import + device init + lower + compile). XLA: ``jax.jit(f).lower(*a)
@@ -214,6 +215,7 @@ def child_gpu(name: str, level: str) -> dict:
     entries1 = _cache_entries()
     got = jax.block_until_ready(compiled(*dev_args))
     t3 = clock()
+    native_first = getattr(exe, "native", None)    # None: the first call took the Python path
     gc_log["stop"]()
     # Modules the first call imported (compiled from source where no bytecode is kept).
     new_modules = sorted(m for m in set(sys.modules) - modules0
@@ -243,7 +245,7 @@ def child_gpu(name: str, level: str) -> dict:
     row["pool"] = exe.stats.get("precompile_s", 0.0)
     row["warmup"] = sum(warm)                # the first run: pool, autotune, first launches
     row.update(acc)
-    native = getattr(exe, "native", None)
+    native = native_first
     row["native"] = getattr(native, "build_seconds", 0.0) - row["warmup"] if native else 0.0
     row["native_path"] = getattr(exe, "native_reason", "")
     row["triton"] = (t3 - t2) - row["autotune"] - row["pool"]

@@ -140,6 +140,29 @@ def test_templates_with_tiles_are_still_timed_at_level_1():
     assert compile_fusion(_gemm_fusion(), target="h200", autotune=1).autotune == 1
 
 
+def test_row_tiles_default_to_16_elements_per_thread_and_level_1_compiles_none_heavier():
+    """A [8192, 4096] softmax: one row of 4096 per program at 8 warps (16 per thread, where
+    the old default had 32); level 1 leaves out every candidate with more per thread (their
+    Triton compiles were the pool's slowest: 0.19-1.18 s against ~0.1 on the H200), level 2
+    keeps them all."""
+    x = np.ones((8192, 4096), np.float32)
+    rows = compile_fusion(_fusion(lambda x: jnp.exp(x) / jnp.sum(jnp.exp(x), axis=-1,
+                                                                   keepdims=True), x),
+                          target="h200", autotune=1)
+    assert rows.template == "normalization"
+    assert (rows.config["BLOCK_M"], rows.config["BLOCK_N"], rows.config["num_warps"]) == \
+        (1, 4096, 8)
+    assert at.elements_per_thread(rows.config) == 16
+    spec = get_device("h200")
+    pruned = at.ranked_candidates(rows, 1, spec)
+    assert pruned[0] == rows.config and len(pruned) > 1
+    assert all(at.elements_per_thread(c) <= 16 for c in pruned)
+    heavier = [c for c in rows.plan.candidates if at.elements_per_thread(c) > 16]
+    assert heavier and all(c in at.ranked_candidates(rows, 2, spec) for c in heavier)
+    # GEMM tiles are not row tiles: no bound applies to them.
+    assert at.elements_per_thread({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}) is None
+
+
 def test_stored_result_is_reused_only_for_same_device_and_triton(monkeypatch):
     fusion = _gemm_fusion()
     kernel = compile_fusion(fusion, target="h200", autotune=1)

@@ -552,6 +552,18 @@ def test_build_and_capture_failures_warn_and_keep_the_python_path(monkeypatch, f
         assert exe.native_graph() is None
 
 
+def test_which_first_calls_take_the_python_path(monkeypatch):
+    from runtime.jit import first_call_python
+    monkeypatch.delenv("HLOTK_NATIVE_FIRST_CALL", raising=False)
+    assert first_call_python("cuda", ())
+    assert first_call_python("cuda", frozenset())
+    assert not first_call_python("cpu", ())              # no native graph there at all
+    assert not first_call_python("cuda", (0,))           # donated: the native call aliases
+    assert not first_call_python("cuda", frozenset({1}))
+    monkeypatch.setenv("HLOTK_NATIVE_FIRST_CALL", "1")
+    assert not first_call_python("cuda", ())
+
+
 # --- on a GPU ------------------------------------------------------------------------------------
 gpu = pytest.mark.gpu
 
@@ -787,6 +799,29 @@ def test_runtime_jit_front_with_static_and_keyword_arguments_and_bad_arguments()
 
 
 @gpu
+def test_first_call_is_the_python_path_and_the_second_builds_the_native_graph(monkeypatch):
+    import runtime
+    from runtime.cuda import executable_of
+    dev = _jax_gpu()
+    fn = lambda x, y: (jnp.tanh(x) * y, (x - y).sum())  # noqa: E731
+    rng = np.random.default_rng(5)
+    x, y = (jax.device_put(rng.standard_normal((64, 96)).astype(np.float32), dev) for _ in "xy")
+    want = jax.jit(fn)(x, y)
+    f = runtime.jit(fn, backend="cuda")
+    _close(f(x, y), want, 1e-6)
+    exe = executable_of(f._cache[next(iter(f._cache))])
+    assert exe.native is None and not f._front and "not tried" in exe.native_reason
+    _close(f(x, y), want, 1e-6)
+    assert exe.native is not None and f._front, exe.native_reason
+    _close(f(x, y), want, 1e-6)
+    # HLOTK_NATIVE_FIRST_CALL=1: the graph from the first call (a Compiled's too).
+    monkeypatch.setenv("HLOTK_NATIVE_FIRST_CALL", "1")
+    c = runtime.jit(fn, backend="cuda").lower(x, y).compile()
+    _close(c(x, y), want, 1e-6)
+    assert executable_of(c).native is not None
+
+
+@gpu
 def test_host_control_flow_takes_the_python_path_with_the_same_answer():
     from jax import lax
     import runtime
@@ -797,11 +832,11 @@ def test_host_control_flow_takes_the_python_path_with_the_same_answer():
                                   lambda c: (c[0] * 2 + 1, c[1] * 2), (v[0], v))[1]
     x = jax.device_put(np.ones(8, np.float32), dev)
     f = runtime.jit(fn, backend="cuda")
-    _close(f(x), jax.jit(fn)(x), 1e-6)
+    _close(f(x), jax.jit(fn)(x), 1e-6)      # a first call is on the Python path anyway
+    _close(f(x), jax.jit(fn)(x), 1e-6)      # the second decides: the checked path, still right
     exe = executable_of(f._cache[next(iter(f._cache))])
     assert exe.native is None and "while" in exe.native_reason
     assert "host path: python" in exe.report()
-    _close(f(x), jax.jit(fn)(x), 1e-6)      # later calls: the checked path, still right
     counted = lambda v: lax.fori_loop(0, 3, lambda i, c: c * 2 + i, v)  # noqa: E731
     g = runtime.jit(counted, backend="cuda")
     _close(g(x), jax.jit(counted)(x), 1e-6)

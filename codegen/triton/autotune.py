@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from codegen.cache import cache_root
+from codegen.triton.templates import ROW_TILE_ELEMENTS_PER_THREAD
 
 PRUNED_TOP = 3      # configs timed at level 1, besides the template's default
 # Templates whose candidates level 1 does not time when the kernel is predicted under
@@ -111,6 +112,14 @@ def predict_config_us(kernel_us: float, grid: tuple, config: dict, spec: Any) ->
     return launch + max(kernel_us - launch, 0.0) / efficiency
 
 
+def elements_per_thread(config: dict) -> Optional[float]:
+    """Elements of a row tile ([BLOCK_M, BLOCK_N], no BLOCK_K) per thread of ``config``;
+    None for other tiles (GEMM, transpose, loop)."""
+    if "BLOCK_M" not in config or "BLOCK_N" not in config or "BLOCK_K" in config:
+        return None
+    return config["BLOCK_M"] * config["BLOCK_N"] / (32 * int(config.get("num_warps", 4)))
+
+
 def ranked_candidates(kernel: Any, level: int, spec: Any) -> list[dict]:
     """The configs to time: all of them at level 2, else the default and the best
     ``PRUNED_TOP`` others by ``predict_config_us``; only the default for a small loop kernel
@@ -121,7 +130,14 @@ def ranked_candidates(kernel: Any, level: int, spec: Any) -> list[dict]:
     if level < 2 and getattr(kernel, "template", "") in UNTIMED_AT_PRUNED and \
             (getattr(kernel, "predicted_us", 0.0) or 0.0) < loop_timed_from_us():
         return [dict(kernel.config)]
-    if level >= 2 or len(cands) <= PRUNED_TOP + 1:
+    if level >= 2:
+        return cands
+    # Level 1: no candidate heavier per thread than the default (its Triton compile is the
+    # slowest of the pool's jobs, and none of them measured faster: templates.py,
+    # ROW_TILE_ELEMENTS_PER_THREAD).
+    bound = max(elements_per_thread(kernel.config) or 0, ROW_TILE_ELEMENTS_PER_THREAD)
+    cands = [c for c in cands if c == kernel.config or (elements_per_thread(c) or 0) <= bound]
+    if len(cands) <= PRUNED_TOP + 1:
         return cands
     base = getattr(kernel, "predicted_us", 0.0) or 10.0
 

@@ -44,8 +44,7 @@ from hlo.shape import Shape
 from .elemental import Emitter, Index, is_narrow_float, tl_type
 from .templates import (COLUMN_PROGRAMS, NotTileable, Plan, _merge, _reduce_parts, _store,
                         clamp_if, combine_fn, is_sum_reducer, next_pow2, outputs_of, prev_pow2,
-                        reduce_tile_rows,
-                        row_tile_limit)
+                        reduce_tile_rows, row_tile_limit, row_tile_warps)
 
 LEGACY_ENV = "HLOTK_REDUCTION_TEMPLATES"
 # Widest row read as a single tile when a looped kernel would read it once anyway; wider
@@ -503,9 +502,7 @@ def _single(em: Emitter, a: Analysis, big: bool) -> Plan:
     """The row in one [BLOCK_M, next_pow2(R)] tile: loads once, reduces in registers."""
     BN = next_pow2(a.R)
     BM = max(1, min(next_pow2(a.M), 4096 // BN if BN <= 4096 else 1))
-    warps = max(1, min(16, (BM * BN) // 1024))
-    if BN >= 2048:
-        warps = max(warps, 4)
+    warps = row_tile_warps(BM * BN)
     kept_idx = _rows_prologue(em, a, big)
     full_idx = _columns(em, a, kept_idx, "", big)
     need = a.R != BN

@@ -34,6 +34,23 @@ def prev_pow2(n: int) -> int:
     return 1 << (int(n).bit_length() - 1)
 
 
+# A row tile's elements per thread in the default config. Measured on the H200
+# (benchmarks/norm_configs.py, NOTES session 7): a config's Triton compile grows with its
+# elements per thread (softmax [8192,4096]: 8 per thread 0.11 s, 16 0.10, 32 0.19, 64 0.52,
+# 128 1.18), and over softmax, layer norm and RMSNorm at five shapes a config of at most 16
+# ran within 1.5% of the best of all candidates (32 per thread, the old default, up to 15%
+# slower: a 32000-wide softmax).
+ROW_TILE_ELEMENTS_PER_THREAD = 16
+
+
+def row_tile_warps(block_elements: int) -> int:
+    """Warps for a [BLOCK_M, BLOCK_N] row tile of ``block_elements``: at most
+    ``ROW_TILE_ELEMENTS_PER_THREAD`` elements per thread, 1 to 16 warps, and at least 4 for
+    tiles of 2048 elements or more."""
+    warps = max(1, min(16, block_elements // (32 * ROW_TILE_ELEMENTS_PER_THREAD)))
+    return max(warps, 4) if block_elements >= 2048 else warps
+
+
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
@@ -443,9 +460,12 @@ def rows_template(em: Emitter, comp: Computation, big: bool,
         BM = max(1, min(next_pow2(M), 4096 // BN if BN <= 4096 else 1))
     else:
         BM, BN = 1, 4096
-    warps = max(1, min(16, (BM * BN) // 1024)) if not column else (8 if BM * BN >= 8192 else 4)
-    if not column and single and BN >= 2048:
-        warps = max(warps, 4)
+    if column:
+        warps = 8 if BM * BN >= 8192 else 4
+    elif single:
+        warps = row_tile_warps(BM * BN)
+    else:
+        warps = max(1, min(16, (BM * BN) // 1024))
 
     em.line("pid = tl.program_id(0)")
     em.line(f"rows = pid{'.to(tl.int64)' if big else ''} * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]",
