@@ -8,7 +8,8 @@ memoizes it per (instruction, index), inside the current loop scope.
 
 Index arithmetic keeps every index in range (callers clamp the tile's own indices; pad,
 concatenate, dynamic slices and gathers clamp theirs), so parameter loads need no mask:
-only stores and reductions look at masks.
+only stores and reductions look at masks. (A flat loop kernel, ``flat_loop.py``, has no
+coordinates to clamp: its loads take the store's mask.)
 
 Numerics: values live in their HLO element type; an elementwise op on bf16/f16 computes in
 f32 and rounds back after each op (``round_narrow_each_op=True``, what our reference
@@ -289,6 +290,9 @@ class Emitter:
         # small minor dim then load the whole minor row as one tile (``minor_tiles.py``).
         self.tile_rows: Optional[str] = None
         self.tiles_used = False
+        # (offsets, mask) of a flat loop kernel (``flat_loop.py``): every full-size parameter
+        # is read at ``ptr + offsets`` under the mask, a one-element one at ``ptr``.
+        self.flat: Optional[tuple[str, str]] = None
 
     # --- lines and scopes ------------------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -444,6 +448,16 @@ class Emitter:
 
     # --- leaves --------------------------------------------------------------------------------
     def _load_param(self, inst: Instruction, idx: Index, comment: str) -> str:
+        if self.flat is not None:
+            # No coordinates: the flat offsets (masked, as the last block runs past the
+            # runtime element count) or, for one element, its only address.
+            offs, mask = self.flat
+            ptr = self.params[inst.parameter_number]
+            load = (f"tl.load({ptr})" if math.prod(inst.shape.dims) == 1
+                    else f"tl.load({ptr} + {offs}, mask={mask})")
+            if is_narrow_float(inst.shape.dtype) and not self.round_narrow:
+                load += ".to(tl.float32)"
+            return self.assign(inst.name, load, comment)
         if self.tile_rows is not None:
             from .minor_tiles import tile_column
             col = tile_column(self, inst, idx, comment)

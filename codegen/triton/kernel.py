@@ -8,6 +8,8 @@ Kernel arguments: input pointers (fusion parameters in order), output pointers, 
 constant arrays, then the strides of each of those tensors in elements, then the
 ``tl.constexpr`` block sizes. Strides are read from the tensors at launch time, so a caller
 that passes logical-shape views with physical strides (any layout) gets the right answer.
+A flat loop kernel (``flat_loop.py``: purely elementwise, its source free of shapes) takes
+the element count ``n`` instead of the strides; ``launch`` hands it dense views.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from .pdl import Pdl
 from .autotune import autotune_level, needs_timing, tune, tuned_config
 from .canonical import canonical_text
 from .elemental import Emitter, TritonCodegenError, helpers_for
+from .flat_loop import dense_strides, int_specialization, is_dense
 from .reductions import Split, legacy as legacy_reductions
 from .reductions import rows_template as reduction_rows_template
 from .templates import (NotTileable, Plan, gemm_template, loop_template, outputs_of, rows_template,
@@ -101,6 +104,7 @@ class TritonKernel:
     _fn: Any = None
     _hash_primed: bool = False     # fn.hash set from / recorded in jit_hash's table
     _const_tensors: dict = field(default_factory=dict)
+    _strides: Optional[list] = None   # a flat kernel's dense strides per input and output
 
     @property
     def grid(self) -> tuple:
@@ -122,8 +126,18 @@ class TritonKernel:
                 raise TritonCodegenError(f"kernel {self.name}: {what[:-1]} {i} has shape "
                                          f"{tuple(t.shape)}, expected {tuple(s.dims)} ({s})")
 
+    @property
+    def flat_n(self) -> Optional[int]:
+        """The element count a flat loop kernel takes (``flat_loop.py``); None: strided."""
+        return self.plan.flat_n
+
+    @property
+    def variant_tag(self) -> str:
+        """What besides the source and config tells this kernel's Triton compiles apart
+        (``parallel.variant_key``): a flat kernel's ``n`` by how Triton specializes it."""
+        return "" if self.flat_n is None else "n=" + int_specialization(self.flat_n)
+
     def _args(self, outputs: Sequence[Any], inputs: Sequence[Any]) -> list:
-        import torch
         device = outputs[0].device
         consts = self._const_tensors.get(str(device))
         if consts is None:
@@ -131,10 +145,34 @@ class TritonKernel:
             self._const_tensors[str(device)] = consts
         tensors = list(inputs) + list(outputs) + consts
         args: list = [_as_triton(t) for t in tensors]
+        if self.flat_n is not None:
+            args.append(self.flat_n)
+            return args
         for t in tensors:
             args.extend(int(s) for s in t.stride())
-        del torch
         return args
+
+    def _dense(self, outputs: Sequence[Any], inputs: Sequence[Any]
+               ) -> tuple[list, list, list]:
+        """A flat kernel reads and writes memory order: (outputs, inputs, pending copies)
+        where every view not dense in its HLO layout (the runtime hands none such; a caller
+        may) is replaced by a dense copy (an output: a scratch copied back after the launch)."""
+        want = self._strides
+        if want is None:
+            want = self._strides = [dense_strides(s) for s in
+                                    list(self.input_shapes) + list(self.output_shapes)]
+        ins, outs, pending = list(inputs), list(outputs), []
+        for k, t in enumerate(ins + outs):
+            w = want[k]
+            if is_dense(tuple(t.shape), tuple(t.stride()), w):
+                continue
+            dense = t.new_empty_strided(tuple(t.shape), w)
+            if k < len(ins):
+                ins[k] = dense.copy_(t)
+            else:
+                outs[k - len(ins)] = dense
+                pending.append((t, dense))
+        return outs, ins, pending
 
     def launch(self, outputs: Sequence[Any], inputs: Sequence[Any], stream: Any = None,
                config: Optional[dict] = None) -> None:
@@ -144,6 +182,9 @@ class TritonKernel:
         self._check(outputs, self.output_shapes, "outputs")
         if any(math.prod(s.dims) == 0 for s in self.output_shapes):
             return
+        pending: list = []
+        if self.flat_n is not None:
+            outputs, inputs, pending = self._dense(outputs, inputs)
         args = self._args(outputs, inputs)
         if config is None and self.autotune and not interpret_mode() and outputs[0].is_cuda:
             level, self.autotune = self.autotune, 0
@@ -159,6 +200,8 @@ class TritonKernel:
                 direct_launch.launch(self.fn, grid, args, kwargs)
         else:
             direct_launch.launch(self.fn, grid, args, kwargs)
+        for dst, src in pending:
+            dst.copy_(src)
         if not self._hash_primed:       # Triton's key for this function: next process reads it
             self._hash_primed = True
             jit_hash.record(self._fn, self.path, self.name)
@@ -244,12 +287,17 @@ def _generate(fusion: Instruction, template: str, round_narrow: bool,
         outs = plan.output_shapes    # type: ignore[assignment]
     args = [f"p{p.parameter_number}" for p in params] + [f"out{k}" for k in range(len(outs))]
     args += [f"const{k}" for k in range(len(em.extra_constants))]
-    strides = [s for p in params for s in em.param_strides[p.parameter_number]]
-    strides += [f"so{k}_{d}" for k, o in enumerate(outs)
-                for d in range(len(getattr(o, "shape", o).dims))]
-    strides += [f"sc{k}_{d}" for k, c in enumerate(em.extra_constants) for d in range(c.ndim)]
+    if plan.flat_n is not None:       # a flat loop kernel: the element count, no strides
+        strides = ["n"]
+    else:
+        strides = [s for p in params for s in em.param_strides[p.parameter_number]]
+        strides += [f"so{k}_{d}" for k, o in enumerate(outs)
+                    for d in range(len(getattr(o, "shape", o).dims))]
+        strides += [f"sc{k}_{d}" for k, c in enumerate(em.extra_constants) for d in range(c.ndim)]
     sig = ", ".join(args + strides + [f"{c}: tl.constexpr" for c in plan.constexprs])
-    parts = [_header(fusion, comp, plan.template, name), "",
+    what = plan.template + (" (flat: the element count n is a launch argument)"
+                            if plan.flat_n is not None else "")
+    parts = [_header(fusion, comp, what, name), "",
              "import triton", "import triton.language as tl"]
     parts.append("from triton.language.extra import libdevice" if not interpret_mode() else "")
     if pdl:

@@ -412,9 +412,13 @@ def _mark(keys: list[str]) -> None:
 
 
 def variant_key(kernel: Any, config: dict) -> str:
+    """One Triton compile: the kernel's source (its content key), the config, and what
+    else its specialization depends on (``TritonKernel.variant_tag``: a flat kernel of
+    several sizes is one source, compiled once per class of its element count)."""
     from .autotune import tuning_key
     cfg = json.dumps(config, sort_keys=True, separators=(",", ":"))
-    return tuning_key(kernel.key).replace(" ", "_") + "|" + cfg
+    tag = getattr(kernel, "variant_tag", "")
+    return tuning_key(kernel.key).replace(" ", "_") + "|" + cfg + (f"|{tag}" if tag else "")
 
 
 def compile_weight(kernel: Any, config: dict) -> float:

@@ -18,6 +18,7 @@ from hlo.ir import Computation, Instruction
 from hlo.shape import Shape
 
 from .elemental import Emitter, Index, is_narrow_float, tl_type
+from .flat_loop import FLAT_CONFIG, MAX_BLOCK, SCALAR_CONFIG, flat_enabled, flat_reason
 from .minor_tiles import minor_tiles_enabled, unit_store_hint
 
 
@@ -67,6 +68,9 @@ class Plan:
     # The parameter whose values the output must already hold: the kernel writes only a
     # window of it (update_slice.py); None for kernels that write every output element.
     in_place: Optional[int] = None
+    # A flat loop kernel's element count (flat_loop.py): passed as the runtime argument
+    # ``n`` in place of the strides, which such a kernel does not take. None: strided.
+    flat_n: Optional[int] = None
 
 
 def outputs_of(comp: Computation) -> list[Instruction]:
@@ -235,6 +239,8 @@ def serial_dot(em: Emitter, inst: Instruction, idx: Index) -> str:
 # --- loop template ----------------------------------------------------------------------------
 def loop_template(em: Emitter, comp: Computation, big: bool, generic: bool = False) -> Plan:
     outs = outputs_of(comp)
+    if not generic and flat_enabled() and not flat_reason(comp, outs):
+        return flat_loop_template(em, outs, big)
     em.reduce_handler = lambda inst, idx: serial_reduce(em, inst, idx)
     em.dot_handler = lambda inst, idx: serial_dot(em, inst, idx)
     n_max = max(numel(o.shape) for o in outs)
@@ -273,6 +279,31 @@ def loop_template(em: Emitter, comp: Computation, big: bool, generic: bool = Fal
              if b <= max(16, next_pow2(n_max))] or [cfg]
     return Plan("generic" if generic else "loop", ["BLOCK"], cfg,
                 lambda c: (max(1, -(-n_max // c["BLOCK"])),), cands)
+
+
+def flat_loop_template(em: Emitter, outs: list[Instruction], big: bool) -> Plan:
+    """A purely elementwise fusion (``flat_loop.flat_reason``) over flat offsets: no dims in
+    the source, the element count ``n`` a runtime argument, so fusions differing only in
+    their shape share one kernel. Triton specializes ``n`` as it does any integer argument
+    (16 divides it or not, equal to 1): that splits the compiles by class, not by size."""
+    n = numel(outs[0].shape)
+    wide = big or n + MAX_BLOCK > 2 ** 31 - 1      # offs runs a block past n
+    em.line("pid = tl.program_id(0)")
+    em.line(f"offs = pid{'.to(tl.int64)' if wide else ''} * BLOCK + tl.arange(0, BLOCK)",
+            "flat offsets, in memory order, of this program's elements")
+    em.line("mask = offs < n", "n: the element count, a launch argument")
+    em.flat = ("offs", "mask")
+    idx = tuple("offs" for _ in outs[0].shape.dims)   # no coordinates are read
+    for k, out in enumerate(outs):
+        v = em.value(out, idx)
+        dt = tl_type(out.shape.dtype)
+        em.line(f"tl.store(out{k} + offs, ({v}).to({dt}), mask=mask)", f"output {k}: %{out.name}")
+    cfg = dict(FLAT_CONFIG if n > 1 else SCALAR_CONFIG)
+    cands = [dict(cfg, BLOCK=b, num_warps=w)
+             for b, w in ((256, 2), (512, 4), (1024, 4), (2048, 8), (4096, 8))
+             if b <= max(16, next_pow2(n))] or [cfg]
+    return Plan("loop", ["BLOCK"], cfg, lambda c: (max(1, -(-n // c["BLOCK"])),), cands,
+                flat_n=n)
 
 
 # --- transpose template -----------------------------------------------------------------------
