@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # i13-generic, one call: flat loop kernels (codegen/triton/flat_loop.py) against main.
-# Run from the lead's checkout with .dev/i13-generic/{branch,main} (copies of both trees):
+# Run from a folder holding copies of both trees, branch/ and main/ (the lead's checkout's
+# .dev/i13-generic: `cd .dev/i13-generic && bash branch/benchmarks/device/i13_generic_run.sh`):
 #   cold first call of adam_step and giou, main / branch / branch / main (compile_time,
 #   autotune 1, one shared machine cache); adam_step's device time (gpu_suite) on both;
 #   then the flat kernels' GPU tests. Each step gets what is left of a 300 s budget.
 set -u
 OUT=${OUT:-/tmp}
 export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda,cpu
-ROOT=$PWD/.dev/i13-generic
+ROOT=$PWD
 BUDGET=300
 step() {          # step NAME MAX_SECONDS DIR command...: skipped when under 15 s are left
   local name=$1 max=$2 dir=$3; shift 3
