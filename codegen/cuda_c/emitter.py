@@ -691,9 +691,11 @@ def emit_loop_kernel(fusion: Instruction, round_narrow_each_op: bool = True) -> 
             em.indent += 1
             em.scopes.append({})
         idx = tuple(em.delinearize("i", "t", dims))
+        # Every value before any store: an output written over an input's buffer (buffer
+        # assignment's sharing) cannot change what this thread reads afterwards.
+        values = {k: em.value(outs[k], idx) for k in ks}
         for k in ks:
-            o = outs[k]
-            v = em.value(o, idx)
+            o, v = outs[k], values[k]
             terms = [_term(i, f"so{k}_{d}") for d, i in enumerate(idx)]
             terms = [x for x in terms if x != "0"]
             dtype = o.shape.dtype
