@@ -140,7 +140,7 @@ def test_text_index_ops():
     assert "t / 4LL" in src and "(t) % 4LL" in src          # the output index, row-major
     assert "* 2LL" in src                                    # the slice's stride
     assert "3LL - " in src                                   # the reverse
-    assert "in_p_" in src and "? " in src                    # the pad's inside test
+    assert "in_pad_" in src and "? " in src                    # the pad's inside test
     assert "((float)" in src                                 # iota converted
 
 
@@ -155,6 +155,21 @@ def test_text_narrow_floats_round_per_op():
     assert "hl_f32_to_bf16(" in src              # the store
     kept = emit_loop_kernel(f, round_narrow_each_op=False).source
     assert "hl_round_bf16((" not in kept.split("__global__")[1]   # f32 between ops
+
+
+def test_same_code_under_other_names_compiles_once():
+    """Two fusions that differ only in HLO names: the same code apart from comments (the
+    cubin cache's and the compile's key), each file naming its own HLO."""
+    from codegen.cuda_c.emitter import compile_text
+    body = """  %{a} = f32[16] parameter(0)
+  %{e} = f32[16] exponential(%{a})
+  ROOT %{n} = f32[16] negate(%{e})"""
+    k1 = emit_loop_kernel(make(body.format(a="x", e="ex", n="neg"), ["x: f32[16]"], "f32[16]"))
+    k2 = emit_loop_kernel(make(body.format(a="y", e="e2", n="out"), ["y: f32[16]"], "f32[16]"))
+    assert k1.source != k2.source and "%ex = " in k1.source and "%e2 = " in k2.source
+    assert compile_text(k1.source) == compile_text(k2.source)
+    assert "%ex" not in compile_text(k1.source)
+    assert compile_text(k1.source).count("\n") == k1.source.count("\n")   # NVRTC's line numbers
 
 
 def test_prelude_only_what_is_called():

@@ -25,6 +25,7 @@ without a C spelling) raises ``CudaCDeclined`` with the reason: the fusion keeps
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -232,7 +233,7 @@ class CEmitter:
             return self._constant(inst, idx, c)
         if op == "iota":
             d = inst.attrs["iota_dimension"]
-            return self.assign(self.held(inst.shape.dtype), inst.name,
+            return self.assign(self.held(inst.shape.dtype), _base(inst),
                                self.convert_expr(idx[d], _S64, inst.shape.dtype), c)
         if op == "broadcast":
             return self.value(inst.operands[0], tuple(idx[d] for d in inst.attrs["dimensions"]))
@@ -253,11 +254,11 @@ class CEmitter:
                     src.append(str(int(i) * sd.stride + sd.start))
                     continue
                 e = i if sd.stride == 1 else f"{i} * {sd.stride}LL"
-                src.append(self.index(f"i_{inst.name}", e if sd.start == 0 else f"{e} + {sd.start}LL"))
+                src.append(self.index(f"i_{_base(inst)}", e if sd.start == 0 else f"{e} + {sd.start}LL"))
             return self.value(inst.operands[0], tuple(src))
         if op == "reverse":
             dims = inst.operands[0].shape.dims
-            src = [self.index(f"i_{inst.name}", f"{dims[d] - 1}LL - {i}")
+            src = [self.index(f"i_{_base(inst)}", f"{dims[d] - 1}LL - {i}")
                    if d in inst.attrs["dimensions"] else i for d, i in enumerate(idx)]
             return self.value(inst.operands[0], tuple(src))
         if op == "pad":
@@ -278,7 +279,7 @@ class CEmitter:
         args = []
         for o in inst.operands:
             args.append(self.value(o, () if (o.shape.rank == 0 and inst.shape.rank > 0) else idx))
-        return self.assign(self.held(inst.shape.dtype), inst.name,
+        return self.assign(self.held(inst.shape.dtype), _base(inst),
                            self.elementwise_expr(inst, args), c)
 
     def _load(self, inst: Instruction, idx: Index, comment: str) -> str:
@@ -287,7 +288,7 @@ class CEmitter:
         terms = [_term(i, s) for i, s in zip(idx, strides)]
         terms = [t for t in terms if t != "0"]
         addr = f"p{n}[{' + '.join(terms) if terms else '0'}]"
-        return self.assign(self.held(inst.shape.dtype), inst.name,
+        return self.assign(self.held(inst.shape.dtype), _base(inst),
                            self.from_stored(addr, inst.shape.dtype), comment)
 
     def from_stored(self, expr: str, dtype: DType) -> str:
@@ -343,7 +344,7 @@ class CEmitter:
         lin = "0"
         for i, d in zip(idx, arr.shape):
             lin = i if lin == "0" else f"({lin}) * {d}LL + {i}"
-        return self.assign(ct, inst.name, self.from_stored(f"{name}[{lin}]", dtype), comment)
+        return self.assign(ct, _base(inst), self.from_stored(f"{name}[{lin}]", dtype), comment)
 
     # --- index arithmetic ------------------------------------------------------------------------
     def delinearize(self, base: str, lin: str, dims: Sequence[int]) -> list[str]:
@@ -381,8 +382,8 @@ class CEmitter:
         lin = "0"
         for d in dst_order:
             lin = idx[d] if lin == "0" else f"({lin}) * {dst_shape.dims[d]}LL + {idx[d]}"
-        lin_name = self.index(f"lin_{inst.name}", lin)
-        phys = self.delinearize(f"i_{inst.name}", lin_name, [src_shape.dims[d] for d in src_order])
+        lin_name = self.index(f"lin_{_base(inst)}", lin)
+        phys = self.delinearize(f"i_{_base(inst)}", lin_name, [src_shape.dims[d] for d in src_order])
         out = ["0"] * src_shape.rank
         for pos, d in enumerate(src_order):
             out[d] = phys[pos]
@@ -394,18 +395,18 @@ class CEmitter:
         conds, src = [], []
         for d, (i, pd) in enumerate(zip(idx, inst.attrs["padding"].dims)):
             step = pd.interior + 1
-            t = i if pd.low == 0 else self.index(f"t_{inst.name}", f"{i} - ({pd.low}LL)")
-            q = t if step == 1 else self.index(f"q_{inst.name}", f"{t} / {step}LL")
+            t = i if pd.low == 0 else self.index(f"t_{_base(inst)}", f"{i} - ({pd.low}LL)")
+            q = t if step == 1 else self.index(f"q_{_base(inst)}", f"{t} / {step}LL")
             cond = f"{t} >= 0 && {q} < {dims[d]}LL"
             if step != 1:
                 cond += f" && {t} % {step}LL == 0"
             conds.append(f"({cond})")
-            src.append(self.index(f"i_{inst.name}", f"{q} < 0 ? 0LL : ({q} > {dims[d] - 1}LL ? "
+            src.append(self.index(f"i_{_base(inst)}", f"{q} < 0 ? 0LL : ({q} > {dims[d] - 1}LL ? "
                                                    f"{dims[d] - 1}LL : {q})"))
-        inside = self.assign("bool", f"in_{inst.name}", " && ".join(conds) if conds else "true")
+        inside = self.assign("bool", f"in_{_base(inst)}", " && ".join(conds) if conds else "true")
         v = self.value(operand, tuple(src))
         pv = self.value(pad_value, ())
-        return self.assign(self.held(inst.shape.dtype), inst.name, f"{inside} ? {v} : {pv}", comment)
+        return self.assign(self.held(inst.shape.dtype), _base(inst), f"{inside} ? {v} : {pv}", comment)
 
     def _concatenate(self, inst: Instruction, idx: Index, comment: str) -> str:
         (d,) = inst.attrs["dimensions"]
@@ -418,13 +419,13 @@ class CEmitter:
             n = o.shape.dims[d]
             e = f"{idx[d]} - {start}LL"
             src = list(idx)
-            src[d] = self.index(f"i_{inst.name}", f"{e} < 0 ? 0LL : ({e} > {n - 1}LL ? "
+            src[d] = self.index(f"i_{_base(inst)}", f"{e} < 0 ? 0LL : ({e} > {n - 1}LL ? "
                                                  f"{n - 1}LL : {e})")
             vals.append(self.value(o, tuple(src)))
         expr = vals[-1]
         for v, start in reversed(list(zip(vals[:-1], offsets[1:]))):
             expr = f"({idx[d]} < {start}LL ? {v} : {expr})"
-        return self.assign(self.held(inst.shape.dtype), inst.name, expr, comment)
+        return self.assign(self.held(inst.shape.dtype), _base(inst), expr, comment)
 
     # --- elementwise ---------------------------------------------------------------------------
     def elementwise_expr(self, inst: Instruction, args: list[str]) -> str:
@@ -444,7 +445,7 @@ class CEmitter:
             if out.is_float:
                 f = ("hl_max", "hl_min") if out.name == "f64" else ("hl_maxf", "hl_minf")
                 return f"{f[1]}({f[0]}({x}, {lo}), {hi})"
-            m = self.assign(self.held(out), f"m_{inst.name}", f"{x} < {lo} ? {lo} : {x}")
+            m = self.assign(self.held(out), f"m_{_base(inst)}", f"{x} < {lo} ? {lo} : {x}")
             return f"({m} > {hi} ? {hi} : {m})"
         if op == "compare":
             ctype = str(inst.attrs.get("type", "") or "")
@@ -608,9 +609,28 @@ class CEmitter:
             if inst.shape.is_tuple or inst.shape.rank != 0 or inst.opcode not in ELEMENTWISE:
                 raise self.declined(inst, "a map body with more than scalar elementwise ops")
             ops = [env[id(o)] for o in inst.operands]
-            env[id(inst)] = self.assign(self.held(inst.shape.dtype), inst.name,
+            env[id(inst)] = self.assign(self.held(inst.shape.dtype), _base(inst),
                                         self.elementwise_expr(inst, ops), self._comment(inst))
         return env[id(comp.root)]
+
+
+def _base(inst: Instruction) -> str:
+    """A variable's base name: its op (a parameter: its number), never the HLO name (that
+    is in the line's comment), so fusions computing the same thing emit the same code
+    apart from comments, and share one compile (``compile_text``)."""
+    if inst.opcode == "parameter":
+        return f"param{inst.parameter_number}"
+    return inst.opcode.replace("-", "_")
+
+
+_COMMENT = re.compile(r"/\*.*?\*/", re.S)
+
+
+def compile_text(source: str) -> str:
+    """What NVRTC compiles (and the cubin cache keys on): ``source`` without its comments
+    (the HLO names and text), each comment's line breaks kept so NVRTC's line numbers are
+    the file's."""
+    return _COMMENT.sub(lambda m: "\n" * m.group().count("\n"), source)
 
 
 def _term(i: str, stride: str) -> str:

@@ -28,7 +28,8 @@ from codegen.cache import KernelCache, cache_root, content_key
 from hlo.ir import Instruction
 
 from . import nvrtc
-from .emitter import GENERATOR_VERSION, CudaCodegenError, KernelSource, emit_loop_kernel
+from .emitter import (GENERATOR_VERSION, CudaCodegenError, KernelSource, compile_text,
+                      emit_loop_kernel)
 
 _CACHE = KernelCache("cuda_c", ".cu")
 # What this process made (exe.report(), benchmarks/compile_time.py).
@@ -163,9 +164,11 @@ def compile_loop_fusion(fusion: Instruction, *, arch: str, target: str = "h100",
     ks: KernelSource = emit_loop_kernel(fusion, round_narrow_each_op)
     if start:
         nvrtc.load()              # no NVRTC: the caller keeps Triton, with this reason
-    key = f"{ks.name}_{content_key(ks.source, GENERATOR_VERSION)[:16]}"
-    source = ks.source
-    _CACHE.get_or_create(key, lambda: source)
+    # keyed by the code without its comments: a fusion computing what an earlier one
+    # computes (other HLO names) shares that one's file and compile
+    key = f"{ks.name}_{content_key(compile_text(ks.source), GENERATOR_VERSION)[:16]}"
+    generated = ks.source
+    source = _CACHE.get_or_create(key, lambda: generated)
     path = _CACHE.path(key)
     if not path.exists():
         path = cache_root() / "cuda_c" / f"{key}.cu (not written)"

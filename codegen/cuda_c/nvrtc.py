@@ -28,7 +28,7 @@ from typing import Optional
 
 from codegen.cache import cache_root, content_key
 
-from .emitter import CudaCodegenError
+from .emitter import CudaCodegenError, compile_text
 
 ENV_PATH = "HLOTK_NVRTC"
 _MAGIC = b"hlotk-cubin1"
@@ -200,7 +200,10 @@ STATS: dict = {"compiled": 0, "cached": 0, "compile_s": 0.0, "max_s": 0.0}
 
 def cubin_for(source: str, name: str, arch: str, what: str = "") -> bytes:
     """The cubin of ``source`` for ``sm_<arch>``: from the disk cache, or compiled (and
-    cached). ``what``: the fusion and source path, for NvrtcCompileError's message."""
+    cached). The source is compiled without its comments (``compile_text``: fusions that
+    differ in HLO names only share a cubin). ``what``: the fusion and source path, for
+    NvrtcCompileError's message."""
+    source = compile_text(source)
     nv = load()
     path = cubin_path(source, arch, nv.version)
     cubin = _read_cubin(path)
@@ -221,13 +224,19 @@ def cubin_for(source: str, name: str, arch: str, what: str = "") -> bytes:
 
 
 _POOL: Optional[ThreadPoolExecutor] = None
+_FUTURES: dict[tuple[str, str], "Future[bytes]"] = {}
 
 
 def compile_async(source: str, name: str, arch: str, what: str = "") -> "Future[bytes]":
     """``cubin_for`` in the process's compile threads (one per core, at most 16)."""
     global _POOL
+    key = (compile_text(source), arch)
     with _LOCK:
+        fut = _FUTURES.get(key)
+        if fut is not None and not (fut.done() and fut.exception() is not None):
+            return fut            # the same code asked for again: one compile
         if _POOL is None:
             _POOL = ThreadPoolExecutor(max_workers=max(1, min(16, os.cpu_count() or 1)),
                                        thread_name_prefix="hlotk-nvrtc")
-    return _POOL.submit(cubin_for, source, name, arch, what)
+        fut = _FUTURES[key] = _POOL.submit(cubin_for, source, name, arch, what)
+    return fut
