@@ -295,6 +295,24 @@ def test_host_integers_wrap_divide_shift():
 
 
 @needs_cxx
+def test_host_bit_counts_and_64_bit_integers():
+    f = make("""  %a = s64[6] parameter(0)
+  %b = u8[6] parameter(1)
+  %pc = s64[6] popcnt(%a)
+  %lz = s64[6] count-leading-zeros(%a)
+  %pb = u8[6] popcnt(%b)
+  %zb = u8[6] count-leading-zeros(%b)
+  %m = s64[6] constant({-9223372036854775808, -1, 0, 1, 9223372036854775807, 5})
+  %d = s64[6] divide(%m, %a)
+  %n = s64[6] negate(%m)
+  ROOT %t = (s64[6], s64[6], u8[6], u8[6], s64[6], s64[6]) tuple(%pc, %lz, %pb, %zb, %d, %n)""",
+             ["a: s64[6]", "b: u8[6]"], "(s64[6], s64[6], u8[6], u8[6], s64[6], s64[6])")
+    a = np.array([-1, 0, 1, 1 << 40, -(1 << 63), 3], np.int64)
+    b = np.array([0, 1, 128, 255, 17, 64], np.uint8)
+    check(f, args=[a, b])
+
+
+@needs_cxx
 def test_host_float_to_int_saturates():
     f = make("""  %a = f32[8] parameter(0)
   %i = s8[8] convert(%a)
