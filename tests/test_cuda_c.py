@@ -68,10 +68,10 @@ def strided(x: np.ndarray, shape) -> np.ndarray:
     return np.transpose(phys, [order.index(d) for d in range(x.ndim)]) if x.ndim else phys
 
 
-def run_host(fusion, args, round_narrow: bool = True) -> list[np.ndarray]:
+def run_host(fusion, args, round_narrow: bool = True, per_thread=None) -> list[np.ndarray]:
     """The kernel run on the host (and, where NVRTC is here, also compiled by it for sm_90:
     the source the GPU gets is the one tested)."""
-    ks = emit_loop_kernel(fusion, round_narrow)
+    ks = emit_loop_kernel(fusion, round_narrow, per_thread=per_thread)
     if not nvrtc.unavailable():
         assert nvrtc.cubin_for(ks.source, ks.name, "90")[:4] == b"\x7fELF"
     outs = []
@@ -82,14 +82,15 @@ def run_host(fusion, args, round_narrow: bool = True) -> list[np.ndarray]:
     return [np.array(o, order="C") for o in outs]
 
 
-def check(fusion, seed: int = 0, args=None, positive: bool = False, tol: float = 0.0) -> None:
+def check(fusion, seed: int = 0, args=None, positive: bool = False, tol: float = 0.0,
+          per_thread=None) -> None:
     """The host-run kernel against hlo.evaluate of the fused computation: equal (NaN where
     NaN) for integers and, with ``tol`` 0, for floats; else within ``tol`` relative."""
     comp = fusion.attrs["calls"]
     params = sorted(comp.parameters, key=lambda p: p.parameter_number)
     rng = np.random.default_rng(seed)
     args = args if args is not None else [random_input(p.shape, rng, positive) for p in params]
-    got = run_host(fusion, args)
+    got = run_host(fusion, args, per_thread=per_thread)
     ref = hlo.evaluate(comp, [np.asarray(a) for a in args])
     refs = list(ref) if isinstance(ref, tuple) else [ref]
     assert len(got) == len(refs)
@@ -142,6 +143,33 @@ def test_text_index_ops():
     assert "3LL - " in src                                   # the reverse
     assert "in_pad_" in src and "? " in src                    # the pad's inside test
     assert "((float)" in src                                 # iota converted
+
+
+def test_text_four_elements_a_thread_for_big_outputs():
+    f = make("""  %a = f32[1024,600] parameter(0)
+  %b = f32[1024,600] parameter(1)
+  ROOT %s = f32[1024,600] add(%a, %b)""", ["a: f32[1024,600]", "b: f32[1024,600]"], "f32[1024,600]")
+    ks = emit_loop_kernel(f)
+    assert ks.per_thread == 4 and ks.blocks == 1024 * 600 // (4 * 256)
+    body = ks.source.split("__global__")[1]
+    assert "t0 + 768LL" in body and "u3 < 614400LL ? u3 : 614399LL" in body
+    # every load before the first store; stores past the end guarded
+    assert body.rindex("p1[") < body.index("out0[")
+    assert "if (u3 < 614400LL) out0[" in body and body.count("out0[") == 4
+    small = make("""  %a = f32[1000] parameter(0)
+  ROOT %n = f32[1000] negate(%a)""", ["a: f32[1000]"], "f32[1000]")
+    assert emit_loop_kernel(small).per_thread == 1
+
+
+def test_per_thread_override(monkeypatch):
+    f = make("""  %a = f32[1000] parameter(0)
+  ROOT %n = f32[1000] negate(%a)""", ["a: f32[1000]"], "f32[1000]")
+    monkeypatch.setenv("HLOTK_CUDA_C_PER_THREAD", "2")
+    ks = emit_loop_kernel(f)
+    assert ks.per_thread == 2 and ks.blocks == 2
+    monkeypatch.setenv("HLOTK_CUDA_C_PER_THREAD", "many")
+    with pytest.raises(CudaCodegenError, match="HLOTK_CUDA_C_PER_THREAD"):
+        emit_loop_kernel(f)
 
 
 def test_text_narrow_floats_round_per_op():
@@ -390,6 +418,15 @@ def _cuda_pipeline_loop_fusions(fn, *args):
             if i.opcode == "fusion" and not decline_reason(i)]
 
 
+def _one_output_shape(f) -> bool:
+    root = f.attrs["calls"].root
+    outs = root.operands if root.opcode == "tuple" else [root]
+    return len({tuple(o.shape.dims) for o in outs}) == 1
+
+
+# Their fusions also run with four elements a thread (odd sizes: lanes past the end).
+PER_THREAD_ALSO = {"giou_boxes", "elementwise_math", "pad_concat_reverse",
+                   "iota_broadcast_transpose", "int_overflow_bitwise"}
 ZOO_LOOPS = ["giou_boxes", "elementwise_math", "where_clip_select", "pad_concat_reverse",
              "iota_broadcast_transpose", "int_overflow_bitwise", "unsigned_and_convert",
              "f64_program"]
@@ -405,6 +442,8 @@ def test_host_zoo_loop_fusions_equal_interpreter(name):
         assert fusions, f"{name}: no loop fusion the CUDA C emitter takes"
         for k, f in enumerate(fusions):
             check(f, seed=k, positive=name == "elementwise_math", tol=1e-5)
+            if name in PER_THREAD_ALSO and _one_output_shape(f):
+                check(f, seed=k, positive=name == "elementwise_math", tol=1e-5, per_thread=4)
 
 
 @needs_cxx
@@ -417,6 +456,8 @@ def test_host_adam_step_fusions():
     assert len(fusions) >= 3
     for k, f in enumerate(fusions):
         check(f, seed=k, positive=True, tol=1e-6)
+        if _one_output_shape(f):
+            check(f, seed=k, positive=True, tol=1e-6, per_thread=4)
 
 
 # --- (3) NVRTC ------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ without a C spelling) raises ``CudaCDeclined`` with the reason: the fusion keeps
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -153,8 +154,13 @@ class KernelSource:
     input_shapes: list
     output_shapes: list
     threads: int
-    elements: int        # threads launched in all (the largest output's element count)
+    elements: int        # the largest output's element count
+    per_thread: int = 1  # output elements per thread: ceil(elements / (threads * this)) blocks
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def blocks(self) -> int:
+        return max(1, -(-self.elements // (self.threads * self.per_thread)))
 
 
 class CEmitter:
@@ -169,6 +175,7 @@ class CEmitter:
         self.counter = 0
         self.param_strides: dict[int, list[str]] = {}
         self.constants: list[str] = []          # definitions of inlined array constants
+        self.hoist_scalars = False              # memoize index-() values at function scope
 
     # --- lines and scopes ----------------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -197,7 +204,10 @@ class CEmitter:
             if key in s:
                 return s[key]
         v = self._generate(inst, tuple(idx))
-        self.scopes[-1][key] = v
+        # A scalar (index ()) is the same for every element of the thread: computed once,
+        # at function scope (a step's bias correction, powf of a scalar, is not redone
+        # for each of a thread's elements).
+        (self.scopes[0] if self.hoist_scalars and not idx else self.scopes[-1])[key] = v
         return v
 
     def declined(self, inst: Instruction, why: str) -> CudaCDeclined:
@@ -682,8 +692,41 @@ def _header(fusion: Instruction, comp: Computation, name: str) -> str:
     return "/*\n" + "\n".join(" * " + ln.replace("*/", "* /") for ln in lines) + "\n */"
 
 
-def emit_loop_kernel(fusion: Instruction, round_narrow_each_op: bool = True) -> KernelSource:
-    """CUDA C for one loop fusion; raises ``CudaCDeclined`` for a fusion it does not take."""
+def per_thread_for(n: int, groups: int) -> int:
+    """Output elements each thread computes. One f32 element and one 4-byte load per operand
+    a thread left the H200's memory system short of requests: an Adam step over 18.9M
+    parameters ran at 45% of copy bandwidth where Triton's kernels (8 elements a thread)
+    reached 60% (benchmarks/NOTES.md, i13-nvrtc). Four elements, their loads issued before
+    any store, for outputs of 2^19 elements or more; small outputs keep one (more blocks)."""
+    if groups != 1:
+        return 1
+    forced = os.environ.get(PER_THREAD_ENV, "").strip()
+    if forced:
+        if not forced.isdigit() or not 1 <= int(forced) <= 16:
+            raise CudaCodegenError(f"{PER_THREAD_ENV}={forced!r}: expected 1 to 16")
+        return int(forced)
+    return 4 if n >= PER_THREAD_FROM else 1
+
+
+PER_THREAD_FROM = 1 << 19
+PER_THREAD_ENV = "HLOTK_CUDA_C_PER_THREAD"    # a fixed count, to compare on a GPU
+
+
+def _emit_stores(em: CEmitter, outs: list, ks: list[int], idx: Index, values: dict,
+                 guard: str = "") -> None:
+    for k in ks:
+        o, v = outs[k], values[k]
+        terms = [_term(i, f"so{k}_{d}") for d, i in enumerate(idx)]
+        terms = [x for x in terms if x != "0"]
+        em.line(f"{guard}out{k}[{' + '.join(terms) if terms else '0'}] = "
+                f"{em.to_stored(v, o.shape.dtype)};", f"output {k}: %{o.name}")
+
+
+def emit_loop_kernel(fusion: Instruction, round_narrow_each_op: bool = True,
+                     per_thread: Optional[int] = None) -> KernelSource:
+    """CUDA C for one loop fusion; raises ``CudaCDeclined`` for a fusion it does not take.
+    ``per_thread``: output elements per thread (``per_thread_for``'s choice by default;
+    more than one only where every output has the same shape)."""
     why = decline_reason(fusion)
     if why:
         raise CudaCDeclined(f"fusion %{fusion.name}: {why}")
@@ -696,12 +739,44 @@ def emit_loop_kernel(fusion: Instruction, round_narrow_each_op: bool = True) -> 
         em.param_strides[p.parameter_number] = [f"s{p.parameter_number}_{d}"
                                                 for d in range(p.shape.rank)]
     n_max = max(math.prod(o.shape.dims) for o in outs)
-    em.line("const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;",
-            "this thread's output element")
     groups: dict[tuple, list[int]] = {}
     for k, o in enumerate(outs):
         groups.setdefault(tuple(o.shape.dims), []).append(k)
-    for dims, ks in groups.items():
+    per = per_thread or per_thread_for(n_max, len(groups))
+    em.hoist_scalars = len(groups) == 1      # no nested C blocks: one scope for the body
+    if per > 1 and len(groups) > 1:
+        raise CudaCodegenError(f"fusion %{fusion.name}: {per} elements a thread needs outputs "
+                               "of one shape")
+    if per > 1:
+        # Element j of this thread: t0 + j * THREADS (a warp's accesses stay adjacent).
+        # Each element's values (its loads) come first, the stores last: the loads of all
+        # of them are in flight together, and no store can change what the thread reads
+        # (an output may share an input's buffer). An element past the end reads at the
+        # last element (in range) and stores nothing.
+        (dims, ks), = groups.items()
+        n = n_max
+        em.line(f"const long long t0 = (long long)blockIdx.x * {per * THREADS}LL + threadIdx.x;",
+                f"this thread's first output element of {per}, {THREADS} apart")
+        em.line(f"if (t0 >= {n}LL) return;")
+        per_idx, per_values = [], []
+        for j in range(per):
+            t = "t0"
+            if j:
+                em.line(f"const long long u{j} = t0 + {j * THREADS}LL;")
+                t = f"t{j}"
+                em.line(f"const long long {t} = u{j} < {n}LL ? u{j} : {n - 1}LL;")
+            em.scopes.append({})
+            idx = tuple(em.delinearize(f"i{j}", t, dims))
+            per_values.append({k: em.value(outs[k], idx) for k in ks})
+            per_idx.append(idx)
+            em.scopes.pop()
+        for j in range(per):
+            _emit_stores(em, outs, ks, per_idx[j], per_values[j],
+                         guard=f"if (u{j} < {n}LL) " if j else "")
+    else:
+        em.line("const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;",
+                "this thread's output element")
+    for dims, ks in (groups.items() if per == 1 else ()):
         n = math.prod(dims)
         one = len(groups) == 1
         if one:
@@ -714,13 +789,7 @@ def emit_loop_kernel(fusion: Instruction, round_narrow_each_op: bool = True) -> 
         # Every value before any store: an output written over an input's buffer (buffer
         # assignment's sharing) cannot change what this thread reads afterwards.
         values = {k: em.value(outs[k], idx) for k in ks}
-        for k in ks:
-            o, v = outs[k], values[k]
-            terms = [_term(i, f"so{k}_{d}") for d, i in enumerate(idx)]
-            terms = [x for x in terms if x != "0"]
-            dtype = o.shape.dtype
-            em.line(f"out{k}[{' + '.join(terms) if terms else '0'}] = {em.to_stored(v, dtype)};",
-                    f"output {k}: %{o.name}")
+        _emit_stores(em, outs, ks, idx, values)
         if not one:
             em.scopes.pop()
             em.indent -= 1
@@ -744,4 +813,4 @@ def emit_loop_kernel(fusion: Instruction, round_narrow_each_op: bool = True) -> 
     return KernelSource(name=name, source=source, params=args, n_inputs=len(params),
                         n_outputs=len(outs), input_shapes=[p.shape for p in params],
                         output_shapes=[o.shape for o in outs], threads=THREADS,
-                        elements=n_max)
+                        elements=n_max, per_thread=per)

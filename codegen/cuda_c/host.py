@@ -60,9 +60,8 @@ def host_compiler() -> Optional[str]:
 def _driver(ks: KernelSource) -> str:
     args = ", ".join(f"*({t}*)a[{k}]" for k, (t, _) in enumerate(ks.params))
     return f"""
-extern "C" void hl_run(void** a, long long n, unsigned int threads) {{
+extern "C" void hl_run(void** a, long long blocks, unsigned int threads) {{
   blockDim.x = threads; blockDim.y = blockDim.z = 1;
-  long long blocks = (n + threads - 1) / threads;
   for (long long b = 0; b < blocks; ++b) {{
     blockIdx.x = (unsigned int)b;
     for (unsigned int t = 0; t < threads; ++t) {{
@@ -109,7 +108,7 @@ def build(ks: KernelSource, workdir: Optional[Path] = None) -> ctypes.CDLL:
 def run(ks: KernelSource, outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray],
         workdir: Optional[Path] = None) -> None:
     """Launch ``ks`` over numpy arrays (any strides; ``outputs`` written in place) as the
-    GPU launch would: ``ceil(elements / threads)`` blocks of ``threads``."""
+    GPU launch would: ``ks.blocks`` blocks of ``ks.threads``."""
     if len(inputs) != ks.n_inputs or len(outputs) != ks.n_outputs:
         raise CudaCodegenError(f"kernel {ks.name} takes {ks.n_inputs} inputs and "
                                f"{ks.n_outputs} outputs, got {len(inputs)} and {len(outputs)}")
@@ -126,4 +125,4 @@ def run(ks: KernelSource, outputs: Sequence[np.ndarray], inputs: Sequence[np.nda
         keep += [ctypes.c_longlong(st // a.itemsize) for st in a.strides]
     ptrs = (ctypes.c_void_p * len(keep))(*[ctypes.addressof(k) for k in keep])
     if ks.elements:
-        lib.hl_run(ptrs, ks.elements, ks.threads)
+        lib.hl_run(ptrs, ks.blocks, ks.threads)

@@ -49,6 +49,7 @@ class CudaCKernel:
     threads: int
     elements: int
     arch: str
+    per_thread: int = 1           # output elements a thread computes
     template: str = "loop"
     target: str = "h100"
     predicted_us: float = 0.0
@@ -65,11 +66,11 @@ class CudaCKernel:
 
     @property
     def config(self) -> dict:
-        return {"threads": self.threads, "blocks": self.blocks}
+        return {"threads": self.threads, "blocks": self.blocks, "per_thread": self.per_thread}
 
     @property
     def blocks(self) -> int:
-        return max(1, -(-self.elements // self.threads))
+        return max(1, -(-self.elements // (self.threads * self.per_thread)))
 
     @property
     def grid(self) -> tuple:
@@ -178,7 +179,7 @@ def compile_loop_fusion(fusion: Instruction, *, arch: str, target: str = "h100",
     kernel = CudaCKernel(name=ks.name, source=source, path=path, key=key,
                          fusion_name=fusion.name, input_shapes=ks.input_shapes,
                          output_shapes=ks.output_shapes, threads=ks.threads,
-                         elements=ks.elements, arch=arch, target=target,
+                         elements=ks.elements, per_thread=ks.per_thread, arch=arch, target=target,
                          predicted_us=est.time_us, predicted_bytes=est.bytes_moved,
                          predicted_flops=est.flops, fusion_kind=fusion_kind(fusion))
     STATS["kernels"] += 1

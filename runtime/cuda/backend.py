@@ -161,6 +161,9 @@ class CudaExecutable:
         self.autotune = autotune_level(autotune)
         from codegen.cuda_c import loop_emitter
         self.loop_emitter = loop_emitter()   # a bad HLOTK_LOOP_EMITTER raises here
+        if self.loop_emitter == "cuda":
+            from codegen.cuda_c.emitter import per_thread_for
+            per_thread_for(0, 1)             # and a bad HLOTK_CUDA_C_PER_THREAD
         pdl_mode()    # a bad HLOTK_PDL raises here, not as every kernel's host fallback
         self.poison = _env_flag("HLOTK_POISON_ARENA", False) if poison is None else poison
         graphs = _env_flag("HLOTK_CUDA_GRAPHS", True) if cuda_graphs is None else cuda_graphs
