@@ -240,3 +240,12 @@ def compile_async(source: str, name: str, arch: str, what: str = "") -> "Future[
                                        thread_name_prefix="hlotk-nvrtc")
         fut = _FUTURES[key] = _POOL.submit(cubin_for, source, name, arch, what)
     return fut
+
+
+_WARM_SOURCE = 'extern "C" __global__ void hlotk_nvrtc_warm_up(float* x) { x[threadIdx.x] = 0.0f; }\n'
+
+
+def warm_up(arch: str) -> None:
+    """Load NVRTC and compile a tiny kernel (nothing cached): the process's first compile
+    pays NVRTC's start-up, ahead of the first real kernel (runtime/cuda/prewarm.py)."""
+    load().compile(_WARM_SOURCE, "hlotk_nvrtc_warm_up", arch)
