@@ -384,6 +384,32 @@ def test_host_multi_output_of_two_shapes_and_array_constant():
 
 
 @needs_cxx
+def test_host_array_constants_of_every_kind():
+    """Non-uniform constants inlined as arrays (floats by their bits: NaN and infinities
+    are no constant expressions), and uniform ones (all NaN too) as literals."""
+    f = make("""  %x = f32[4] parameter(0)
+  %k = f32[4] constant({nan, inf, -inf, -0.5})
+  %kn = f32[4] constant({nan, nan, nan, nan})
+  %kd = f64[4] constant({1e300, -2.5, inf, 1e-300})
+  %kb = bf16[4] constant({1.5, -3, 0.25, 7})
+  %ki = s8[4] constant({-128, 127, 0, 5})
+  %kp = pred[4] constant({1, 0, 0, 1})
+  %a = f32[4] add(%x, %k)
+  %b = f32[4] add(%a, %kn)
+  %dx = f64[4] convert(%x)
+  %d = f64[4] multiply(%dx, %kd)
+  %bx = bf16[4] convert(%x)
+  %bb = bf16[4] multiply(%bx, %kb)
+  %sel = s8[4] select(%kp, %ki, %ki)
+  ROOT %t = (f32[4], f32[4], f64[4], bf16[4], s8[4]) tuple(%a, %b, %d, %bb, %sel)""",
+             ["x: f32[4]"], "(f32[4], f32[4], f64[4], bf16[4], s8[4])")
+    src = emit_loop_kernel(f).source
+    assert "0x7fc00000u" in src and "__device__ const unsigned int c0[4]" in src
+    assert src.count("__device__ const") == 5         # %kn (all NaN) is a literal
+    check(f, args=[np.array([1.0, 2.0, 3.0, 4.0], np.float32)])
+
+
+@needs_cxx
 def test_host_compare_select_pred_and_is_finite():
     f = make("""  %a = f32[10] parameter(0)
   %b = f32[10] parameter(1)

@@ -335,17 +335,28 @@ class CEmitter:
         arr = np.asarray(lit)
         flat = arr.reshape(-1)
         if arr.size == 1 or (arr.size and np.all(flat == flat[0])):
-            if not (dtype.is_float and np.isnan(np.float64(flat[0]))) or arr.size == 1 or \
-                    np.all(np.isnan(flat.astype(np.float64))):
-                return self.scalar_literal(flat[0], dtype)
+            return self.scalar_literal(flat[0], dtype)
+        if dtype.is_float and arr.size and np.all(np.isnan(flat.astype(np.float64))):
+            return self.scalar_literal(flat[0], dtype)
         if arr.size > MAX_ARRAY_CONSTANT:
             raise self.declined(inst, f"an array constant of {arr.size} elements (more than "
                                       f"{MAX_ARRAY_CONSTANT} are not inlined)")
-        # A non-uniform array constant: a static array in the source, read row-major.
+        # A non-uniform array constant: a static array in the source, read row-major. Floats
+        # are kept as their bits (an initializer must be a constant expression: no
+        # __uint_as_float for a NaN or an infinity).
         name = f"c{len(self.constants)}"
         st = C_STORED[dtype.name]
+        load = self.from_stored
         if is_narrow(dtype):
             words = [str(int(w)) for w in np.ascontiguousarray(arr).view(np.uint16).reshape(-1)]
+        elif dtype.name == "f32":
+            st = "unsigned int"
+            words = [f"{int(w):#x}u" for w in np.ascontiguousarray(arr).view(np.uint32).reshape(-1)]
+            load = lambda e, _: f"__uint_as_float({e})"   # noqa: E731
+        elif dtype.name == "f64":
+            st = "unsigned long long"
+            words = [f"{int(w):#x}ULL" for w in np.ascontiguousarray(arr).view(np.uint64).reshape(-1)]
+            load = lambda e, _: f"__longlong_as_double((long long){e})"   # noqa: E731
         elif dtype.is_pred:
             words = ["1" if bool(w) else "0" for w in flat]
         else:
@@ -354,7 +365,7 @@ class CEmitter:
         lin = "0"
         for i, d in zip(idx, arr.shape):
             lin = i if lin == "0" else f"({lin}) * {d}LL + {i}"
-        return self.assign(ct, _base(inst), self.from_stored(f"{name}[{lin}]", dtype), comment)
+        return self.assign(ct, _base(inst), load(f"{name}[{lin}]", dtype), comment)
 
     # --- index arithmetic ------------------------------------------------------------------------
     def delinearize(self, base: str, lin: str, dims: Sequence[int]) -> list[str]:
