@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
@@ -156,7 +156,6 @@ class KernelSource:
     threads: int
     elements: int        # the largest output's element count
     per_thread: int = 1  # output elements per thread: ceil(elements / (threads * this)) blocks
-    notes: list[str] = field(default_factory=list)
 
     @property
     def blocks(self) -> int:
