@@ -267,6 +267,12 @@ def child_gpu(name: str, level: str) -> dict:
     # kernels launched through the CUDA driver / left to Triton's launcher (and why)
     row["direct_launch"] = {k: v for k, v in direct_launch.STATS.items()}
     row["launch_mode"] = direct_launch.mode()
+    # HLOTK_LOOP_EMITTER=cuda: loop kernels made in CUDA C (NVRTC compiles: count, seconds
+    # summed over the background threads, the longest), and the loop fusions kept on Triton
+    from codegen.cuda_c import kernel as cuda_c_kernel, loop_emitter, nvrtc
+    row["loop_emitter"] = loop_emitter()
+    row["cuda_c"] = {**cuda_c_kernel.STATS, **{f"nvrtc_{k}": v for k, v in nvrtc.STATS.items()},
+                     "declined": exe.stats.get("cuda_c_declined", [])[:20]}
     row.update(pool_summary(parallel.STATS))
     row["tuned_kernels"] = autotune.SECONDS["tuned_kernels"]
     row["triton_cache_new"] = [entries1 - entries0, _cache_entries() - entries1]

@@ -159,6 +159,11 @@ class CudaExecutable:
         from codegen.triton.autotune import autotune_level
         from codegen.triton.pdl import mode as pdl_mode
         self.autotune = autotune_level(autotune)
+        from codegen.cuda_c import loop_emitter
+        self.loop_emitter = loop_emitter()   # a bad HLOTK_LOOP_EMITTER raises here
+        if self.loop_emitter == "cuda":
+            from codegen.cuda_c.emitter import per_thread_for
+            per_thread_for(0, 1)             # and a bad HLOTK_CUDA_C_PER_THREAD
         pdl_mode()    # a bad HLOTK_PDL raises here, not as every kernel's host fallback
         self.poison = _env_flag("HLOTK_POISON_ARENA", False) if poison is None else poison
         graphs = _env_flag("HLOTK_CUDA_GRAPHS", True) if cuda_graphs is None else cuda_graphs
@@ -394,8 +399,10 @@ class CudaExecutable:
             split = self._split(inst, ins, outs)   # type: ignore[arg-type]
             if split is not None:
                 return split
+        kernel = self._cuda_c_kernel(fusion)
         try:
-            kernel = compile_fusion(fusion, target=self.target, autotune=self.autotune)
+            if kernel is None:
+                kernel = compile_fusion(fusion, target=self.target, autotune=self.autotune)
         except TritonCodegenError as e:
             return host(f"Triton codegen: {str(e).splitlines()[0]}")
         if not wrapped and (kernel.template == "generic" and any(
@@ -409,6 +416,35 @@ class CudaExecutable:
         fallback = self._host(inst, "Triton could not compile it") if wrapped else None
         return KernelThunk(inst, kernel, ins, outs, fusion,  # type: ignore[arg-type]
                            wrapped=wrapped, fallback=fallback)
+
+    def _cuda_c_kernel(self, fusion: Instruction) -> Optional[Any]:
+        """With ``HLOTK_LOOP_EMITTER=cuda`` on a GPU: the loop fusion's CUDA C kernel
+        (codegen/cuda_c, compiled by NVRTC in the background from here on), or None where
+        the fusion keeps Triton (not a loop fusion, an op or type the emitter declines, no
+        NVRTC), the reason counted in ``stats`` for ``report()``."""
+        if self.loop_emitter != "cuda" or not self.on_gpu:
+            return None
+        from codegen.cuda_c import CudaCDeclined, CudaCodegenError
+        from codegen.cuda_c.kernel import compile_loop_fusion
+        from codegen.triton.kernel import classify
+        if classify(fusion) != "loop":
+            return None         # reductions, GEMMs, tiled transposes: Triton's templates
+        declined = self.stats.setdefault("cuda_c_declined", [])
+        try:
+            kernel = compile_loop_fusion(fusion, arch=self._arch(), target=self.target)
+        except CudaCDeclined as e:
+            declined.append(str(e))
+            return None
+        except CudaCodegenError as e:      # NVRTC cannot be loaded: every loop keeps Triton
+            declined.append(f"%{fusion.name}: {e}")
+            return None
+        self.stats["cuda_c_kernels"] = self.stats.get("cuda_c_kernels", 0) + 1
+        return kernel
+
+    def _arch(self) -> str:
+        import torch
+        major, minor = torch.cuda.get_device_capability(self.device)
+        return f"{major}{minor}"
 
     def _library_faster(self, fusion: Instruction) -> bool:
         """Whether this GEMM fusion runs faster as cuBLAS + an epilogue kernel on this
@@ -833,8 +869,22 @@ class CudaExecutable:
                          f"{ar.DLPACK_FALLBACK['fast']})")
         for f in self.graphs.failures:
             lines.append(f"graph capture failed: {f}")
+        lines += self.emitter_report()
         lines += self.host_report()
         return "\n".join(lines)
+
+    def emitter_report(self) -> list[str]:
+        """Which generator made the loop kernels (HLOTK_LOOP_EMITTER), and why a loop
+        fusion kept Triton under ``cuda``."""
+        if self.loop_emitter != "cuda":
+            return []
+        declined = self.stats.get("cuda_c_declined", [])
+        lines = [f"loop emitter cuda: {self.stats.get('cuda_c_kernels', 0)} CUDA C kernels "
+                 f"(NVRTC), {len(declined)} loop fusions kept Triton"]
+        lines += [f"  kept Triton: {why}" for why in declined[:8]]
+        if len(declined) > 8:
+            lines.append(f"  ... and {len(declined) - 8} more")
+        return lines
 
     def host_report(self) -> list[str]:
         """Which host path calls take, and the mean host time per call of its steps."""

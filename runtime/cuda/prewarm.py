@@ -12,6 +12,8 @@
   launch's (``codegen/triton/direct_launch.py``: no ``cuda_utils`` build), and the modules
   Triton's first argument specialization imports are imported here
   (``import_specialization_modules``).
+- With ``HLOTK_LOOP_EMITTER=cuda``, when the CUDA client is made: NVRTC loaded and a tiny
+  kernel compiled in a thread (``codegen/cuda_c/nvrtc.py``: NVRTC's own start-up).
 - ``freeze_gc()`` (when the CUDA client is made): the objects alive then go to the
   cyclic collector's permanent generation, so that the first call's full collection does
   not re-scan every imported library (``HLOTK_GC_FREEZE=0``: off).
@@ -42,7 +44,7 @@ _THREADS: dict[str, threading.Thread] = {}
 _LOCK = threading.Lock()
 # Seconds of each background step and of the first call's wait for them (benchmarks).
 STATS: dict[str, float] = {"triton_key_s": 0.0, "native_s": 0.0, "wait_s": 0.0,
-                           "triton_imports_s": 0.0}
+                           "triton_imports_s": 0.0, "nvrtc_s": 0.0}
 
 
 def _timed(what: str, fn: Callable[[], Any]) -> Callable[[], None]:
@@ -141,6 +143,7 @@ def start(device: Any) -> None:
         _start_native()
     except Exception:  # noqa: BLE001
         pass
+    _start_nvrtc(device)
     if os.environ.get("HLOTK_PREWARM", "1") not in ("0", "false", "no", "off"):
         try:
             import torch
@@ -148,6 +151,21 @@ def start(device: Any) -> None:
             _start_pool(f"cuda,{major * 10 + minor},32", "client")
         except Exception:  # noqa: BLE001
             _start_pool(where="client")
+
+
+def _start_nvrtc(device: Any) -> None:
+    """With ``HLOTK_LOOP_EMITTER=cuda``: NVRTC loaded and one tiny kernel compiled in a
+    thread, so that the first loop kernel's compile (started at codegen) does not also pay
+    NVRTC's start-up in the process (codegen/cuda_c/nvrtc.py)."""
+    try:
+        from codegen.cuda_c import loop_emitter, nvrtc
+        if loop_emitter() != "cuda":
+            return
+        import torch
+        major, minor = torch.cuda.get_device_capability(device)
+    except Exception:  # noqa: BLE001  (the executable reports a bad setting or no NVRTC)
+        return
+    _spawn("nvrtc", _timed("nvrtc", lambda: nvrtc.warm_up(f"{major}{minor}")))
 
 
 # What Triton 3.6's argument specialization (C++, ``native_specialize_impl``) imports on its

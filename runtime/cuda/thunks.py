@@ -147,7 +147,8 @@ class KernelThunk(SlotThunk):
 
     def label(self) -> str:
         tag = " (one-op)" if self.wrapped else ""
-        return f"%{self.inst.name} {self.kernel.name} [{self.kernel.template}]{tag}"
+        made = ", CUDA C" if getattr(self.kernel, "emitter", "") == "cuda" else ""
+        return f"%{self.inst.name} {self.kernel.name} [{self.kernel.template}{made}]{tag}"
 
 
 class LibraryThunk(SlotThunk):

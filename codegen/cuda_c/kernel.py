@@ -1,0 +1,188 @@
+"""``compile_loop_fusion``: a loop fusion -> a ``CudaCKernel`` (CUDA C, NVRTC, the driver).
+
+The kernel offers what the CUDA backend's thunks use of a ``TritonKernel``: ``launch(outputs,
+inputs, stream=None)`` on torch tensors of the logical shapes (views with any strides),
+``name``, ``source``, ``path``, ``template`` (``"loop"``: one pass, each output element
+written by the thread that read its inputs), ``config``, ``key``, ``autotune`` (always 0:
+one configuration), the cost model's ``predicted_us``/``bytes``/``flops``, and the
+fusion's name and kind. It has no ``plan``, so the Triton-only steps (the compile pool,
+autotuning) pass it by.
+
+The cubin is compiled in the background from the moment the kernel is made (NVRTC in the
+process's compile threads, ``nvrtc.compile_async``); the first launch waits for it, loads
+it into the current device's context (``cuModuleLoadData``) and launches with
+``cuLaunchKernelEx`` on torch's current stream, so CUDA-graph captures (and the native
+graph) record it as they record the Triton kernels' direct launches.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from codegen.cache import KernelCache, cache_root, content_key
+from hlo.ir import Instruction
+
+from . import nvrtc
+from .emitter import (GENERATOR_VERSION, CudaCodegenError, KernelSource, compile_text,
+                      emit_loop_kernel)
+
+_CACHE = KernelCache("cuda_c", ".cu")
+# What this process made (exe.report(), benchmarks/compile_time.py).
+STATS: dict[str, Any] = {"kernels": 0, "loaded": 0, "launches": 0}
+
+
+@dataclass(eq=False)
+class CudaCKernel:
+    """A generated CUDA C loop kernel for one fusion."""
+    name: str
+    source: str
+    path: Path
+    key: str
+    fusion_name: str
+    input_shapes: list
+    output_shapes: list
+    threads: int
+    elements: int
+    arch: str
+    per_thread: int = 1           # output elements a thread computes
+    template: str = "loop"
+    target: str = "h100"
+    predicted_us: float = 0.0
+    predicted_bytes: int = 0
+    predicted_flops: float = 0.0
+    fusion_kind: str = ""
+    autotune: int = 0
+    emitter: str = "cuda"
+    _future: Optional["Future[bytes]"] = None
+    _functions: dict = field(default_factory=dict)     # device -> (module, function)
+    _lock: Any = field(default_factory=threading.Lock)
+    _slots: Any = None
+    _params: Any = None
+
+    @property
+    def config(self) -> dict:
+        return {"threads": self.threads, "blocks": self.blocks, "per_thread": self.per_thread}
+
+    @property
+    def blocks(self) -> int:
+        return max(1, -(-self.elements // (self.threads * self.per_thread)))
+
+    @property
+    def grid(self) -> tuple:
+        return (self.blocks,)
+
+    def start_compile(self) -> None:
+        if self._future is None:
+            self._future = nvrtc.compile_async(
+                self.source, self.name, self.arch,
+                f" (fusion %{self.fusion_name}; source {self.path})")
+
+    def cubin(self) -> bytes:
+        """The compiled cubin (waits for the background compile); raises
+        NvrtcCompileError naming the fusion and the source file."""
+        self.start_compile()
+        return self._future.result()     # type: ignore[union-attr]
+
+    def report_line(self) -> str:
+        return f"{self.name} (CUDA C, NVRTC sm_{self.arch}): {self.path}"
+
+    def _check(self, tensors: Sequence[Any], shapes: list, what: str) -> None:
+        if len(tensors) != len(shapes):
+            raise CudaCodegenError(f"kernel {self.name} (fusion %{self.fusion_name}) takes "
+                                   f"{len(shapes)} {what}, got {len(tensors)}")
+        for i, (t, s) in enumerate(zip(tensors, shapes)):
+            if tuple(t.shape) != tuple(s.dims):
+                raise CudaCodegenError(f"kernel {self.name}: {what[:-1]} {i} has shape "
+                                       f"{tuple(t.shape)}, expected {tuple(s.dims)} ({s})")
+
+    def _function(self, device: int) -> ctypes.c_void_p:
+        entry = self._functions.get(device)
+        if entry is None:
+            from codegen.triton import direct_launch as dl
+            cu = dl._cuda()
+            cubin = self.cubin()
+            dl._ensure_context(device)
+            module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+            dl._check(cu.cuModuleLoadData(ctypes.byref(module), cubin),
+                      f"cuModuleLoadData({self.name})")
+            dl._check(cu.cuModuleGetFunction(ctypes.byref(fn), module, self.name.encode()),
+                      f"cuModuleGetFunction({self.name})")
+            entry = self._functions[device] = (module, fn)
+            STATS["loaded"] += 1
+        return entry[1]
+
+    def launch(self, outputs: Sequence[Any], inputs: Sequence[Any], stream: Any = None,
+               config: Optional[dict] = None) -> None:
+        """Run the kernel on torch tensors (logical shapes, any strides) on ``stream`` (a
+        torch stream) or torch's current one."""
+        self._check(inputs, self.input_shapes, "inputs")
+        self._check(outputs, self.output_shapes, "outputs")
+        if self.elements == 0 or any(math.prod(s.dims) == 0 for s in self.output_shapes):
+            return
+        import torch
+        from codegen.triton import direct_launch as dl
+        tensors = list(inputs) + list(outputs)
+        device = outputs[0].device.index if outputs[0].device.index is not None \
+            else torch.cuda.current_device()
+        fn = self._function(device)
+        values = [t.data_ptr() for t in tensors]
+        for t in tensors:
+            values.extend(int(s) & 0xFFFFFFFFFFFFFFFF for s in t.stride())
+        raw = stream.cuda_stream if stream is not None else \
+            torch._C._cuda_getCurrentRawStream(device)
+        with self._lock:     # one argument buffer per kernel: filled and handed over here
+            if self._slots is None or len(self._slots) != len(values):
+                self._slots = (ctypes.c_uint64 * len(values))()
+                base = ctypes.addressof(self._slots)
+                self._params = (ctypes.c_void_p * len(values))(
+                    *(base + 8 * k for k in range(len(values))))
+            for k, v in enumerate(values):
+                self._slots[k] = v
+            cfg = dl._LaunchConfig(gridDimX=self.blocks, gridDimY=1, gridDimZ=1,
+                                   blockDimX=self.threads, blockDimY=1, blockDimZ=1,
+                                   sharedMemBytes=0, hStream=raw, attrs=None, numAttrs=0)
+            r = dl._CU.cuLaunchKernelEx(ctypes.byref(cfg), fn, self._params, None)
+            if r == dl.ERR_INVALID_CONTEXT:      # a thread without torch's context current
+                dl._ensure_context(device)
+                r = dl._CU.cuLaunchKernelEx(ctypes.byref(cfg), fn, self._params, None)
+        dl._check(r, f"cuLaunchKernelEx({self.name})")
+        STATS["launches"] += 1
+
+    def __repr__(self) -> str:
+        return f"<CudaCKernel {self.name} sm_{self.arch} {self.blocks}x{self.threads} at {self.path}>"
+
+
+def compile_loop_fusion(fusion: Instruction, *, arch: str, target: str = "h100",
+                        round_narrow_each_op: bool = True, start: bool = True) -> CudaCKernel:
+    """The CUDA C kernel of a loop fusion, its cubin compiling in the background
+    (``start``). Raises ``CudaCDeclined`` for a fusion the emitter does not take, and
+    ``CudaCodegenError`` where NVRTC cannot be loaded."""
+    ks: KernelSource = emit_loop_kernel(fusion, round_narrow_each_op)
+    if start:
+        nvrtc.load()              # no NVRTC: the caller keeps Triton, with this reason
+    # keyed by the code without its comments: a fusion computing what an earlier one
+    # computes (other HLO names) shares that one's file and compile
+    key = f"{ks.name}_{content_key(compile_text(ks.source), GENERATOR_VERSION)[:16]}"
+    generated = ks.source
+    source = _CACHE.get_or_create(key, lambda: generated)
+    path = _CACHE.path(key)
+    if not path.exists():
+        path = cache_root() / "cuda_c" / f"{key}.cu (not written)"
+    from passes.fusion.cost_model import predict
+    from passes.fusion.kinds import fusion_kind
+    est = predict(fusion, target)
+    kernel = CudaCKernel(name=ks.name, source=source, path=path, key=key,
+                         fusion_name=fusion.name, input_shapes=ks.input_shapes,
+                         output_shapes=ks.output_shapes, threads=ks.threads,
+                         elements=ks.elements, per_thread=ks.per_thread, arch=arch, target=target,
+                         predicted_us=est.time_us, predicted_bytes=est.bytes_moved,
+                         predicted_flops=est.flops, fusion_kind=fusion_kind(fusion))
+    STATS["kernels"] += 1
+    if start:
+        kernel.start_compile()
+    return kernel
