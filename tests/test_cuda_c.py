@@ -235,7 +235,53 @@ def test_bad_emitter_choice_raises(monkeypatch):
     with pytest.raises(CudaCodegenError, match="HLOTK_LOOP_EMITTER='nvcc'"):
         loop_emitter()
     monkeypatch.delenv("HLOTK_LOOP_EMITTER")
-    assert loop_emitter() == "triton"
+    assert loop_emitter() == "auto"
+
+
+def test_auto_takes_small_loop_kernels_only():
+    from codegen.cuda_c import AUTO_MAX_US, takes
+    assert takes("auto", 2.0) and takes("auto", AUTO_MAX_US - 0.01)
+    assert not takes("auto", AUTO_MAX_US) and not takes("auto", 50.0)
+    assert takes("cuda", 50.0) and not takes("triton", 1.0)
+
+
+def test_a_failed_nvrtc_compile_launches_the_fallback_kernel(monkeypatch):
+    """NVRTC failing on a source costs the fusion its Triton kernel's compile, not the call:
+    the launch goes to the fallback kernel, and the reason is kept."""
+    from concurrent.futures import Future
+    from pathlib import Path
+
+    import torch
+
+    from codegen.cuda_c import kernel as kmod
+    from codegen.cuda_c.nvrtc import NvrtcCompileError
+    launched = []
+
+    class Fallback:
+        def launch(self, outputs, inputs, stream=None):
+            launched.append((outputs, inputs))
+            outputs[0].copy_(inputs[0] * 2)
+    failed: Future = Future()
+    failed.set_exception(NvrtcCompileError("fusion %f: error: identifier \"x\" is undefined"))
+    from hlo.shape import array
+    k = kmod.CudaCKernel(name="k", source="", path=Path("k.cu"), key="k", fusion_name="f",
+                         input_shapes=[array("f32", (4,))], output_shapes=[array("f32", (4,))],
+                         threads=256, elements=4, arch="90", fallback=Fallback)
+    k._future = failed
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    x, out = torch.arange(4.0), torch.zeros(4)
+    k.launch([out], [x])
+    assert out.tolist() == [0.0, 2.0, 4.0, 6.0] and len(launched) == 1
+    assert "is undefined" in k.fell_back
+    k.launch([out], [x])                       # later launches go there directly
+    assert len(launched) == 2
+    no_fallback = kmod.CudaCKernel(name="k", source="", path=Path("k.cu"), key="k",
+                                   fusion_name="f", input_shapes=k.input_shapes,
+                                   output_shapes=k.output_shapes, threads=256, elements=4,
+                                   arch="90")
+    no_fallback._future = failed
+    with pytest.raises(NvrtcCompileError, match="is undefined"):
+        no_fallback.launch([out], [x])
 
 
 # --- (2) run on the host ----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from codegen.cache import KernelCache, cache_root, content_key
 from hlo.ir import Instruction
@@ -58,6 +58,11 @@ class CudaCKernel:
     fusion_kind: str = ""
     autotune: int = 0
     emitter: str = "cuda"
+    # Makes the fusion's Triton kernel: launched instead where NVRTC fails on this source
+    # (``fell_back`` says why), so a compiler error costs a slower compile, not the call.
+    fallback: Optional[Callable[[], Any]] = None
+    fell_back: str = ""
+    _triton: Any = None
     _future: Optional["Future[bytes]"] = None
     _functions: dict = field(default_factory=dict)     # device -> (module, function)
     _lock: Any = field(default_factory=threading.Lock)
@@ -104,8 +109,8 @@ class CudaCKernel:
         entry = self._functions.get(device)
         if entry is None:
             from codegen.triton import direct_launch as dl
+            cubin = self.cubin()       # first: an NVRTC failure before any driver call
             cu = dl._cuda()
-            cubin = self.cubin()
             dl._ensure_context(device)
             module, fn = ctypes.c_void_p(), ctypes.c_void_p()
             dl._check(cu.cuModuleLoadData(ctypes.byref(module), cubin),
@@ -126,10 +131,19 @@ class CudaCKernel:
             return
         import torch
         from codegen.triton import direct_launch as dl
+        if self._triton is not None:
+            return self._triton.launch(outputs, inputs, stream=stream)
         tensors = list(inputs) + list(outputs)
         device = outputs[0].device.index if outputs[0].device.index is not None \
             else torch.cuda.current_device()
-        fn = self._function(device)
+        try:
+            fn = self._function(device)
+        except nvrtc.NvrtcCompileError as e:
+            if self.fallback is None:
+                raise
+            self.fell_back = str(e).splitlines()[0]
+            self._triton = self.fallback()
+            return self._triton.launch(outputs, inputs, stream=stream)
         values = [t.data_ptr() for t in tensors]
         for t in tensors:
             values.extend(int(s) & 0xFFFFFFFFFFFFFFFF for s in t.stride())
@@ -158,10 +172,12 @@ class CudaCKernel:
 
 
 def compile_loop_fusion(fusion: Instruction, *, arch: str, target: str = "h100",
-                        round_narrow_each_op: bool = True, start: bool = True) -> CudaCKernel:
+                        round_narrow_each_op: bool = True, start: bool = True,
+                        fallback: Optional[Callable[[], Any]] = None) -> CudaCKernel:
     """The CUDA C kernel of a loop fusion, its cubin compiling in the background
     (``start``). Raises ``CudaCDeclined`` for a fusion the emitter does not take, and
-    ``CudaCodegenError`` where NVRTC cannot be loaded."""
+    ``CudaCodegenError`` where NVRTC cannot be loaded. ``fallback``: makes the kernel to
+    launch instead if NVRTC fails on the source (the fusion's Triton kernel)."""
     ks: KernelSource = emit_loop_kernel(fusion, round_narrow_each_op)
     if start:
         nvrtc.load()              # no NVRTC: the caller keeps Triton, with this reason
@@ -181,7 +197,8 @@ def compile_loop_fusion(fusion: Instruction, *, arch: str, target: str = "h100",
                          output_shapes=ks.output_shapes, threads=ks.threads,
                          elements=ks.elements, per_thread=ks.per_thread, arch=arch, target=target,
                          predicted_us=est.time_us, predicted_bytes=est.bytes_moved,
-                         predicted_flops=est.flops, fusion_kind=fusion_kind(fusion))
+                         predicted_flops=est.flops, fusion_kind=fusion_kind(fusion),
+                         fallback=fallback)
     STATS["kernels"] += 1
     if start:
         kernel.start_compile()

@@ -161,7 +161,7 @@ class CudaExecutable:
         self.autotune = autotune_level(autotune)
         from codegen.cuda_c import loop_emitter
         self.loop_emitter = loop_emitter()   # a bad HLOTK_LOOP_EMITTER raises here
-        if self.loop_emitter == "cuda":
+        if self.loop_emitter != "triton":
             from codegen.cuda_c.emitter import per_thread_for
             per_thread_for(0, 1)             # and a bad HLOTK_CUDA_C_PER_THREAD
         pdl_mode()    # a bad HLOTK_PDL raises here, not as every kernel's host fallback
@@ -418,20 +418,34 @@ class CudaExecutable:
                            wrapped=wrapped, fallback=fallback)
 
     def _cuda_c_kernel(self, fusion: Instruction) -> Optional[Any]:
-        """With ``HLOTK_LOOP_EMITTER=cuda`` on a GPU: the loop fusion's CUDA C kernel
-        (codegen/cuda_c, compiled by NVRTC in the background from here on), or None where
-        the fusion keeps Triton (not a loop fusion, an op or type the emitter declines, no
-        NVRTC), the reason counted in ``stats`` for ``report()``."""
-        if self.loop_emitter != "cuda" or not self.on_gpu:
+        """With ``HLOTK_LOOP_EMITTER`` auto or cuda on a GPU: the loop fusion's CUDA C
+        kernel (codegen/cuda_c, compiled by NVRTC in the background from here on), or None
+        where the fusion keeps Triton (not a loop fusion, predicted at or over
+        ``AUTO_MAX_US`` under auto, an op or type the emitter declines, no NVRTC), the
+        reason counted in ``stats`` for ``report()``."""
+        if self.loop_emitter == "triton" or not self.on_gpu:
             return None
-        from codegen.cuda_c import CudaCDeclined, CudaCodegenError
+        from codegen.cuda_c import CudaCDeclined, CudaCodegenError, takes
         from codegen.cuda_c.kernel import compile_loop_fusion
+        from codegen.triton import compile_fusion
         from codegen.triton.kernel import classify
         if classify(fusion) != "loop":
             return None         # reductions, GEMMs, tiled transposes: Triton's templates
+        if self.loop_emitter == "auto":
+            from passes.fusion.cost_model import DeviceSpecError, predict
+            try:
+                predicted = predict(fusion, self.target).time_us
+            except DeviceSpecError:
+                return None
+            if not takes(self.loop_emitter, predicted):
+                self.stats["cuda_c_large"] = self.stats.get("cuda_c_large", 0) + 1
+                return None
         declined = self.stats.setdefault("cuda_c_declined", [])
         try:
-            kernel = compile_loop_fusion(fusion, arch=self._arch(), target=self.target)
+            kernel = compile_loop_fusion(
+                fusion, arch=self._arch(), target=self.target,
+                fallback=lambda: compile_fusion(fusion, target=self.target,
+                                                autotune=self.autotune))
         except CudaCDeclined as e:
             declined.append(str(e))
             return None
@@ -874,13 +888,21 @@ class CudaExecutable:
         return "\n".join(lines)
 
     def emitter_report(self) -> list[str]:
-        """Which generator made the loop kernels (HLOTK_LOOP_EMITTER), and why a loop
-        fusion kept Triton under ``cuda``."""
-        if self.loop_emitter != "cuda":
+        """Which generator made the loop kernels (HLOTK_LOOP_EMITTER), why a loop fusion
+        kept Triton, and which CUDA C kernels NVRTC failed on (Triton ran them)."""
+        from codegen.cuda_c import AUTO_MAX_US
+        if self.loop_emitter == "triton":
             return []
         declined = self.stats.get("cuda_c_declined", [])
-        lines = [f"loop emitter cuda: {self.stats.get('cuda_c_kernels', 0)} CUDA C kernels "
-                 f"(NVRTC), {len(declined)} loop fusions kept Triton"]
+        large = self.stats.get("cuda_c_large", 0)
+        lines = [f"loop emitter {self.loop_emitter}: {self.stats.get('cuda_c_kernels', 0)} "
+                 f"CUDA C kernels (NVRTC), {len(declined)} loop fusions kept Triton"
+                 + (f", {large} predicted at or over {AUTO_MAX_US:g} µs made by Triton"
+                    if large else "")]
+        fell_back = [t.kernel for t in self.thunks() if getattr(
+            getattr(t, "kernel", None), "fell_back", None)]
+        lines += [f"  NVRTC failed, Triton launched: {k.name}: {k.fell_back}"
+                  for k in fell_back[:8]]
         lines += [f"  kept Triton: {why}" for why in declined[:8]]
         if len(declined) > 8:
             lines.append(f"  ... and {len(declined) - 8} more")

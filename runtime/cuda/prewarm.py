@@ -12,7 +12,7 @@
   launch's (``codegen/triton/direct_launch.py``: no ``cuda_utils`` build), and the modules
   Triton's first argument specialization imports are imported here
   (``import_specialization_modules``).
-- With ``HLOTK_LOOP_EMITTER=cuda``, when the CUDA client is made: NVRTC loaded and a tiny
+- Unless ``HLOTK_LOOP_EMITTER=triton``, when the CUDA client is made: NVRTC loaded and a tiny
   kernel compiled in a thread (``codegen/cuda_c/nvrtc.py``: NVRTC's own start-up).
 - ``freeze_gc()`` (when the CUDA client is made): the objects alive then go to the
   cyclic collector's permanent generation, so that the first call's full collection does
@@ -154,12 +154,12 @@ def start(device: Any) -> None:
 
 
 def _start_nvrtc(device: Any) -> None:
-    """With ``HLOTK_LOOP_EMITTER=cuda``: NVRTC loaded and one tiny kernel compiled in a
+    """Unless ``HLOTK_LOOP_EMITTER=triton``: NVRTC loaded and one tiny kernel compiled in a
     thread, so that the first loop kernel's compile (started at codegen) does not also pay
     NVRTC's start-up in the process (codegen/cuda_c/nvrtc.py)."""
     try:
         from codegen.cuda_c import loop_emitter, nvrtc
-        if loop_emitter() != "cuda":
+        if loop_emitter() == "triton":
             return
         import torch
         major, minor = torch.cuda.get_device_capability(device)
