@@ -720,8 +720,7 @@ def materialize(state: FusionState) -> dict[int, Instruction]:
                 inst.replace_operand_with(o, value[id(o)])
     if id(comp.root) in value:
         comp.root = value[id(comp.root)]
-    for inst in sorted(originals, key=state.pos, reverse=True):
-        comp.remove_instruction(inst)
+    comp.remove_instructions(sorted(originals, key=state.pos, reverse=True))
     comp.instructions = comp.post_order()
     at = module.computations.index(comp)
     for body in bodies:
