@@ -10,6 +10,7 @@ Invariants kept by every mutation method here (and checked by ``hlo.verify``):
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Any, Collection, Iterable, Iterator, Optional
 
 import numpy as np
@@ -25,6 +26,7 @@ class IRError(HlotkError):
 
 
 _ids = itertools.count()
+_CONTROL_PREDECESSORS = operator.attrgetter("control_predecessors")
 _COMPUTATION_ATTR_SET = frozenset(COMPUTATION_ATTRS)
 
 
@@ -222,13 +224,45 @@ class Computation:
         if inst.opcode == "parameter":
             raise IRError(f"cannot remove parameter %{inst.name}")
         inst.drop_operands()
-        for other in self.instructions:
-            if inst in other.control_predecessors:
-                other.control_predecessors.remove(inst)
+        # the non-empty control predecessor lists, found without a Python loop over every
+        # instruction (issue 13: CSE and fusion remove hundreds, each walked them all)
+        for cps in filter(None, map(_CONTROL_PREDECESSORS, self.instructions)):
+            if inst in cps:
+                cps.remove(inst)
         self.instructions.remove(inst)
         if self.parent is not None:
             self.parent._names.discard(inst.name)
         inst.parent = None
+
+    def remove_instructions(self, insts: Iterable[Instruction]) -> None:
+        """``remove_instruction`` of each of ``insts``, in that order (each must have no
+        users once the ones before it are gone), with one walk over the computation for
+        them all instead of one each (issue 13: fusion removes ~450 fused instructions of
+        the Adam step). Should one be refused (IRError), those before it are removed."""
+        done: list[Instruction] = []
+        try:
+            for inst in insts:
+                if inst.users:
+                    raise IRError(f"cannot remove %{inst.name}: still used by "
+                                  + ", ".join("%" + u.name for u in inst.users))
+                if inst is self.root:
+                    raise IRError(f"cannot remove the root %{inst.name} of %{self.name}")
+                if inst.opcode == "parameter":
+                    raise IRError(f"cannot remove parameter %{inst.name}")
+                inst.drop_operands()
+                done.append(inst)
+        finally:
+            gone = {id(i) for i in done}
+            for cps in filter(None, map(_CONTROL_PREDECESSORS, self.instructions)):
+                if any(id(c) in gone for c in cps):
+                    for inst in done:          # as one remove_instruction each would
+                        if inst in cps:
+                            cps.remove(inst)
+            self.instructions[:] = [i for i in self.instructions if id(i) not in gone]
+            for inst in done:
+                if self.parent is not None:
+                    self.parent._names.discard(inst.name)
+                inst.parent = None
 
     def replace_all_uses_with(self, old: Instruction, new: Instruction) -> None:
         old.replace_all_uses_with(new)

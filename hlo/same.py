@@ -14,10 +14,15 @@ equal, called computations by name).
 It is conservative: True means the printer, a function of those fields, gives both the
 same text; False may also come for two modules that print the same (a NaN attribute, an
 attribute object without ``==``), and the caller then only skips the cache.
+
+``structure_key(comp)``: a hashable value that is equal for two computations printing the
+same text up to their instructions' names and metadata (the Triton backend generates one
+kernel per distinct fused computation with it, issue 13).
 """
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Optional
 
 import numpy as np
 
@@ -102,3 +107,75 @@ def _values(u: Any, v: Any) -> bool:
         return u.dtype == v.dtype and u.shape == v.shape and u.tobytes() == v.tobytes()
     same = u == v
     return same if isinstance(same, bool) else False
+
+
+# --- structure up to instruction names -----------------------------------------------------
+def structure_key(comp: Computation, skip: frozenset[str] = frozenset({"metadata"}),
+                  _seen: Optional[dict[int, tuple]] = None) -> tuple:
+    """A hashable value equal for two computations that print the same text up to their
+    instructions' names and the attributes named in ``skip``: per instruction, in order,
+    its opcode, shape (layout included), operands and control predecessors by position,
+    parameter number, literal (bit for bit) and attributes in order (called computations by
+    name and by their own key, instructions of ``comp`` by position); the root's position
+    and the extra signature text. Equal keys mean one computation is the other with its
+    instructions renamed (and the skipped attributes changed); unequal keys may still come
+    for two such (a NaN attribute, an attribute object compared by identity). Raises
+    TypeError for an attribute value that cannot be made hashable."""
+    seen = {} if _seen is None else _seen
+    known = seen.get(id(comp))
+    if known is not None:
+        return known
+    position = {id(i): k for k, i in enumerate(comp.instructions)}
+
+    def ref(i: Instruction) -> Any:
+        k = position.get(id(i))
+        return k if k is not None else ("outside", i.name)
+
+    rows = []
+    for inst in comp.instructions:
+        attrs = attrs_key(inst.attrs, skip, ref, seen)
+        rows.append((inst.opcode, type(inst.shape), inst.shape,
+                     tuple(ref(o) for o in inst.operands),
+                     tuple(ref(c) for c in inst.control_predecessors),
+                     inst.parameter_number, _frozen(inst.literal, ref, skip, seen), attrs))
+    root = comp.root
+    key = (tuple(rows), None if root is None else ref(root), comp.extra_attrs)
+    seen[id(comp)] = key
+    return key
+
+
+def attrs_key(attrs: dict[str, Any], skip: frozenset[str] = frozenset({"metadata"}),
+              ref: Any = None, _seen: Optional[dict[int, tuple]] = None) -> tuple:
+    """``attrs`` (an instruction's) but those in ``skip`` as a hashable value, in order, as
+    ``structure_key`` compares them; instructions by ``ref(inst)`` (default: by name)."""
+    ref = ref if ref is not None else (lambda i: ("outside", i.name))
+    seen = {} if _seen is None else _seen
+    return tuple((k, _frozen(v, ref, skip, seen)) for k, v in attrs.items() if k not in skip)
+
+
+def _frozen(v: Any, ref: Any, skip: frozenset[str], seen: dict[int, tuple]) -> Any:
+    """``v`` as a hashable value that is equal exactly where ``_values`` says equal (same
+    type; arrays bit for bit; containers in order), instructions by ``ref``."""
+    if isinstance(v, float):
+        return (type(v), v.hex())         # -0.0 == 0.0, but they print differently
+    if v is None or isinstance(v, (bool, int, str, bytes)):
+        return (type(v), v)
+    if isinstance(v, Instruction):
+        return (Instruction, ref(v))
+    if isinstance(v, Computation):
+        return (Computation, v.name, structure_key(v, skip, seen))
+    if isinstance(v, (np.ndarray, np.generic)):
+        a = np.asarray(v)
+        return (type(v), a.dtype.str, a.shape, a.tobytes())
+    if isinstance(v, (list, tuple)):
+        return (type(v), tuple(_frozen(x, ref, skip, seen) for x in v))
+    if isinstance(v, dict):
+        return (type(v), tuple((k, _frozen(x, ref, skip, seen)) for k, x in v.items()))
+    try:
+        hash(v)
+        return (type(v), v)
+    except TypeError:
+        if dataclasses.is_dataclass(v):
+            return (type(v), tuple(_frozen(getattr(v, f.name), ref, skip, seen)
+                                   for f in dataclasses.fields(v)))
+        raise

@@ -61,14 +61,20 @@ def _check_entry_layout(module: Module) -> None:
     value = module.config.get("entry_computation_layout")
     if value is None:
         return
-    text = value.text if isinstance(value, Raw) else str(value)
     entry = module.entry
     assert entry is not None
-    try:
-        params, result = parse_program_shape(text)
-    except HlotkError as e:
-        raise VerifierError(f"cannot read entry_computation_layout {text!r}: {e}",
-                            computation=entry.name) from None
+    from .text.parser import ComputationLayout
+    if isinstance(value, ComputationLayout):
+        # The importer's and layout assignment's: shapes already (issue 13: printing and
+        # parsing back the Adam step's 97 parameters took ~6 ms, twice per compile).
+        params, result = list(value.parameters), value.result
+    else:
+        text = value.text if isinstance(value, Raw) else str(value)
+        try:
+            params, result = parse_program_shape(text)
+        except HlotkError as e:
+            raise VerifierError(f"cannot read entry_computation_layout {text!r}: {e}",
+                                computation=entry.name) from None
     if len(params) != len(entry.parameters):
         raise VerifierError(f"entry_computation_layout has {len(params)} parameters but the "
                             f"entry takes {len(entry.parameters)}", computation=entry.name)

@@ -344,7 +344,9 @@ def _walk_elementwise(p: Instruction, outs: list[Instruction], root: Instruction
 
 def can_share_operand_buffer(user: Instruction, operand_number: int, user_index: Index = (),
                              slots: Optional[list[int]] = None,
-                             memo: Optional[dict] = None) -> bool:
+                             memo: Optional[dict] = None,
+                             pairs: Optional[list[tuple[int, Index]]] = None,
+                             result: Optional[AnyShape] = None) -> bool:
     """Whether leaf ``user_index`` of ``user``'s result may be written over the buffer of
     operand ``operand_number`` (XLA's CanShareOperandBufferWithUser; buffer assignment still
     checks that the operand dies at ``user`` and that the sizes match).
@@ -360,18 +362,21 @@ def can_share_operand_buffer(user: Instruction, operand_number: int, user_index:
     ``slots``: the operand numbers holding the same value as ``operand_number`` (found
     here when not given; ``in_place_operand_candidates`` finds them once per user).
     ``memo``: ``reads_at_same_index``'s, kept by the caller while ``user`` is unchanged.
+    ``pairs``, ``result``: ``in_place_pairs(user)`` and the result leaf's shape, when the
+    caller has them (``in_place_operand_candidates``: once per user, not per pair).
     """
     operand = user.operands[operand_number]
     if operand.opcode == "constant" or operand.shape.is_tuple or not operand.shape.is_array:
         return False
-    result = subshape(user.shape, user_index)
+    if result is None:
+        result = subshape(user.shape, user_index)
     if not same_iteration_space(operand.shape, result):
         return False
     # Every operand slot holding this value must be safe: fusion(a, a) reads a through two
     # fused parameters, and an in-place op may not also read its target as an update.
     if slots is None:
         slots = [k for k, o in enumerate(user.operands) if o is operand]
-    if (operand_number, user_index) in in_place_pairs(user):
+    if (operand_number, user_index) in (in_place_pairs(user) if pairs is None else pairs):
         return len(slots) == 1
     if user.opcode == "fusion":
         root = user.attrs["calls"].root
@@ -406,9 +411,10 @@ def in_place_operand_candidates(inst: Instruction) -> list[tuple[Index, int]]:
     for k, o in enumerate(inst.operands):
         slots.setdefault(id(o), []).append(k)
     memo: dict = {}      # a fusion's walk from each parameter, once (not per output leaf)
-    for index, _ in array_leaves(inst.shape):
+    pairs = in_place_pairs(inst)          # once per instruction, not per (leaf, operand)
+    for index, leaf in array_leaves(inst.shape):
         for k, o in enumerate(inst.operands):
-            if can_share_operand_buffer(inst, k, index, slots[id(o)], memo):
+            if can_share_operand_buffer(inst, k, index, slots[id(o)], memo, pairs, leaf):
                 out.append((index, k))
     return out
 

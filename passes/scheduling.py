@@ -144,20 +144,33 @@ def list_schedule(comp: Computation, model: MemoryModel) -> list[Instruction]:
             for bss in sets.values() for bs in bss}
     alloc_of = {uid: sum(size[bs.id] for bs in bss) for uid, bss in model.defines.items()}
 
+    # An instruction's priority changes only when a buffer it reads loses a reader: kept
+    # until then (issue 13: every ready instruction's was recomputed at every step, and an
+    # optimizer step's ~100 parameters are all ready from the start).
+    readers: dict[int, list[int]] = {}
+    for inst in comp.instructions:
+        for bs in model.reads[inst.uid]:
+            readers.setdefault(bs.id, []).append(inst.uid)
+    known: dict[int, tuple[int, int]] = {}
+
     def priority(inst: Instruction) -> tuple[int, int]:
-        freed = sum(size[bs.id] for bs in model.reads[inst.uid]
-                    if readers_left[bs.id] == 1 and bs.id not in model.pinned)
-        return (alloc_of[inst.uid] - freed, position[inst.uid])
+        p = known.get(inst.uid)
+        if p is None:
+            freed = sum(size[bs.id] for bs in model.reads[inst.uid]
+                        if readers_left[bs.id] == 1 and bs.id not in model.pinned)
+            p = known[inst.uid] = (alloc_of[inst.uid] - freed, position[inst.uid])
+        return p
 
     ready = [i for i in comp.instructions if waiting[i.uid] == 0]
     order: list[Instruction] = []
     while ready:
-        # Priorities change as buffers lose readers; recompute (computations are small).
         best = min(ready, key=priority)
         ready.remove(best)
         order.append(best)
         for bs in model.reads[best.uid]:
             readers_left[bs.id] -= 1
+            for uid in readers[bs.id]:
+                known.pop(uid, None)
         for s in succ[best.uid]:
             waiting[s.uid] -= 1
             if waiting[s.uid] == 0:

@@ -372,12 +372,15 @@ class Client:
             # input is verified there, unless the entry found says that this exact text was
             # verified when it was stored (same hlo/ sources: the key covers them).
             from . import compile_cache
+            original = module
 
             def run(m: hlo.Module) -> list:
                 from .tools import compile_module      # only on a miss (its imports)
-                # ``m`` is a copy of the module compile_cache has just verified (``check``).
+                # ``m`` is a copy of the module compile_cache has just verified (``check``);
+                # verified once after the passes, the input copied again only should that
+                # or a pass fail, to name the pass (run_pipeline's ``replay``).
                 return compile_module(m, spec, backend=self.platform, verify=verify,
-                                      verified=verify)[0]
+                                      verified=verify, replay=original.copy)[0]
             module, records, cache_hit = compile_cache.compiled(
                 module, spec, self.platform, run, check=hlo.verify if verify else None)
         else:

@@ -314,8 +314,11 @@ class Jitted:
         if not callable(fn):
             raise InvalidArgumentError(f"jit expects a callable, got {type(fn).__name__}")
         self.fn = fn
-        from .spmd import jax_sharding_kwargs   # jax.jit's own sharding arguments
-        self._sharding_kwargs = jax_sharding_kwargs(in_shardings, out_shardings, mesh)
+        if in_shardings is None and out_shardings is None and mesh is None:
+            self._sharding_kwargs: dict = {}      # (runtime.spmd not imported for nothing)
+        else:
+            from .spmd import jax_sharding_kwargs   # jax.jit's own sharding arguments
+            self._sharding_kwargs = jax_sharding_kwargs(in_shardings, out_shardings, mesh)
         self.backend = backend
         self.pipeline = pipeline
         as_set = lambda v: frozenset((v,) if isinstance(v, int) else v)  # noqa: E731

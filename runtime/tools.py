@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, TextIO
+from typing import Callable, Optional, TextIO
 
 import hlo
 from passes.pipeline import PassRecord, run_pipeline
@@ -15,12 +15,14 @@ from passes.pipelines import pipeline_spec
 def compile_module(module: hlo.Module, passes: str = "default", *, backend: str = "cpu",
                    dump_dir: Optional[str | Path] = None, verify: bool = False,
                    render_svg: bool = True, verified: bool = False,
+                   replay: Optional[Callable[[], hlo.Module]] = None,
                    ) -> tuple[list[PassRecord], Optional[Path]]:
     """Run a pipeline (a name such as ``default`` or a spec) in place, optionally dumping.
-    ``verified``: the caller has just verified ``module`` (``run_pipeline``)."""
+    ``verified``: the caller has just verified ``module``; ``replay``: a fresh copy of it
+    on demand, to verify once after the pipeline (``run_pipeline``)."""
     spec = pipeline_spec(passes, backend)
     if dump_dir is None:
-        return run_pipeline(module, spec, verify=verify, verified=verified), None
+        return run_pipeline(module, spec, verify=verify, verified=verified, replay=replay), None
     from .dump import PassDumper
     dumper = PassDumper(Path(dump_dir), render_svg=render_svg,
                         title=f"hlotk: {module.name} through {spec or 'no passes'}")

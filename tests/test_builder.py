@@ -86,3 +86,50 @@ def test_builder_reports_shape_errors_and_needs_shape():
         p, q = bb.parameter(scalar("f32")), bb.parameter(scalar("f32"))
         bad_add = bb.build(bb.compare(p, q, direction="LT"))
         b.reduce(x, b.constant(np.float32(0)), dimensions=(0,), to_apply=bad_add)
+
+
+REMOVE = """HloModule m
+ENTRY e {
+  p = f32[4] parameter(0)
+  a = f32[4] negate(p)
+  b = f32[4] exponential(a)
+  c = f32[4] add(p, p)
+  d = f32[4] sine(c)
+  ROOT r = f32[4] abs(p), control-predecessors={b, d}
+}
+"""
+
+
+def test_remove_instructions_is_remove_instruction_for_each():
+    """The batch removal (fusion's materialize, issue 13) leaves the computation as one
+    remove_instruction per instruction in the same order does: operands' users, control
+    predecessors, the names the module holds, the instruction order."""
+    one, many = hlo.parse_hlo(REMOVE), hlo.parse_hlo(REMOVE)
+    for name in ("d", "b", "c", "a"):
+        one.entry.remove_instruction(one.entry.get(name))
+    gone = [many.entry.get(n) for n in ("d", "b", "c", "a")]
+    many.entry.remove_instructions(gone)
+    assert many.to_text() == one.to_text()
+    assert [i.name for i in many.entry.instructions] == ["p", "r"]
+    assert many.entry.get("p").users == [many.entry.root]
+    assert all(i.parent is None for i in gone)
+    assert many.unique_name("b") == "b"            # the name is free again
+    hlo.verify(many)
+
+
+def test_remove_instructions_refuses_as_remove_instruction_does():
+    m = hlo.parse_hlo(REMOVE)
+    d, a = m.entry.get("d"), m.entry.get("a")
+    with pytest.raises(hlo.ir.IRError, match="cannot remove %a: still used by %b"):
+        m.entry.remove_instructions([d, a])
+    # d went before the refusal (as it would have, one at a time); a and the rest stay
+    assert [i.name for i in m.entry.instructions] == ["p", "a", "b", "c", "r"]
+    assert [c.name for c in m.entry.root.control_predecessors] == ["b"]
+    assert m.entry.get("c").users == []
+    with pytest.raises(hlo.ir.IRError, match="root"):
+        m.entry.remove_instructions([m.entry.root])
+    with pytest.raises(hlo.ir.IRError, match="still used by %a, %c, %r"):
+        m.entry.remove_instructions([m.entry.get("p")])
+    unused = hlo.parse_hlo(REMOVE.replace("e {\n", "e {\n  q = f32[4] parameter(1)\n"))
+    with pytest.raises(hlo.ir.IRError, match="cannot remove parameter %q"):
+        unused.entry.remove_instructions([unused.entry.get("q")])

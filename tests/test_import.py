@@ -563,3 +563,28 @@ def test_custom_call_keeps_called_computations():
     got = hlo.evaluate(m, [np.array([1.5, -2], np.float32)], custom_calls={
         "apply": lambda inst, ops, ctx: ctx.call(inst.attrs["called_computations"][0], ops)})
     np.testing.assert_array_equal(got, [3.0, -4.0])
+
+
+def test_chlo_and_shardy_rules_load_on_the_first_such_op():
+    """A program without chlo or sdy ops imports neither module (issue 13: their import is
+    part of a process's first lower); the first chlo op loads chlo's rules (a new process,
+    so that no other test has loaded them)."""
+    import subprocess
+    import sys
+    code = (
+        "import sys, numpy as np, jax, jax.numpy as jnp, hlo\n"
+        "from hlo.stablehlo.importer import _late_rule\n"
+        "x = np.linspace(-2, 2, 8).astype(np.float32)\n"
+        "m = hlo.from_jax(lambda v: jnp.sqrt(v * v + 1.0), x)\n"
+        "late = ('hlo.stablehlo.chlo', 'hlo.stablehlo.shardy')\n"
+        "print(sorted(k for k in late if k in sys.modules))\n"
+        "assert _late_rule('nope.op') is None\n"
+        "m = hlo.from_stablehlo('func.func @main(%a: tensor<8xf32>) -> tensor<8xf32> {\\n'\n"
+        "    '  %0 = chlo.sinh %a : tensor<8xf32> -> tensor<8xf32>\\n'\n"
+        "    '  return %0 : tensor<8xf32>\\n}\\n')\n"
+        "print(np.allclose(hlo.evaluate(m, [x]), np.sinh(x), rtol=1e-5))\n"
+        "print('hlo.stablehlo.chlo' in sys.modules, callable(_late_rule('sdy.reshard')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:3] == ["[]", "True", "True True"], out.stdout

@@ -155,6 +155,75 @@ def test_a_new_process_finds_the_shared_file(tmp_path, monkeypatch):
     assert again.path == first.path and "%fb" in again.source and again.fusion_name == "f1"
 
 
+# --- one build's memo: one generation per distinct fused computation (issue 13) ----------------
+def _counting_generation(monkeypatch) -> list:
+    from codegen.triton import kernel as kernel_mod
+    made: list = []
+    real = kernel_mod._generate_kernel
+
+    def counted(fusion_inst, *a, **k):
+        made.append(fusion_inst.name)
+        return real(fusion_inst, *a, **k)
+    monkeypatch.setattr(kernel_mod, "_generate_kernel", counted)
+    return made
+
+
+def test_a_build_memo_generates_each_distinct_fusion_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("HLOTK_CACHE_DIR", str(tmp_path / "cache"))
+    from codegen.triton import compile_fusion
+    f1, f2, f3 = _module()
+    alone = compile_fusion(f2, target="h200")          # no memo: generated from f2 itself
+    made = _counting_generation(monkeypatch)
+    memo: dict = {}
+    k1, k2, k3 = (compile_fusion(f, target="h200", memo=memo) for f in (f1, f2, f3))
+    # f2 is f1 renamed (%fb for %fa): f1's generated kernel; f3's constant is 0.8, not 0.9
+    assert made == ["f1", "f3"] and len(memo) == 2
+    assert (k2.key, k2.path, k2.source) == (alone.key, alone.path, alone.source) \
+        == (k1.key, k1.path, k1.source)
+    assert (k2.template, k2.config, k2.plan.config, k2.plan.candidates, k2.grid) == \
+        (alone.template, alone.config, alone.plan.config, alone.plan.candidates, alone.grid)
+    assert k2.fusion_name == "f2" and k1.fusion_name == "f1"        # each still its own
+    assert k2.plan is not k1.plan and k2.config is not k1.config   # nothing shared to mutate
+    assert k3.key != k1.key and k3.path != k1.path
+    assert "0.800000011920929" in k3.source and "0.800000011920929" not in k1.source
+
+
+def test_a_build_memo_generates_again_for_any_change_the_kernel_could_see(tmp_path,
+                                                                          monkeypatch):
+    import hlo
+    monkeypatch.setenv("HLOTK_CACHE_DIR", str(tmp_path / "cache"))
+    from codegen.triton import compile_fusion
+    base = _module()[0]
+    text = base.parent.parent.to_text()
+    variants = {
+        "operands swapped": text.replace("subtract(%am, %a1)", "subtract(%a1, %am)"),
+        "another shape": text.replace("f32[1024]", "f32[2048]"),
+        "another opcode": text.replace("multiply(%ab, %a0)", "add(%ab, %a0)"),
+        "another constant bit": text.replace("constant(0.9)", "constant(0.90000004)", 1),
+        # the same computation, its instructions listed in another (valid) order: the
+        # templates read the list in order, so the memo does not assume it is the same
+        "another order": text.replace(
+            "  %ac = f32[] constant(0.9)\n  %ab = f32[1024] broadcast(%ac), dimensions={}\n"
+            "  %am = f32[1024] multiply(%ab, %a0)\n",
+            "  %ac = f32[] constant(0.9)\n  %ab = f32[1024] broadcast(%ac), dimensions={}\n"
+            "  %am = f32[1024] multiply(%ab, %a0)\n", 1).replace(
+            "  %a0 = f32[1024] parameter(0)\n  %a1 = f32[1024] parameter(1)\n",
+            "  %a1 = f32[1024] parameter(1)\n  %a0 = f32[1024] parameter(0)\n", 1),
+    }
+    made = _counting_generation(monkeypatch)
+    memo: dict = {}
+    compile_fusion(base, target="h200", memo=memo)
+    for what, t in variants.items():
+        assert t != text, what
+        f = next(i for i in hlo.parse_hlo(t).entry.instructions if i.name == "f1")
+        compile_fusion(f, target="h200", memo=memo)
+        assert made[-1] == "f1" and len(made) == len(memo), what
+    assert len(memo) == 1 + len(variants)
+    # and a different target is another kernel too (the cost model's, the key's)
+    compile_fusion(base, target="h100", memo=memo)
+    assert len(memo) == 2 + len(variants)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("level", ["0", "1"])
 def test_gpu_optimizer_step_shares_kernels_and_equals_jax(tmp_path, monkeypatch, level):

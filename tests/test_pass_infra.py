@@ -183,6 +183,95 @@ def test_a_broken_module_is_still_reported():
                      verify=True)
 
 
+def _verify_counter(monkeypatch) -> list:
+    import hlo.verifier
+    seen: list = []
+    real = hlo.verifier.verify
+    monkeypatch.setattr(hlo.verifier, "verify", lambda m: (seen.append(1), real(m))[1])
+    return seen
+
+
+def _replay_of(m):
+    """``replay`` for run_pipeline: copies of ``m`` as it is now, counted."""
+    made = []
+    original = m.copy()
+
+    def replay():
+        made.append(1)
+        return original.copy()
+    return replay, made
+
+
+def test_with_replay_a_valid_pipeline_is_verified_once(monkeypatch):
+    seen = _verify_counter(monkeypatch)
+    m = hlo.parse_hlo(TEXT)
+    replay, made = _replay_of(m)
+    records = run_pipeline(m, "cse,dce", verify=True, verified=True, replay=replay)
+    assert [r.changed for r in records] == [True, True]
+    assert len(seen) == 1 and made == []          # after the pipeline; nothing replayed
+    assert len(m.entry.instructions) == 4
+    seen.clear()
+    run_pipeline(m, [_Pass("a"), _Pass("b")], verify=True, verified=True, replay=replay)
+    assert seen == []                             # verified input, nothing changed
+    run_pipeline(m, [_Pass("a"), _Pass("b")], verify=True, replay=replay)
+    assert len(seen) == 1                         # an input nobody verified: once
+
+
+def test_with_replay_the_pass_that_broke_the_module_is_named(monkeypatch):
+    m = hlo.parse_hlo(TEXT)
+    replay, made = _replay_of(m)
+    passes_ = [_Pass("a", changed=True, edit=_drop_dead),
+               _Pass("breaks", changed=True, edit=_break_root), _Pass("c")]
+    with pytest.raises(PassError, match="after pass breaks"):
+        run_pipeline(m, passes_, verify=True, verified=True, replay=replay)
+    assert made == [1]
+    # A later pass that trips over the broken module (here: raises) does not hide it.
+
+    def trips(module):
+        raise RuntimeError("a pass that assumed a valid module")
+    m = hlo.parse_hlo(TEXT)
+    replay, made = _replay_of(m)
+    with pytest.raises(PassError, match="after pass breaks"):
+        run_pipeline(m, [_Pass("breaks", changed=True, edit=_break_root),
+                         _Pass("trips", edit=trips)], verify=True, verified=True, replay=replay)
+    assert made == [1]
+
+
+def test_with_replay_a_pass_error_is_raised_as_it_was(monkeypatch):
+    def refuses(module):
+        raise PassError("pass refuses: this program has no kernel for it")
+    m = hlo.parse_hlo(TEXT)
+    replay, made = _replay_of(m)
+    with pytest.raises(PassError, match="pass refuses"):
+        run_pipeline(m, [_Pass("a", changed=True, edit=_drop_dead), _Pass("r", edit=refuses)],
+                     verify=True, verified=True, replay=replay)
+    assert made == [1]
+
+
+def test_a_client_compile_names_the_pass_that_broke_the_module(monkeypatch, tmp_path):
+    """Through ``Client.compile`` (the module cache, verification once after the passes):
+    a registered pass that breaks the module is named, as after each pass before."""
+    import dataclasses
+
+    import runtime
+    from passes.base import PASSES
+    monkeypatch.setenv("HLOTK_CACHE_DIR", str(tmp_path))
+
+    @dataclasses.dataclass(frozen=True)
+    class BreaksRoot:
+        name = "test-breaks-root"
+
+        def run(self, module):
+            _break_root(module)
+            return True
+    monkeypatch.setitem(PASSES, BreaksRoot.name, BreaksRoot)     # registered for this test
+    m = hlo.parse_hlo(TEXT)
+    text = m.to_text()
+    with pytest.raises(PassError, match="after pass test-breaks-root"):
+        runtime.client("cpu").compile(m, pipeline="cse,test-breaks-root,dce")
+    assert m.to_text() == text                    # the caller's module as it was
+
+
 def test_default_pipelines_report_changes_honestly():
     """The rule above trusts ``changed``: every pass of the default CPU and CUDA pipelines
     that reports no change leaves the module's text as it was (on a few programs)."""

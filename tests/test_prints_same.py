@@ -96,3 +96,73 @@ def test_values_compare_by_type_and_bits():
     assert not prints_same(u, m)
     inst.attrs["dimensions"] = dims
     assert prints_same(u, m)
+
+
+# --- structure_key: the same computation up to instruction names (issue 13) -----------------
+def _fused_comp(m: hlo.Module) -> hlo.Computation:
+    return next(c for c in m.computations if c.fusion_instruction is not None)
+
+
+def _renamed(m: hlo.Module) -> hlo.Module:
+    u = _round_trip(m)
+    for k, inst in enumerate(i for c in u.computations for i in c.instructions):
+        inst.name = f"other.{k}"
+        if "metadata" in inst.attrs:
+            inst.attrs["metadata"] = Metadata((("op_name", f"elsewhere/{k}"),))
+    return u
+
+
+def test_structure_key_ignores_instruction_names_and_metadata():
+    from hlo.same import structure_key
+    m = _fused()
+    u = _renamed(m)
+    for a, b in zip(m.computations, u.computations):
+        assert structure_key(a) == structure_key(b), a.name
+        assert hash(structure_key(a)) == hash(structure_key(b))
+    assert not prints_same(u, m)                      # the names do show in the text
+
+
+# The edits above that change a computation's structure (names and metadata aside; the
+# "attribute order" edit there may only move metadata).
+STRUCTURAL = ("opcode", "layout", "operand order", "literal bit", "attribute value", "root")
+
+
+@pytest.mark.parametrize("edit", STRUCTURAL)
+def test_structure_key_sees_every_other_change(edit):
+    from hlo.same import structure_key
+    m = _fused()
+    u = _round_trip(m)
+    EDITS[edit](u)
+    before = [structure_key(c) for c in m.computations]
+    after = [structure_key(c) for c in u.computations]
+    assert before != after
+
+
+def test_structure_key_values_by_type_and_bits():
+    from hlo.same import attrs_key, structure_key
+    m = _fused()
+    u = _round_trip(m)
+    inst = _first(u, lambda i: "dimensions" in i.attrs)
+    comp = inst.parent
+    key = structure_key(comp)
+    inst.attrs["dimensions"] = list(inst.attrs["dimensions"])     # a list is not a tuple
+    assert structure_key(comp) != key
+    # -0.0 == 0.0 in Python, but the two print differently
+    assert attrs_key({"x": -0.0}) != attrs_key({"x": 0.0})
+    assert attrs_key({"x": 1}) != attrs_key({"x": 1.0}) != attrs_key({"x": True})
+    assert attrs_key({"x": 1, "y": 2}) != attrs_key({"y": 2, "x": 1})     # printed in order
+    assert attrs_key({"x": 1, "metadata": Metadata((("op_name", "a"),))}) == attrs_key({"x": 1})
+    # a called computation counts by its name too (a kernel names its combiner after it)
+    renamed = _round_trip(m)
+    assert structure_key(renamed.entry) == structure_key(m.entry)
+    _fused_comp(renamed).name = "renamed_body"
+    assert structure_key(renamed.entry) != structure_key(m.entry)
+
+
+def test_structure_key_refuses_what_it_cannot_hash():
+    from hlo.same import attrs_key
+
+    class Opaque:
+        __hash__ = None                 # type: ignore[assignment]
+    with pytest.raises(TypeError):
+        attrs_key({"x": Opaque()})

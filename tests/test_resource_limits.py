@@ -81,3 +81,26 @@ def test_cpu_arena_larger_than_the_host_is_refused(monkeypatch):
     with resource_limits(max_bytes=0):    # limits off: the host check is off too
         np.testing.assert_allclose(runtime.jit(f, backend="cpu")(x), np.tanh(x) * 2 + 1,
                                    rtol=1e-6)
+
+
+def test_check_module_refuses_what_check_shape_refuses():
+    """check_module's quick test (issue 13) passes exactly the shapes check_shape passes:
+    a tuple whose leaves are each within max_bytes but not together is still refused,
+    naming the instruction; a shape shared by many instructions is looked at once."""
+    from hlo.limits import check_module, check_shape
+    text = ("HloModule m\nENTRY e {\n  a = f32[100] parameter(0)\n  b = f32[100] negate(a)\n"
+            "  ROOT t = (f32[100], f32[100]) tuple(a, b)\n}\n")
+    m = hlo.parse_hlo(text)
+    with resource_limits(max_bytes=500):            # 400 bytes each, 800 together
+        with pytest.raises(ResourceLimitError, match="instruction %t in %e"):
+            check_module(m)
+        check_shape("leaf", m.entry.root.operands[0].shape)
+    with resource_limits(max_bytes=800):
+        check_module(m)
+    with resource_limits(max_elements=99):
+        with pytest.raises(ResourceLimitError, match="instruction %a in %e.*100 elements"):
+            check_module(m)
+    pred = hlo.parse_hlo(text.replace("f32", "s4"))  # sub-byte: one byte per element
+    with resource_limits(max_bytes=150):
+        with pytest.raises(ResourceLimitError, match="instruction %t"):
+            check_module(pred)

@@ -250,6 +250,25 @@ def test_entry_computation_layout():
     expect(m, "has 1 parameters but the entry takes 2")
 
 
+def test_entry_computation_layout_object_is_checked_as_its_text():
+    """The importer and layout assignment store the layout as a ComputationLayout (shapes):
+    checked without printing and parsing it, with the same verdicts as its text."""
+    from hlo.text.parser import ComputationLayout, parse_shape
+    m = mlp_module()
+    good = ComputationLayout((parse_shape("f32[8,16]{1,0}"), parse_shape("f32[16,4]{1,0}")),
+                             parse_shape("f32[8]{0}"))
+    m.config["entry_computation_layout"] = good
+    hlo.verify(m)
+    m.config["entry_computation_layout"] = ComputationLayout(
+        (good.parameters[0], parse_shape("f32[16,5]{1,0}")), good.result)
+    expect(m, "%w", "entry_computation_layout parameter 1 is f32[16,5]")
+    m.config["entry_computation_layout"] = ComputationLayout(good.parameters[:1], good.result)
+    expect(m, "has 1 parameters but the entry takes 2")
+    m.config["entry_computation_layout"] = ComputationLayout(good.parameters,
+                                                             parse_shape("f32[9]{0}"))
+    expect(m, "entry_computation_layout result is f32[9]")
+
+
 def test_program_shape_splitting():
     from hlo.verifier import _split_top_level, _top_level_arrow
     s = "(f32[2,3]{1,0}, (s32[], f32[4]{0}))->(f32[2]{0}, u8[])"

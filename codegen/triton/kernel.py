@@ -13,6 +13,7 @@ the element count ``n`` instead of the strides; ``launch`` hands it dense views.
 """
 from __future__ import annotations
 
+import copy
 import importlib.util
 import math
 import os
@@ -24,6 +25,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from hlo.ir import Computation, Instruction
+from hlo.same import attrs_key, structure_key
 from codegen.cache import KernelCache, cache_root, content_key
 
 from . import direct_launch, jit_hash
@@ -324,9 +326,23 @@ def _write_partial(fusion: Instruction, err: TritonCodegenError) -> Path:
     return path
 
 
+@dataclass
+class _Generated:
+    """What ``compile_fusion`` makes of one fused computation, whatever fusion instruction
+    holds it: the kernel's name, source (the cache's copy), file, cache key, launch plan
+    and hidden constants."""
+    name: str
+    source: str
+    path: Path
+    key: str
+    plan: Plan
+    constants: list
+
+
 def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: bool | int = 0,
                    round_narrow_each_op: bool = True, template: Optional[str] = None,
-                   split: Optional[Split] = None, pdl: Optional[Pdl] = None) -> TritonKernel:
+                   split: Optional[Split] = None, pdl: Optional[Pdl] = None,
+                   memo: Optional[dict] = None) -> TritonKernel:
     """Generate (or fetch from the cache) the Triton kernel for one ``fusion`` instruction.
 
     ``template``: force gemm | rows | loop | generic (default: chosen from the fusion).
@@ -338,19 +354,77 @@ def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: 
     ``pdl``: the kernel's part in programmatic dependent launch (``pdl.py``); None: what
     ``HLOTK_PDL`` gives a kernel (a split reduction's partials kernel, with ``split``).
     Dropped where PDL is unavailable (Triton's interpreter).
+    ``memo``: a dict the caller keeps for one executable's build (the same environment
+    throughout): a fusion whose instruction and fused computation are an earlier one's up
+    to instruction names and metadata (``hlo.same.structure_key``) takes that one's
+    generated source, file and plan instead of generating, canonicalizing and looking up
+    the same text again (issue 13: the Adam step's 25 fusions are 6 distinct kernels); its
+    own kernel object still has its fusion's name and predicted cost.
     """
     if fusion_inst.opcode != "fusion":
         raise TritonCodegenError(f"%{fusion_inst.name} is a {fusion_inst.opcode}, not a fusion")
     comp: Computation = fusion_inst.attrs["calls"]
+    if pdl is None:
+        pdl = pdl_mod.role("split_partials" if split is not None else "kernel")
+    elif pdl and pdl_mod.unavailable():
+        pdl = pdl_mod.NONE
+    mkey = None
+    if memo is not None:
+        try:
+            mkey = (_structure(fusion_inst, comp), template, round_narrow_each_op, split, pdl,
+                    target)
+            hash(mkey)
+        except TypeError:      # an attribute value with no hashable form: generate
+            mkey = None
+    gen = memo.get(mkey) if mkey is not None else None   # type: ignore[union-attr]
+    if gen is None:
+        gen = _generate_kernel(fusion_inst, comp, template, round_narrow_each_op, split, pdl,
+                               target)
+        if mkey is not None:
+            memo[mkey] = gen                                 # type: ignore[index]
+    plan = copy.copy(gen.plan)   # each kernel its own (config dicts are copied below)
+    plan.config = dict(plan.config)
+    plan.candidates = [dict(c) for c in plan.candidates]
+    params = sorted(comp.parameters, key=lambda p: p.parameter_number)
+    cfg = dict(plan.config)
+    level = autotune_level(autotune)
+    tuned = tuned_config(gen.key) if level else None
+    if tuned is not None and pdl.wait:
+        tuned = dict(tuned, launch_pdl=True)
+    from passes.fusion.cost_model import get_device, predict
+    from passes.fusion.kinds import fusion_kind
+    est = predict(fusion_inst, target)
+    kernel = TritonKernel(name=gen.name, source=gen.source, path=gen.path,
+                          template=plan.template, config=tuned or cfg, plan=plan,
+                          fusion_name=fusion_inst.name,
+                          input_shapes=[p.shape for p in params],
+                          output_shapes=(list(plan.output_shapes) if plan.output_shapes is not None
+                                         else [o.shape for o in outputs_of(comp)]),
+                          constants=list(gen.constants), key=gen.key,
+                          autotune=0 if tuned else level, target=target,
+                          predicted_us=est.time_us, predicted_bytes=est.bytes_moved,
+                          predicted_flops=est.flops, fusion_kind=fusion_kind(fusion_inst))
+    if kernel.autotune and not needs_timing(kernel, kernel.autotune, get_device(target)):
+        kernel.autotune = 0      # one config to try (a loop kernel at level 1): nothing to time
+    return kernel
+
+
+def _structure(fusion_inst: Instruction, comp: Computation) -> tuple:
+    """What of a fusion instruction the generated kernel depends on, but its names: its
+    shape and attributes (kind, backend config) and its fused computation's structure;
+    of the computation's own name, whether it is a split reduction's finish."""
+    return (fusion_inst.shape, comp.name.endswith(".finish"), structure_key(comp),
+            attrs_key(fusion_inst.attrs, frozenset({"calls", "metadata"})))
+
+
+def _generate_kernel(fusion_inst: Instruction, comp: Computation, template: Optional[str],
+                     round_narrow_each_op: bool, split: Optional[Split], pdl: Pdl,
+                     target: str) -> _Generated:
     first = template or classify(fusion_inst)
     order = [first] + (["loop"] if first in ("transpose", "update_slice") else []) + \
         (["generic"] if first != "generic" else [])
     if split is not None:
         order = ["rows"]
-    if pdl is None:
-        pdl = pdl_mod.role("split_partials" if split is not None else "kernel")
-    elif pdl and pdl_mod.unavailable():
-        pdl = pdl_mod.NONE
     last_err: Optional[Exception] = None
     for t in order:
         try:
@@ -376,29 +450,9 @@ def compile_fusion(fusion_inst: Instruction, *, target: str = "h100", autotune: 
         import tempfile
         path = Path(tempfile.mkdtemp(prefix="hlotk_triton_")) / f"{key}.py"
         path.write_text(source)
-    params = sorted(comp.parameters, key=lambda p: p.parameter_number)
     if pdl.wait:
         # launched with the PDL attribute (Triton's compile option; the metadata carries it
         # to the launch): in every config, those autotuning tries included
         plan.config = dict(plan.config, launch_pdl=True)
         plan.candidates = [dict(c, launch_pdl=True) for c in plan.candidates]
-    cfg = dict(plan.config)
-    level = autotune_level(autotune)
-    tuned = tuned_config(key) if level else None
-    if tuned is not None and pdl.wait:
-        tuned = dict(tuned, launch_pdl=True)
-    from passes.fusion.cost_model import get_device, predict
-    from passes.fusion.kinds import fusion_kind
-    est = predict(fusion_inst, target)
-    kernel = TritonKernel(name=name, source=source, path=path, template=plan.template,
-                          config=tuned or cfg, plan=plan, fusion_name=fusion_inst.name,
-                          input_shapes=[p.shape for p in params],
-                          output_shapes=(list(plan.output_shapes) if plan.output_shapes is not None
-                                         else [o.shape for o in outputs_of(comp)]),
-                          constants=list(em.extra_constants), key=key,
-                          autotune=0 if tuned else level, target=target,
-                          predicted_us=est.time_us, predicted_bytes=est.bytes_moved,
-                          predicted_flops=est.flops, fusion_kind=fusion_kind(fusion_inst))
-    if kernel.autotune and not needs_timing(kernel, kernel.autotune, get_device(target)):
-        kernel.autotune = 0      # one config to try (a loop kernel at level 1): nothing to time
-    return kernel
+    return _Generated(name, source, path, key, plan, list(em.extra_constants))

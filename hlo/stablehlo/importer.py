@@ -145,7 +145,7 @@ class Importer:
             name = op.operation.name
             if name in ("stablehlo.return", "func.return", "mhlo.return", "sdy.return"):
                 return self.operands(scope, op)
-            rule = OP_RULES.get(name)
+            rule = OP_RULES.get(name) or _late_rule(name)
             if rule is None:
                 raise HloImportError("unsupported operation", op=name,
                                      location=short_location(op.location))
@@ -410,7 +410,7 @@ def _set_config(m: Module, op: Any) -> None:
 
 
 def _ensure_rules() -> None:
-    from . import ops_table, chlo, shardy  # noqa: F401  (register OP_RULES)
+    from . import ops_table  # noqa: F401  (register OP_RULES; chlo, sdy: _late_rule)
 
 
 def from_stablehlo(text_or_bytes: str | bytes, **options: Any) -> Module:
@@ -568,3 +568,17 @@ def from_jax(fn: Callable, *args: Any, **kwargs: Any) -> Module:
     signature is the function's; pass an already-jitted function to choose otherwise.
     """
     return from_exported(export_jax(fn, *args, **kwargs))
+
+
+def _late_rule(name: str) -> Optional[Callable]:
+    """The rule for a ``chlo.*`` or ``sdy.*`` op, from the module that registers those
+    rules, imported on the first such op (issue 13: a program without them no longer
+    imports chlo, its math and shardy: ~10 ms of a process's first lower where Python
+    compiles them from source); None for an op that no module has a rule for."""
+    if name.startswith("chlo."):
+        from . import chlo  # noqa: F401  (registers its rules in OP_RULES)
+    elif name.startswith("sdy."):
+        from . import shardy  # noqa: F401
+    else:
+        return None
+    return OP_RULES.get(name)

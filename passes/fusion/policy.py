@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Protocol, Union, runtime_checkable
+from typing import Iterable, Iterator, Optional, Protocol, Union, runtime_checkable
 
 from hlo.errors import HlotkError
 
@@ -91,9 +91,13 @@ def _group_candidates(state: FusionState, p: Group, duplicates: bool,
         m is state.comp.root for m in p.members)
     if duplicates and only_groups and len(groups) > 1:
         out.append(Candidate("duplicate", p, tuple(groups)))
+    made = state._merges         # the same object for the same pair in every ranking
     for c in groups:
         if multi_output or (only_groups and len(groups) == 1):
-            out.append(Candidate("merge", p, (c,)))
+            m = made.get((p.id, c.id))
+            if m is None:
+                m = made[(p.id, c.id)] = Candidate("merge", p, (c,))
+            out.append(m)
     return out
 
 
@@ -140,14 +144,36 @@ def estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:
 def _estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:
     p = c.producer
     if c.action == "duplicate":
+        # apart = node(p) + node(g1) + node(g2) ...; together = copy(p, g1) + copy(p, g2) ...
+        # as Estimate.__add__ sums them, field by field in the same order (the same floats),
+        # without an Estimate per step (a broadcast read by 24 groups: 48 of them).
         apart = state.node_estimate(p)
-        together = None
+        a = [apart.time_us, apart.bytes_read, apart.bytes_written, apart.flops,
+             apart.kernels, apart.memory_us, apart.compute_us]
+        t: Optional[list] = None
         for g in c.consumers:
-            apart = apart + state.node_estimate(g)
+            e = state.node_estimate(g)
+            a[0] += e.time_us
+            a[1] += e.bytes_read
+            a[2] += e.bytes_written
+            a[3] += e.flops
+            a[4] += e.kernels
+            a[5] += e.memory_us
+            a[6] += e.compute_us
             e = state.copy_estimate(p, g)
-            together = e if together is None else together + e
-        assert together is not None
-        return apart, together
+            if t is None:
+                t = [e.time_us, e.bytes_read, e.bytes_written, e.flops, e.kernels,
+                     e.memory_us, e.compute_us]
+            else:
+                t[0] += e.time_us
+                t[1] += e.bytes_read
+                t[2] += e.bytes_written
+                t[3] += e.flops
+                t[4] += e.kernels
+                t[5] += e.memory_us
+                t[6] += e.compute_us
+        assert t is not None
+        return Estimate(*a), Estimate(*t)
     g = c.consumer
     apart = state.node_estimate(p) + state.node_estimate(g)
     members = p.members + g.members

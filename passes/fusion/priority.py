@@ -70,7 +70,8 @@ class PriorityPolicy:
             if own.get(p.id) is known[0] and own.get(g.id) is known[1]:
                 return known[2]
         ep, eg = state.node_estimate(p), state.node_estimate(g)
-        value = max((ep + eg).time_us - state.merged_floor_us(p, g), 1e-3)
+        # (ep + eg).time_us, without making the Estimate
+        value = max((ep.time_us + eg.time_us) - state.merged_floor_us(p, g), 1e-3)
         if c.action == "sibling":
             value -= SIBLING_PENALTY
         state.bounds[c.key] = (ep, eg, value)

@@ -130,6 +130,9 @@ class FusionState:
         # (group id, group id) -> the sibling Candidate of that pair (policy.py): a pair's
         # candidate is the same whatever round finds it (groups never change contents).
         self._siblings: dict[tuple[int, int], object] = {}
+        # (producer id, consumer id) -> the merge Candidate of that pair (policy.py): the
+        # same for the same pair whenever its producer's candidates are listed again.
+        self._merges: dict[tuple[int, int], object] = {}
         # candidate key -> (the estimates it was computed from, priority) (priority.py)
         self.priorities: dict[tuple, tuple[tuple[Estimate, Estimate], float]] = {}
         for inst in comp.instructions:
@@ -717,8 +720,7 @@ def materialize(state: FusionState) -> dict[int, Instruction]:
                 inst.replace_operand_with(o, value[id(o)])
     if id(comp.root) in value:
         comp.root = value[id(comp.root)]
-    for inst in sorted(originals, key=state.pos, reverse=True):
-        comp.remove_instruction(inst)
+    comp.remove_instructions(sorted(originals, key=state.pos, reverse=True))
     comp.instructions = comp.post_order()
     at = module.computations.index(comp)
     for body in bodies:

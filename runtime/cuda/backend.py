@@ -180,9 +180,13 @@ class CudaExecutable:
         self._n_assigned = len(a.allocations)
         self.scratch_sizes: list[int] = []     # buffers of split GEMM fusions (split.py)
         self._async_starts: dict[int, Any] = {}  # start uid -> its thunk (for the done)
+        # One generated kernel per distinct fused computation of this build (compile_fusion's
+        # ``memo``): the Adam step's 25 fusions are 6 kernels.
+        self._codegen_memo: dict = {}
         t0 = time.perf_counter()
         self.sequence = self._sequence(module.entry)
         self.build_seconds = time.perf_counter() - t0
+        self._codegen_memo.clear()      # its keys hold the fused computations' literals
         self._untuned = sum(1 for k in self._triton_kernels() if k.autotune)
         self._precompiled = not self.on_gpu or _interpret()
         self.parameter_slots = [[(ix, table[p.uid][ix]) for ix, _ in array_leaves(p.shape)]
@@ -402,7 +406,8 @@ class CudaExecutable:
         kernel = self._cuda_c_kernel(fusion)
         try:
             if kernel is None:
-                kernel = compile_fusion(fusion, target=self.target, autotune=self.autotune)
+                kernel = compile_fusion(fusion, target=self.target, autotune=self.autotune,
+                                        memo=self._codegen_memo)
         except TritonCodegenError as e:
             return host(f"Triton codegen: {str(e).splitlines()[0]}")
         if not wrapped and (kernel.template == "generic" and any(
@@ -445,7 +450,8 @@ class CudaExecutable:
             kernel = compile_loop_fusion(
                 fusion, arch=self._arch(), target=self.target,
                 fallback=lambda: compile_fusion(fusion, target=self.target,
-                                                autotune=self.autotune))
+                                                autotune=self.autotune,
+                                                memo=self._codegen_memo))
         except CudaCDeclined as e:
             declined.append(str(e))
             return None
@@ -490,7 +496,8 @@ class CudaExecutable:
         if transpose_tile_dims(fusion.attrs["calls"]) is None:
             return None
         try:
-            kernel = compile_fusion(fusion, target=self.target, autotune=self.autotune)
+            kernel = compile_fusion(fusion, target=self.target, autotune=self.autotune,
+                                    memo=self._codegen_memo)
         except TritonCodegenError:
             return None
         if kernel.template != "transpose":
@@ -511,7 +518,8 @@ class CudaExecutable:
             return Slot(self._n_assigned + len(self.scratch_sizes) - 1, 0, shape)
 
         def kernel(f: Instruction, fins: list[Slot], fouts: list[Slot]) -> Thunk:
-            k = compile_fusion(f, target=self.target, autotune=self.autotune)
+            k = compile_fusion(f, target=self.target, autotune=self.autotune,
+                               memo=self._codegen_memo)
             if k.template == "generic":
                 raise TritonCodegenError(f"part %{f.name} would be a generic kernel")
             return KernelThunk(f, k, fins, fouts, f)
@@ -547,12 +555,13 @@ class CudaExecutable:
         if plan is None:
             return None
         try:
-            part = compile_fusion(fusion, target=self.target, autotune=self.autotune, split=plan)
+            part = compile_fusion(fusion, target=self.target, autotune=self.autotune, split=plan,
+                                  memo=self._codegen_memo)
             fin_fusion = finish_fusion(fusion, plan)
             # HLOTK_PDL=split|all: the finishing kernel launches while the partials kernel
             # runs and waits for it at its top (codegen/triton/pdl.py)
             fin = compile_fusion(fin_fusion, target=self.target, autotune=self.autotune,
-                                 pdl=pdl_role("split_finish"))
+                                 pdl=pdl_role("split_finish"), memo=self._codegen_memo)
         except TritonCodegenError:
             return None
         if fin.template == "generic":
