@@ -171,7 +171,7 @@ def test_mlp_on_target_tpu_runs_its_dots_through_pallas():
     before = pallas.CALLS["dot"]
     got = np.asarray(compiled(*args))
     assert pallas.CALLS["dot"] - before == n_dots
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.max(np.abs(want)))
 
 
 def test_int8_matmul_on_target_tpu_is_exact():
@@ -188,7 +188,11 @@ def test_without_target_tpu_dots_stay_numpy():
     before = pallas.CALLS["dot"]
     got = np.asarray(compiled(*args))
     assert pallas.CALLS["dot"] == before and "pallas_dot" not in _thunks(compiled)
-    np.testing.assert_allclose(got, np.asarray(jax.jit(_mlp)(*args)), rtol=1e-5, atol=1e-5)
+    want = np.asarray(jax.jit(_mlp)(*args))
+    # f32 sums of terms up to ~20: an element that cancels to ~0.03 keeps the terms'
+    # rounding (1.3e-5 seen with the module's RNG at another test order), so the
+    # tolerance is relative to the output's scale.
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.max(np.abs(want)))
 
 
 def test_bf16_dot_on_target_tpu():
