@@ -215,7 +215,7 @@ class Computation:
         self.instructions.insert(self.instructions.index(anchor), inst)
         return inst
 
-    def remove_instruction(self, inst: Instruction) -> None:
+    def _check_removable(self, inst: Instruction) -> None:
         if inst.users:
             raise IRError(f"cannot remove %{inst.name}: still used by "
                           + ", ".join("%" + u.name for u in inst.users))
@@ -223,6 +223,9 @@ class Computation:
             raise IRError(f"cannot remove the root %{inst.name} of %{self.name}")
         if inst.opcode == "parameter":
             raise IRError(f"cannot remove parameter %{inst.name}")
+
+    def remove_instruction(self, inst: Instruction) -> None:
+        self._check_removable(inst)
         inst.drop_operands()
         # the non-empty control predecessor lists, found without a Python loop over every
         # instruction (issue 13: CSE and fusion remove hundreds, each walked them all)
@@ -242,13 +245,7 @@ class Computation:
         done: list[Instruction] = []
         try:
             for inst in insts:
-                if inst.users:
-                    raise IRError(f"cannot remove %{inst.name}: still used by "
-                                  + ", ".join("%" + u.name for u in inst.users))
-                if inst is self.root:
-                    raise IRError(f"cannot remove the root %{inst.name} of %{self.name}")
-                if inst.opcode == "parameter":
-                    raise IRError(f"cannot remove parameter %{inst.name}")
+                self._check_removable(inst)
                 inst.drop_operands()
                 done.append(inst)
         finally:

@@ -54,6 +54,17 @@ def minor_dim(shape: Shape) -> int:
     return major_to_minor(shape.layout, shape.rank)[-1]
 
 
+def dense_strides(shape: Shape) -> tuple[int, ...]:
+    """Element strides of ``shape``'s logical dims in a dense buffer of its layout (the
+    minor-most dim has stride 1)."""
+    strides = [0] * shape.rank
+    step = 1
+    for d in reversed(major_to_minor(shape.layout, shape.rank)):
+        strides[d] = step
+        step *= shape.dims[d]
+    return tuple(strides)
+
+
 def physical_dims(shape: Shape) -> tuple[int, ...]:
     """The shape's dims in memory order (major-most first)."""
     return tuple(shape.dims[d] for d in major_to_minor(shape.layout, shape.rank))

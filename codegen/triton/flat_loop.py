@@ -20,7 +20,8 @@ launch. The source no longer names a shape, so those fusions share one canonical
 
 Correct only for buffers dense in their layout: the CUDA runtime's buffers are (arena and
 parameter views carry the layout's strides, ``runtime/cuda/arena.py``), and
-``TritonKernel.launch`` copies any other view into a dense one first (``dense_strides``).
+``TritonKernel.launch`` copies any other view into a dense one first
+(``hlo.layout_util.dense_strides``).
 """
 from __future__ import annotations
 
@@ -128,14 +129,6 @@ def int_specialization(n: int) -> str:
     return ty + ("D" if n % 16 == 0 else "")
 
 
-def dense_strides(shape: Shape) -> tuple[int, ...]:
-    """Element strides of ``shape``'s logical dims in a dense buffer of its layout."""
-    strides = [0] * shape.rank
-    step = 1
-    for d in reversed(major_to_minor(shape.layout, shape.rank)):
-        strides[d] = step
-        step *= shape.dims[d]
-    return tuple(strides)
 
 
 def is_dense(dims: tuple[int, ...], strides: tuple[int, ...], want: tuple[int, ...]) -> bool:

@@ -25,6 +25,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from hlo.ir import Computation, Instruction
+from hlo.layout_util import dense_strides
 from hlo.same import attrs_key, structure_key
 from codegen.cache import KernelCache, cache_root, content_key
 
@@ -34,7 +35,7 @@ from .pdl import Pdl
 from .autotune import autotune_level, needs_timing, tune, tuned_config
 from .canonical import canonical_text
 from .elemental import Emitter, TritonCodegenError, helpers_for
-from .flat_loop import dense_strides, int_specialization, is_dense
+from .flat_loop import int_specialization, is_dense
 from .reductions import Split, legacy as legacy_reductions
 from .reductions import rows_template as reduction_rows_template
 from .templates import (NotTileable, Plan, gemm_template, loop_template, outputs_of, rows_template,

@@ -141,37 +141,34 @@ def estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:
     return state.candidate_estimates(key, lambda: _estimates(c, state))
 
 
+def _fields(e: Estimate) -> list:
+    """An estimate's fields in ``Estimate``'s order, to sum in place: summed field by field
+    in the order ``Estimate.__add__`` sums them (the same floats), without an Estimate per
+    step (a duplicate candidate sums one pair per consumer)."""
+    return [e.time_us, e.bytes_read, e.bytes_written, e.flops, e.kernels, e.memory_us,
+            e.compute_us]
+
+
+def _add_fields(acc: list, e: Estimate) -> None:
+    for k, v in enumerate(_fields(e)):
+        acc[k] += v
+
+
 def _estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:
     p = c.producer
     if c.action == "duplicate":
         # apart = node(p) + node(g1) + node(g2) ...; together = copy(p, g1) + copy(p, g2) ...
         # as Estimate.__add__ sums them, field by field in the same order (the same floats),
         # without an Estimate per step (a broadcast read by 24 groups: 48 of them).
-        apart = state.node_estimate(p)
-        a = [apart.time_us, apart.bytes_read, apart.bytes_written, apart.flops,
-             apart.kernels, apart.memory_us, apart.compute_us]
+        a = _fields(state.node_estimate(p))
         t: Optional[list] = None
         for g in c.consumers:
-            e = state.node_estimate(g)
-            a[0] += e.time_us
-            a[1] += e.bytes_read
-            a[2] += e.bytes_written
-            a[3] += e.flops
-            a[4] += e.kernels
-            a[5] += e.memory_us
-            a[6] += e.compute_us
+            _add_fields(a, state.node_estimate(g))
             e = state.copy_estimate(p, g)
             if t is None:
-                t = [e.time_us, e.bytes_read, e.bytes_written, e.flops, e.kernels,
-                     e.memory_us, e.compute_us]
+                t = _fields(e)
             else:
-                t[0] += e.time_us
-                t[1] += e.bytes_read
-                t[2] += e.bytes_written
-                t[3] += e.flops
-                t[4] += e.kernels
-                t[5] += e.memory_us
-                t[6] += e.compute_us
+                _add_fields(t, e)
         assert t is not None
         return Estimate(*a), Estimate(*t)
     g = c.consumer

@@ -20,7 +20,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from hlo.dtypes import DType
-from hlo.layout_util import from_physical, is_default, major_to_minor, physical_dims, to_physical
+from hlo.layout_util import (dense_strides, from_physical, is_default, major_to_minor,
+                              physical_dims, to_physical)
 from hlo.shape import Shape
 from runtime.thunks import Slot
 
@@ -44,15 +45,7 @@ def torch_dtype(dtype: DType) -> Optional[Any]:
     return getattr(torch, name, None) if name else None
 
 
-def logical_strides(shape: Shape) -> tuple[int, ...]:
-    """Strides (in elements) of the logical dims of a dense array stored with the shape's
-    layout: the minor-most dim has stride 1."""
-    strides = [0] * shape.rank
-    step = 1
-    for d in reversed(major_to_minor(shape.layout, shape.rank)):
-        strides[d] = step
-        step *= shape.dims[d]
-    return tuple(strides)
+logical_strides = dense_strides     # the name this module's callers use
 
 
 def human_bytes(n: int) -> str:
