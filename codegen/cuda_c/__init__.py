@@ -1,9 +1,10 @@
 """CUDA C kernels for loop fusions, compiled in process with NVRTC (issue 13).
 
 A loop fusion's Triton kernel costs 0.12-0.18 s to compile (Triton's ir, ttgir, llir, ptx
-and cubin stages); the same kernel in CUDA C through NVRTC 0.02-0.05 s (H200,
-benchmarks/nvrtc_probe.py). With ``HLOTK_LOOP_EMITTER=cuda`` the CUDA backend makes each
-loop fusion's kernel here:
+and cubin stages); the same kernel in CUDA C through NVRTC 0.02-0.07 s (H200,
+benchmarks/nvrtc_probe.py). The CUDA backend makes a loop fusion's kernel here when
+``takes(loop_emitter(), predicted µs)``: by default (``auto``) the small ones, with
+``HLOTK_LOOP_EMITTER=cuda`` every one:
 
 - ``emitter``: the fusion -> one CUDA C ``__global__`` function, one thread per output
   element (``CudaCDeclined`` for what it does not take: that fusion keeps Triton);

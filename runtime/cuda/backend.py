@@ -181,7 +181,7 @@ class CudaExecutable:
         self.scratch_sizes: list[int] = []     # buffers of split GEMM fusions (split.py)
         self._async_starts: dict[int, Any] = {}  # start uid -> its thunk (for the done)
         # One generated kernel per distinct fused computation of this build (compile_fusion's
-        # ``memo``): the Adam step's 25 fusions are 6 kernels.
+        # ``memo``): the Adam step's 25 fusions are 11 generations.
         self._codegen_memo: dict = {}
         t0 = time.perf_counter()
         self.sequence = self._sequence(module.entry)
@@ -900,7 +900,7 @@ class CudaExecutable:
         """Which generator made the loop kernels (HLOTK_LOOP_EMITTER), why a loop fusion
         kept Triton, and which CUDA C kernels NVRTC failed on (Triton ran them)."""
         from codegen.cuda_c import AUTO_MAX_US
-        if self.loop_emitter == "triton":
+        if self.loop_emitter == "triton" or not self.on_gpu:
             return []
         declined = self.stats.get("cuda_c_declined", [])
         large = self.stats.get("cuda_c_large", 0)
