@@ -97,13 +97,8 @@ class CudaCKernel:
         return f"{self.name} (CUDA C, NVRTC sm_{self.arch}): {self.path}"
 
     def _check(self, tensors: Sequence[Any], shapes: list, what: str) -> None:
-        if len(tensors) != len(shapes):
-            raise CudaCodegenError(f"kernel {self.name} (fusion %{self.fusion_name}) takes "
-                                   f"{len(shapes)} {what}, got {len(tensors)}")
-        for i, (t, s) in enumerate(zip(tensors, shapes)):
-            if tuple(t.shape) != tuple(s.dims):
-                raise CudaCodegenError(f"kernel {self.name}: {what[:-1]} {i} has shape "
-                                       f"{tuple(t.shape)}, expected {tuple(s.dims)} ({s})")
+        from codegen.triton.kernel import check_operand_shapes
+        check_operand_shapes(self, tensors, shapes, what, CudaCodegenError)
 
     def _function(self, device: int) -> ctypes.c_void_p:
         entry = self._functions.get(device)
@@ -173,11 +168,13 @@ class CudaCKernel:
 
 def compile_loop_fusion(fusion: Instruction, *, arch: str, target: str = "h100",
                         round_narrow_each_op: bool = True, start: bool = True,
-                        fallback: Optional[Callable[[], Any]] = None) -> CudaCKernel:
+                        fallback: Optional[Callable[[], Any]] = None,
+                        estimate: Any = None) -> CudaCKernel:
     """The CUDA C kernel of a loop fusion, its cubin compiling in the background
     (``start``). Raises ``CudaCDeclined`` for a fusion the emitter does not take, and
     ``CudaCodegenError`` where NVRTC cannot be loaded. ``fallback``: makes the kernel to
-    launch instead if NVRTC fails on the source (the fusion's Triton kernel)."""
+    launch instead if NVRTC fails on the source (the fusion's Triton kernel). ``estimate``:
+    the cost model's prediction for the fusion on ``target``, where the caller has it."""
     ks: KernelSource = emit_loop_kernel(fusion, round_narrow_each_op)
     if start:
         nvrtc.load()              # no NVRTC: the caller keeps Triton, with this reason
@@ -191,7 +188,7 @@ def compile_loop_fusion(fusion: Instruction, *, arch: str, target: str = "h100",
         path = cache_root() / "cuda_c" / f"{key}.cu (not written)"
     from passes.fusion.cost_model import predict
     from passes.fusion.kinds import fusion_kind
-    est = predict(fusion, target)
+    est = estimate if estimate is not None else predict(fusion, target)
     kernel = CudaCKernel(name=ks.name, source=source, path=path, key=key,
                          fusion_name=fusion.name, input_shapes=ks.input_shapes,
                          output_shapes=ks.output_shapes, threads=ks.threads,

@@ -84,6 +84,20 @@ def classify(fusion: Instruction) -> str:
     return "transpose" if transpose_tile_dims(comp) is not None else "loop"
 
 
+def check_operand_shapes(kernel: Any, tensors: Sequence[Any], shapes: list, what: str,
+                         error: type) -> None:
+    """Raise ``error`` unless ``tensors`` are as many as ``shapes`` and of their dims: the
+    launch check of a generated kernel (Triton's here, CUDA C's in codegen/cuda_c), naming
+    the kernel, its fusion and the operand."""
+    if len(tensors) != len(shapes):
+        raise error(f"kernel {kernel.name} (fusion %{kernel.fusion_name}) takes "
+                    f"{len(shapes)} {what}, got {len(tensors)}")
+    for i, (t, s) in enumerate(zip(tensors, shapes)):
+        if tuple(t.shape) != tuple(s.dims):
+            raise error(f"kernel {kernel.name}: {what[:-1]} {i} has shape "
+                        f"{tuple(t.shape)}, expected {tuple(s.dims)} ({s})")
+
+
 @dataclass
 class TritonKernel:
     """A generated Triton kernel for one fusion, loaded from its cached source file."""
@@ -121,13 +135,7 @@ class TritonKernel:
         return self._fn
 
     def _check(self, tensors: Sequence[Any], shapes: list, what: str) -> None:
-        if len(tensors) != len(shapes):
-            raise TritonCodegenError(f"kernel {self.name} (fusion %{self.fusion_name}) takes "
-                                     f"{len(shapes)} {what}, got {len(tensors)}")
-        for i, (t, s) in enumerate(zip(tensors, shapes)):
-            if tuple(t.shape) != tuple(s.dims):
-                raise TritonCodegenError(f"kernel {self.name}: {what[:-1]} {i} has shape "
-                                         f"{tuple(t.shape)}, expected {tuple(s.dims)} ({s})")
+        check_operand_shapes(self, tensors, shapes, what, TritonCodegenError)
 
     @property
     def flat_n(self) -> Optional[int]:

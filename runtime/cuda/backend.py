@@ -436,19 +436,20 @@ class CudaExecutable:
         from codegen.triton.kernel import classify
         if classify(fusion) != "loop":
             return None         # reductions, GEMMs, tiled transposes: Triton's templates
+        estimate = None
         if self.loop_emitter == "auto":
             from passes.fusion.cost_model import DeviceSpecError, predict
             try:
-                predicted = predict(fusion, self.target).time_us
+                estimate = predict(fusion, self.target)
             except DeviceSpecError:
                 return None
-            if not takes(self.loop_emitter, predicted):
+            if not takes(self.loop_emitter, estimate.time_us):
                 self.stats["cuda_c_large"] = self.stats.get("cuda_c_large", 0) + 1
                 return None
         declined = self.stats.setdefault("cuda_c_declined", [])
         try:
             kernel = compile_loop_fusion(
-                fusion, arch=self._arch(), target=self.target,
+                fusion, arch=self._arch(), target=self.target, estimate=estimate,
                 fallback=lambda: compile_fusion(fusion, target=self.target,
                                                 autotune=self.autotune,
                                                 memo=self._codegen_memo))
