@@ -381,8 +381,11 @@ class Client:
                 # or a pass fail, to name the pass (run_pipeline's ``replay``).
                 return compile_module(m, spec, backend=self.platform, verify=verify,
                                       verified=verify, replay=original.copy)[0]
+            # A new entry is written while the CUDA backend's first call waits for its
+            # kernels (runtime/deferred.py); elsewhere at once.
             module, records, cache_hit = compile_cache.compiled(
-                module, spec, self.platform, run, check=hlo.verify if verify else None)
+                module, spec, self.platform, run, check=hlo.verify if verify else None,
+                defer=self.platform == "cuda")
         else:
             if verify:
                 hlo.verify(module)

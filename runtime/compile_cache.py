@@ -26,6 +26,8 @@ from codegen.cache import cache_root, content_key
 from hlo.same import prints_same
 from passes.fusion.explain import attach, report_for
 
+from . import deferred
+
 _SOURCE_HASH: Optional[str] = None
 
 
@@ -96,13 +98,16 @@ def _instruction_count(module: hlo.Module) -> int:
 
 def compiled(module: hlo.Module, spec: str, backend: str,
              run: Callable[[hlo.Module], list],
-             check: Optional[Callable[[hlo.Module], None]] = None) -> tuple[hlo.Module, list, bool]:
+             check: Optional[Callable[[hlo.Module], None]] = None,
+             defer: bool = False) -> tuple[hlo.Module, list, bool]:
     """A copy of ``module`` after ``run`` (the passes, in place), from the cache when it
     holds it. Returns (module, pass records, hit). ``module`` itself is not modified.
     ``check`` (the verifier) runs on ``module`` before ``run``, and on a hit only if the
     entry was stored without it: an entry stored after a check vouches for its input text,
     which the key holds, checked by the same hlo/ sources (issue 13: the verifier was ~15%
-    of a warm compile)."""
+    of a warm compile). ``defer``: a new entry is pickled now and checked and written at
+    the next ``deferred.drain()`` (the CUDA backend's first call, while it waits for its
+    kernels)."""
     if not enabled():
         if check is not None:
             check(module)
@@ -116,6 +121,7 @@ def compiled(module: hlo.Module, spec: str, backend: str,
         raise
     key = content_key(text, spec, backend, source_hash())[:32]
     path = _path(key)
+    deferred.drain(path)        # this entry, if this process made it and has not written it
     try:
         data = path.read_bytes()
     except OSError:
@@ -144,11 +150,28 @@ def compiled(module: hlo.Module, spec: str, backend: str,
         # stored only if the copy prints exactly as the module does.
         data = _dumps((copy, records, report_for(copy), check is not None),
                       _instruction_count(copy))
-        if prints_same(pickle.loads(data)[0], copy):
-            _store(path, data)
     except Exception:  # noqa: BLE001  (an unpicklable attribute: just not cached)
-        pass
+        return copy, records, False
+    _checked_store(path, data, copy, lambda entry: entry[0], defer)
     return copy, records, False
+
+
+def _checked_store(path: Path, data: bytes, original: hlo.Module,
+                   module_of: Callable[[object], object], defer: bool) -> None:
+    """Store ``data`` at ``path`` if the module it unpickles to prints the same as
+    ``original`` (now, or at the next ``deferred.drain()``). Deferred, ``original`` may have
+    changed meanwhile (a user editing ``lowered.module``): then the check fails and
+    nothing is stored, as for any mismatch."""
+    def store() -> None:
+        try:
+            if prints_same(module_of(pickle.loads(data)), original):
+                _store(path, data)
+        except Exception:  # noqa: BLE001  (unpicklable or unwritable: just not cached)
+            pass
+    if defer:
+        deferred.defer(store, key=path)
+    else:
+        store()
 
 
 # --- imported modules ------------------------------------------------------------------------
@@ -161,13 +184,13 @@ def _jax_versions() -> str:
         return "jax ?"
 
 
-def imported(exported: object) -> hlo.Module:
+def imported(exported: object, defer: bool = False) -> hlo.Module:
     """``hlo.stablehlo.from_exported(exported)``, from the cache when it holds it (issue 13:
     MLIR's deserialization and the import were ~20% of a warm first call's CPU work on the
     Adam step). Key: the exported StableHLO bytecode, its function name, the jax/jaxlib
     versions (MLIR's reader) and hlo/ + passes/ sources (the importer). Stored pickled,
     only when the unpickled copy prints the same HLO text (``prints_same``); each hit is
-    a fresh module."""
+    a fresh module. ``defer``: as ``compiled``'s."""
     from hlo.stablehlo import from_exported
     if not enabled():
         return from_exported(exported)
@@ -179,6 +202,7 @@ def imported(exported: object) -> hlo.Module:
     h = hashlib.sha256(bytecode).hexdigest()
     key = content_key("import", h, name, _jax_versions(), source_hash())[:32]
     path = cache_root() / "imports" / f"{key}.pickle"
+    deferred.drain(path)
     try:
         cached = pickle.loads(path.read_bytes())
         if isinstance(cached, hlo.Module):
@@ -188,10 +212,9 @@ def imported(exported: object) -> hlo.Module:
     module = from_exported(exported)
     try:
         data = _dumps(module, _instruction_count(module))
-        if prints_same(pickle.loads(data), module):
-            _store(path, data)
-    except Exception:  # noqa: BLE001  (unpicklable or unwritable: just not cached)
-        pass
+    except Exception:  # noqa: BLE001  (unpicklable: just not cached)
+        return module
+    _checked_store(path, data, module, lambda entry: entry, defer)
     return module
 
 

@@ -390,8 +390,10 @@ class Jitted:
         from hlo.stablehlo.importer import export_jax
 
         from .compile_cache import imported
-        # hlo.from_jax's two steps, the import through the on-disk cache (by the bytecode).
-        module = imported(export_jax(traced, *full, **kw_specs))
+        # hlo.from_jax's two steps, the import through the on-disk cache (by the bytecode);
+        # on the CUDA backend the new entry is written while the first call waits for its
+        # kernels (runtime/deferred.py).
+        module = imported(export_jax(traced, *full, **kw_specs), defer=self.backend == "cuda")
         if len(module.entry.parameters) != len(specs):
             raise HlotkError(f"{self.__name__}: the imported module has "
                              f"{len(module.entry.parameters)} parameters for {len(specs)} "

@@ -111,6 +111,27 @@ def test_this_process_compiles_while_no_worker_is_ready(fresh, monkeypatch):
     assert all(p.returncode is not None for p in pool.procs)
 
 
+def test_idle_work_runs_once_after_the_jobs_are_given(fresh, monkeypatch):
+    """``run_stream(..., idle=f)``: ``f`` runs once, after every job is handed out and
+    before the wait for answers (runtime/deferred.py's cache stores go there); an error in
+    it changes no result."""
+    monkeypatch.setenv("HLOTK_COMPILE_WORKERS", "1")
+    monkeypatch.setattr(parallel, "_LAUNCH", "import time; time.sleep(120)")
+    from codegen.triton import compile_worker
+    order: list = []
+    monkeypatch.setattr(compile_worker, "compile_specialization",
+                        lambda fn, data, target="": order.append(("compile", fn)))
+
+    def idle():
+        order.append(("idle", None))
+        raise OSError("a cache store failed")
+    pool = parallel.WorkerPool()
+    fresh.append(pool)
+    jobs = [("x.py", "k", '{"a": 1}'), ("x.py", "k", '{"a": 2}')]
+    assert pool.run_stream(zip(jobs, ["fn1", "fn2"]), 2, idle=idle) == [True, True]
+    assert order == [("compile", "fn1"), ("compile", "fn2"), ("idle", None)]
+
+
 def test_a_compile_error_here_is_left_to_the_launch(fresh, monkeypatch):
     monkeypatch.setenv("HLOTK_COMPILE_WORKERS", "1")
     monkeypatch.setattr(parallel, "_LAUNCH", "import time; time.sleep(120)")
@@ -196,7 +217,7 @@ def test_the_longest_compiles_go_to_the_pool_first(fresh, tmp_path, monkeypatch)
     handed: list = []
 
     class Pool:
-        def run_stream(self, source, expected):
+        def run_stream(self, source, expected, idle=None):
             for job, _ in source:
                 handed.append((job[1], job[2]))
             return [name != "small" or data != "small|4096" for name, data in handed]

@@ -195,7 +195,7 @@ def test_the_pool_compiles_a_shared_kernel_once_per_class_of_n(monkeypatch):
     handed: list = []
 
     class Pool:
-        def run_stream(self, source, expected):
+        def run_stream(self, source, expected, idle=None):
             for job, _ in source:
                 handed.append(job[2])
             return [True] * len(handed)

@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from codegen.cache import cache_root
 
@@ -196,16 +196,17 @@ class WorkerPool:
                                here=fns is not None)
 
     def run_stream(self, source: Iterable[tuple[tuple[str, ...], Any]], expected: int,
-                   here: bool = True) -> list[bool]:
+                   here: bool = True, idle: Optional[Callable[[], Any]] = None) -> list[bool]:
         """Like ``run``, for (job, fn) pairs that ``source`` yields while the workers
         already compile the earlier ones (the caller works out each job's specialization,
         ~10 ms each, as the jobs go); ``expected``: how many at most (the pool grows to
-        that). Results in ``source``'s order."""
+        that). Results in ``source``'s order. ``idle``: called once the jobs are given,
+        before the wait for their answers."""
         with self.running:
-            return self._run(source, expected, here)
+            return self._run(source, expected, here, idle)
 
     def _run(self, source: Iterable[tuple[tuple[str, ...], Any]], expected: int,
-             here: bool) -> list[bool]:
+             here: bool, idle: Optional[Callable[[], Any]] = None) -> list[bool]:
         t_run = time.perf_counter()
         self.grow(expected)
         jobs: list[tuple[str, ...]] = []
@@ -298,6 +299,11 @@ class WorkerPool:
                         return None
                     return todo.pop(0) if todo else None
             self._compile_here(jobs, fns, take_here, done, results)
+        if idle is not None:
+            try:
+                idle()
+            except Exception:  # noqa: BLE001  (the caller's own work, not the compiles')
+                pass
         limit = job_timeout()
         with finished:
             # Until every job is answered, or nobody is left to answer (then: the launches).
@@ -574,12 +580,15 @@ def spec_key(data: str) -> str:
 
 
 def precompile(jobs: list[tuple[Any, list, dict]],
-               collected: Optional[list[tuple[str, str, str]]] = None) -> dict[str, int]:
+               collected: Optional[list[tuple[str, str, str]]] = None,
+               idle: Optional[Callable[[], Any]] = None) -> dict[str, int]:
     """Compile each (kernel, launch arguments, config), and each ``collected`` launch
     (``collecting()``), in the process pool. Returns counts: ``compiled`` (in the pool),
     ``known`` (compiled by an earlier process), ``failed`` (left to the launch), ``inline``
     (so few that the launches compile them, no pool started). The workers start on the
-    first jobs while this process still asks Triton for the later ones' specializations."""
+    first jobs while this process still asks Triton for the later ones' specializations.
+    ``idle``: called once every job is given to the pool, before waiting for the answers
+    (the caller's deferred work: runtime/deferred.py)."""
     stats = {"compiled": 0, "known": 0, "failed": 0, "inline": 0}
     fresh: list[tuple[str, str, str]] = []        # collected launches not compiled before
     seen: set[str] = set()
@@ -634,7 +643,7 @@ def precompile(jobs: list[tuple[Any, list, dict]],
         for kernel, data, vkey in specialized():
             keys.append(vkey)
             yield (str(kernel.path), kernel.name, data, target), kernel.fn
-    done = _pool().run_stream(source(), len(fresh) + len(todo))
+    done = _pool().run_stream(source(), len(fresh) + len(todo), idle=idle)
     ok = [key for key, good in zip(keys, done) if good]
     stats["compiled"] += len(ok)
     stats["failed"] += len(done) - len(ok)

@@ -46,6 +46,7 @@ from hlo.trip_count import known_trip_count
 from passes.buffer_assignment import BufferAssignment, assign_buffers
 from passes.dataflow import array_leaves
 from passes.fusion.kinds import fusion_kind
+from runtime import deferred
 from runtime.thunks import Slot
 
 from . import arena as ar
@@ -782,6 +783,9 @@ class CudaExecutable:
         compiled at once first, then one progress bar over the kernels it autotunes."""
         if not self._precompiled:
             self._precompile(mem)
+        # The compile's deferred cache stores, while NVRTC's threads still compile (the
+        # Triton pool's wait ran them already, where there was one).
+        deferred.drain()
         if not self._untuned:
             yield
             return
@@ -805,7 +809,7 @@ class CudaExecutable:
             except Exception:  # noqa: BLE001  (the launch reports it)
                 continue
             jobs += [(k, args, c) for c in configs]
-        self.stats["precompile"] = precompile(jobs, self._collect_flash(mem))
+        self.stats["precompile"] = precompile(jobs, self._collect_flash(mem), idle=deferred.drain)
         self.stats["precompile_s"] = time.perf_counter() - t0
 
     def _flash_thunks(self) -> list[Any]:

@@ -1,0 +1,63 @@
+"""Per-pass milliseconds of one program's CUDA-pipeline compile, repeated in one process.
+
+    python -m benchmarks.pass_times adam_step --repeat 5 [--client]
+
+Each repeat runs the default CUDA pipeline (target h200) on a fresh copy of the lowered
+module, so the first repeat shows first-use costs and the median the steady state.
+``--client``: the CUDA client is made first (on a GPU: its background threads, the NVRTC
+warm-up and the early compile workers, start as in a first call), then the repeats run at
+once: whether those threads slow the passes down (issue 13: the passes of adam_step took
+0.22-0.25 s in the GPU benchmark's child and 0.13 s deviceless)."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("program")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--client", action="store_true")
+    ap.add_argument("--top", type=int, default=6)
+    a = ap.parse_args(argv)
+    from benchmarks.compile_time import _program
+    import runtime
+    from passes.fusion.pass_ import with_target
+    from passes.pipelines import pipeline_spec
+    from runtime.tools import compile_module
+    fn, args = _program(a.program)[2:4]
+    t0 = time.perf_counter()
+    if a.client:
+        from runtime.jit import default_client
+        default_client("cuda")
+    client_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    lowered = runtime.jit(fn, pipeline="none").lower(*args)
+    lower_s = time.perf_counter() - t0
+    spec = with_target(pipeline_spec("default", "cuda"), "h200")
+    totals: list[float] = []
+    per_pass: dict[str, list[float]] = {}
+    for _ in range(a.repeat):
+        module = lowered.module.clone()
+        t0 = time.perf_counter()
+        records, _ = compile_module(module, spec, backend="cuda")
+        totals.append(time.perf_counter() - t0)
+        seen: dict[str, float] = {}
+        for r in records:
+            seen[r.name.split("{")[0]] = seen.get(r.name.split("{")[0], 0.0) + r.seconds
+        for k, v in seen.items():
+            per_pass.setdefault(k, []).append(v)
+    top = sorted(per_pass.items(), key=lambda kv: -statistics.median(kv[1]))[:a.top]
+    row = {"program": a.program, "python": sys.version.split()[0], "client_s": round(client_s, 4),
+           "lower_s": round(lower_s, 4), "passes_s": [round(t, 4) for t in totals],
+           "median_ms": {k: round(statistics.median(v) * 1e3, 2) for k, v in top},
+           "first_ms": {k: round(v[0] * 1e3, 2) for k, v in top}}
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
