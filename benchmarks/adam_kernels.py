@@ -6,7 +6,8 @@ XLA's Adam step (benchmarks/gpu_suite.py ``adam_step``) took 175 µs of kernels 
 against hlotk's 197-212 (NOTES, session 7). Here one parameter of each suite shape is
 updated alone (p, g, m, v in; p, m, v out; f32), by jax.jit and by hlotk (its default
 emitter, Triton only, CUDA C only), and CUPTI gives
-each kernel's duration, grid, block and registers, back-to-back, inputs L2-warm. A row's
+each kernel's duration, grid, block and registers, back-to-back, inputs L2-warm (``SIDES``:
+the CUDA C flat form's launch and source variants, and its strided form). A row's
 GB/s counts 7 arrays of the parameter's bytes (4 read, 3 written). Every result is checked
 against jax.jit's.
 """
@@ -22,6 +23,16 @@ os.environ.setdefault("HLOTK_CACHE_DIR", "/tmp/hlotk_cache")
 import numpy as np  # noqa: E402
 
 SHAPES = [(1536, 1536), (1536, 768), (6144,)]
+# hlotk's sides: a label and the environment its executable is compiled under. The CUDA C
+# flat form (codegen/cuda_c/flat.py) at its default launch, at 128 threads a block, with
+# the grid capped at 4 waves, with const __restrict__ inputs, and the strided form.
+SIDES = [("hlotk", {}), ("triton", {"HLOTK_LOOP_EMITTER": "triton"}),
+         ("cuda flat", {"HLOTK_LOOP_EMITTER": "cuda"}),
+         ("cuda flat 128", {"HLOTK_LOOP_EMITTER": "cuda", "HLOTK_CUDA_C_FLAT_LAUNCH": "128"}),
+         ("cuda flat 4 waves", {"HLOTK_LOOP_EMITTER": "cuda",
+                                "HLOTK_CUDA_C_FLAT_LAUNCH": "256,4"}),
+         ("cuda flat restrict", {"HLOTK_LOOP_EMITTER": "cuda", "HLOTK_CUDA_C_RESTRICT": "1"}),
+         ("cuda strided", {"HLOTK_LOOP_EMITTER": "cuda", "HLOTK_CUDA_C_FLAT": "0"})]
 
 
 def step(p, g, m, v, c):
@@ -46,8 +57,7 @@ def main() -> None:
              jax.device_put(np.float32(3.0))]
         want = jax.jit(step)(*args)
         sides = {"XLA": jax.jit(step)}
-        for label, env in (("hlotk", {}), ("triton", {"HLOTK_LOOP_EMITTER": "triton"}),
-                           ("cuda", {"HLOTK_LOOP_EMITTER": "cuda"})):
+        for label, env in SIDES:
             old = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
             try:

@@ -106,11 +106,14 @@ def build(prog, variants: list, autotune: bool) -> dict:
     return sides
 
 
-def kernels(sides: dict, steps: int = 20) -> dict:
+def kernels(sides: dict, steps: int = 20, rotate: int = 0) -> dict:
     import jax
     from benchmarks.kernel_profile import _trace_kernels, hlotk_kernel_names, summarize
     out = {}
-    for side, (call, exe) in sides.items():
+    order = list(sides)
+    order = order[rotate % len(order):] + order[:rotate % len(order)]
+    for side in order:
+        call, exe = sides[side]
         recs = _trace_kernels(lambda: jax.block_until_ready(call()), steps)
         s = summarize(recs, steps, hlotk_kernel_names(exe) if exe is not None else None)
         out[side] = {"sum_us": s["sum_us"], "span_us": s["span_us"],
@@ -126,6 +129,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--variant", action="append", default=[])
     ap.add_argument("--kernels", default="", help="programs whose kernels CUPTI times")
+    ap.add_argument("--kernel-rounds", type=int, default=1,
+                    help="CUPTI passes over every side of --kernels programs, the sides' "
+                         "order rotated each pass (each pass's sums are reported)")
     ap.add_argument("--no-autotune", action="store_true")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp"),
                                                   "suite_rounds.md"))
@@ -153,10 +159,11 @@ def main() -> None:
                 res[name][side]["wall"].append(
                     wall_ms(lambda: jax.block_until_ready(call())) * 1e3)
         print(f"round {r + 1}/{opts.rounds} done", flush=True)
-    prof = {}
-    for name in filter(None, opts.kernels.split(",")):
-        if name in built:
-            prof[name] = kernels(built[name])
+    prof: dict = {}
+    for r in range(max(1, opts.kernel_rounds)):
+        for name in filter(None, opts.kernels.split(",")):
+            if name in built:
+                prof.setdefault(name, []).append(kernels(built[name], rotate=r))
     lines = [f"# gpu_suite programs in rounds (benchmarks/suite_rounds.py)", "",
              f"Device: {torch.cuda.get_device_name()}; jax {jax.__version__}, torch "
              f"{torch.__version__}. {opts.rounds} rounds, sides interleaved; µs, medians over "
@@ -175,10 +182,14 @@ def main() -> None:
                 cells.append(f"{med / statistics.median(x[k]):.2f} [{min(rs):.2f}-{max(rs):.2f}]"
                              if side != "XLA" else "")
             lines.append(f"| {name} | {side} | " + " | ".join(cells) + " |")
-    for name, p in prof.items():
-        lines += ["", f"CUPTI, {name} (µs per call, back-to-back, L2-warm inputs):", ""]
-        for side, d in p.items():
-            lines.append(f"- {side}: kernel sum {d['sum_us']:.2f}, span {d['span_us']:.2f}, "
+    for name, passes in prof.items():
+        lines += ["", f"CUPTI, {name} (µs per call, back-to-back, L2-warm inputs; "
+                      f"{len(passes)} pass(es), sides rotated):", ""]
+        for side in passes[0]:
+            sums = [p[side]["sum_us"] for p in passes]
+            d = passes[-1][side]
+            lines.append(f"- {side}: kernel sum {statistics.median(sums):.2f} (passes "
+                         f"{', '.join(f'{x:.2f}' for x in sums)}), span {d['span_us']:.2f}, "
                          f"launches {d['launches']:.0f}; top {d['top']}")
     text = "\n".join(lines) + "\n"
     print(text, flush=True)

@@ -68,10 +68,11 @@ def strided(x: np.ndarray, shape) -> np.ndarray:
     return np.transpose(phys, [order.index(d) for d in range(x.ndim)]) if x.ndim else phys
 
 
-def run_host(fusion, args, round_narrow: bool = True, per_thread=None) -> list[np.ndarray]:
+def run_host(fusion, args, round_narrow: bool = True, per_thread=None,
+             flat=None) -> list[np.ndarray]:
     """The kernel run on the host (and, where NVRTC is here, also compiled by it for sm_90:
     the source the GPU gets is the one tested)."""
-    ks = emit_loop_kernel(fusion, round_narrow, per_thread=per_thread)
+    ks = emit_loop_kernel(fusion, round_narrow, per_thread=per_thread, flat=flat)
     if not nvrtc.unavailable():
         assert nvrtc.cubin_for(ks.source, ks.name, "90")[:4] == b"\x7fELF"
     outs = []
@@ -83,14 +84,15 @@ def run_host(fusion, args, round_narrow: bool = True, per_thread=None) -> list[n
 
 
 def check(fusion, seed: int = 0, args=None, positive: bool = False, tol: float = 0.0,
-          per_thread=None) -> None:
+          per_thread=None, flat=None) -> None:
     """The host-run kernel against hlo.evaluate of the fused computation: equal (NaN where
-    NaN) for integers and, with ``tol`` 0, for floats; else within ``tol`` relative."""
+    NaN) for integers and, with ``tol`` 0, for floats; else within ``tol`` relative.
+    ``flat``: emit_loop_kernel's choice of form (None: flat where the fusion has one)."""
     comp = fusion.attrs["calls"]
     params = sorted(comp.parameters, key=lambda p: p.parameter_number)
     rng = np.random.default_rng(seed)
     args = args if args is not None else [random_input(p.shape, rng, positive) for p in params]
-    got = run_host(fusion, args, per_thread=per_thread)
+    got = run_host(fusion, args, per_thread=per_thread, flat=flat)
     ref = hlo.evaluate(comp, [np.asarray(a) for a in args])
     refs = list(ref) if isinstance(ref, tuple) else [ref]
     assert len(got) == len(refs)
@@ -116,7 +118,7 @@ def test_text_elementwise_and_accurate_math():
   %t = f32[37] tanh(%r)
   %mx = f32[37] maximum(%t, %a)
   ROOT %mn = f32[37] minimum(%mx, %b)""", ["a: f32[37]", "b: f32[37]"], "f32[37]")
-    src = emit_loop_kernel(f).source
+    src = emit_loop_kernel(f, flat=False).source      # the strided form (flat: test_cuda_c_flat)
     assert 'extern "C" __global__ void fused_exponential_divide_sqrt_rsqrt(' in src
     assert "expf(" in src and "__expf" not in src       # the accurate library function
     assert "sqrtf(" in src and "rsqrtf(" in src and "tanhf(" in src
@@ -149,7 +151,7 @@ def test_text_four_elements_a_thread_for_big_outputs():
     f = make("""  %a = f32[1024,600] parameter(0)
   %b = f32[1024,600] parameter(1)
   ROOT %s = f32[1024,600] add(%a, %b)""", ["a: f32[1024,600]", "b: f32[1024,600]"], "f32[1024,600]")
-    ks = emit_loop_kernel(f)
+    ks = emit_loop_kernel(f, flat=False)
     assert ks.per_thread == 4 and ks.blocks == 1024 * 600 // (4 * 256)
     body = ks.source.split("__global__")[1]
     assert "t0 + 768LL" in body and "u3 < 614400LL ? u3 : 614399LL" in body
@@ -158,18 +160,18 @@ def test_text_four_elements_a_thread_for_big_outputs():
     assert "if (u3 < 614400LL) out0[" in body and body.count("out0[") == 4
     small = make("""  %a = f32[1000] parameter(0)
   ROOT %n = f32[1000] negate(%a)""", ["a: f32[1000]"], "f32[1000]")
-    assert emit_loop_kernel(small).per_thread == 1
+    assert emit_loop_kernel(small, flat=False).per_thread == 1
 
 
 def test_per_thread_override(monkeypatch):
     f = make("""  %a = f32[1000] parameter(0)
   ROOT %n = f32[1000] negate(%a)""", ["a: f32[1000]"], "f32[1000]")
     monkeypatch.setenv("HLOTK_CUDA_C_PER_THREAD", "2")
-    ks = emit_loop_kernel(f)
+    ks = emit_loop_kernel(f, flat=False)
     assert ks.per_thread == 2 and ks.blocks == 2
     monkeypatch.setenv("HLOTK_CUDA_C_PER_THREAD", "many")
     with pytest.raises(CudaCodegenError, match="HLOTK_CUDA_C_PER_THREAD"):
-        emit_loop_kernel(f)
+        emit_loop_kernel(f, flat=False)
 
 
 def test_text_narrow_floats_round_per_op():
@@ -528,6 +530,7 @@ def test_host_adam_step_fusions():
     assert len(fusions) >= 3
     for k, f in enumerate(fusions):
         check(f, seed=k, positive=True, tol=1e-6)
+        check(f, seed=k, positive=True, tol=1e-6, flat=False)     # the strided form too
         if _one_output_shape(f):
             check(f, seed=k, positive=True, tol=1e-6, per_thread=4)
 

@@ -31,6 +31,8 @@ EMITTERS = ("auto", "triton", "cuda")
 # against 212.5 µs per step) and level with Triton on GIOU (8-9 µs). Under 5 µs a kernel is
 # mostly launch and tail, and 8% of it is under half a microsecond per call.
 AUTO_MAX_US = 5.0
+# ``auto`` also takes every loop fusion with a flat form (flat.py) at any size: ...
+AUTO_FLAT_ANY_SIZE = True
 
 
 def loop_emitter() -> str:
@@ -45,7 +47,9 @@ def loop_emitter() -> str:
     return v
 
 
-def takes(emitter: str, predicted_us: float) -> bool:
+def takes(emitter: str, predicted_us: float, flat: bool = False) -> bool:
     """Whether a loop fusion predicted at ``predicted_us`` goes to the CUDA C emitter under
-    ``emitter`` (``loop_emitter()``'s value)."""
-    return emitter == "cuda" or (emitter == "auto" and predicted_us < AUTO_MAX_US)
+    ``emitter`` (``loop_emitter()``'s value); ``flat``: the fusion has a flat form
+    (``flat.flat_reason`` is "")."""
+    return emitter == "cuda" or (emitter == "auto" and (
+        predicted_us < AUTO_MAX_US or (flat and AUTO_FLAT_ANY_SIZE)))

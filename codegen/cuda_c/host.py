@@ -33,7 +33,8 @@ SHIM = r"""
 #define __device__
 #define __forceinline__ inline
 struct hl_uint3 { unsigned int x, y, z; };
-static hl_uint3 blockIdx, threadIdx, blockDim;
+static hl_uint3 blockIdx, threadIdx, blockDim, gridDim;
+struct uint4 { unsigned int x, y, z, w; };
 static inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
 static inline double __longlong_as_double(long long u) { double f; memcpy(&f, &u, 8); return f; }
@@ -62,6 +63,7 @@ def _driver(ks: KernelSource) -> str:
     return f"""
 extern "C" void hl_run(void** a, long long blocks, unsigned int threads) {{
   blockDim.x = threads; blockDim.y = blockDim.z = 1;
+  gridDim.x = (unsigned int)blocks; gridDim.y = gridDim.z = 1;
   for (long long b = 0; b < blocks; ++b) {{
     blockIdx.x = (unsigned int)b;
     for (unsigned int t = 0; t < threads; ++t) {{
@@ -92,7 +94,10 @@ def build(ks: KernelSource, workdir: Optional[Path] = None) -> ctypes.CDLL:
     src, so = d / f"{ks.name}_{key}.cc", d / f"{ks.name}_{key}.so"
     src.write_text(text)
     # -fwrapv: integer wrap-around as on the GPU; no contraction or fast math: IEEE ops
+    # -fno-strict-aliasing: the flat form reads buffers as uint4 words (on the GPU a
+    # vector load; here a plain copy that must not be reordered past the element stores)
     cmd = [cxx, "-std=c++17", "-O1", "-fwrapv", "-ffp-contract=off", "-fno-fast-math",
+           "-fno-strict-aliasing",
            "-shared", "-fPIC", "-w", str(src), "-o", str(so), "-lm"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
@@ -106,9 +111,12 @@ def build(ks: KernelSource, workdir: Optional[Path] = None) -> ctypes.CDLL:
 
 
 def run(ks: KernelSource, outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray],
-        workdir: Optional[Path] = None) -> None:
+        workdir: Optional[Path] = None, blocks: Optional[int] = None,
+        threads: Optional[int] = None) -> None:
     """Launch ``ks`` over numpy arrays (any strides; ``outputs`` written in place) as the
-    GPU launch would: ``ks.blocks`` blocks of ``ks.threads``."""
+    GPU launch would: ``ks.blocks`` blocks of ``ks.threads`` (or ``blocks``/``threads``: a
+    flat kernel's grid-stride loop takes any grid). A flat kernel's arrays must be dense
+    in their layout (its ``input_shapes``/``output_shapes``), as the GPU launch makes them."""
     if len(inputs) != ks.n_inputs or len(outputs) != ks.n_outputs:
         raise CudaCodegenError(f"kernel {ks.name} takes {ks.n_inputs} inputs and "
                                f"{ks.n_outputs} outputs, got {len(inputs)} and {len(outputs)}")
@@ -121,8 +129,18 @@ def run(ks: KernelSource, outputs: Sequence[np.ndarray], inputs: Sequence[np.nda
     keep: list = []
     for a in arrays:
         keep.append(ctypes.c_void_p(a.ctypes.data))
-    for a in arrays:
-        keep += [ctypes.c_longlong(st // a.itemsize) for st in a.strides]
+    if ks.flat:
+        from hlo.layout_util import dense_strides
+        from codegen.triton.flat_loop import is_dense
+        for a, s in zip(arrays, ks.input_shapes + ks.output_shapes):
+            if not is_dense(tuple(a.shape), tuple(st // a.itemsize for st in a.strides),
+                            tuple(dense_strides(s))):
+                raise CudaCodegenError(f"kernel {ks.name} (flat) needs arrays dense in their "
+                                       f"layout: {s} got strides {a.strides}")
+        keep.append(ctypes.c_longlong(ks.elements))
+    else:
+        for a in arrays:
+            keep += [ctypes.c_longlong(st // a.itemsize) for st in a.strides]
     ptrs = (ctypes.c_void_p * len(keep))(*[ctypes.addressof(k) for k in keep])
     if ks.elements:
-        lib.hl_run(ptrs, ks.blocks, ks.threads)
+        lib.hl_run(ptrs, blocks or ks.blocks, threads or ks.threads)

@@ -49,7 +49,11 @@ class CudaCKernel:
     threads: int
     elements: int
     arch: str
-    per_thread: int = 1           # output elements a thread computes
+    per_thread: int = 1           # output elements a thread computes (flat: its chunk)
+    # The flat form (flat.py): pointers and the element count as arguments, no strides;
+    # views not dense in their layout are copied to dense ones around the launch.
+    flat: bool = False
+    waves: int = 0                # flat: cap the grid at this many waves (0: no cap)
     template: str = "loop"
     target: str = "h100"
     predicted_us: float = 0.0
@@ -68,13 +72,22 @@ class CudaCKernel:
     _lock: Any = field(default_factory=threading.Lock)
     _slots: Any = None
     _params: Any = None
+    _strides: Optional[list] = None
+    _sms: Optional[int] = None
 
     @property
     def config(self) -> dict:
-        return {"threads": self.threads, "blocks": self.blocks, "per_thread": self.per_thread}
+        cfg = {"threads": self.threads, "blocks": self.blocks, "per_thread": self.per_thread}
+        if self.flat:
+            cfg.update(flat=True, waves=self.waves)
+        return cfg
 
     @property
     def blocks(self) -> int:
+        if self.flat:
+            from .flat import flat_blocks
+            return flat_blocks(self.elements, self.per_thread, self.threads, self.waves,
+                               self._sms)
         return max(1, -(-self.elements // (self.threads * self.per_thread)))
 
     @property
@@ -128,7 +141,6 @@ class CudaCKernel:
         from codegen.triton import direct_launch as dl
         if self._triton is not None:
             return self._triton.launch(outputs, inputs, stream=stream)
-        tensors = list(inputs) + list(outputs)
         device = outputs[0].device.index if outputs[0].device.index is not None \
             else torch.cuda.current_device()
         try:
@@ -139,9 +151,24 @@ class CudaCKernel:
             self.fell_back = str(e).splitlines()[0]
             self._triton = self.fallback()
             return self._triton.launch(outputs, inputs, stream=stream)
+        pending: list = []
+        if self.flat:
+            from codegen.triton.flat_loop import dense_views
+            if self._strides is None:
+                from hlo.layout_util import dense_strides
+                self._strides = [dense_strides(s) for s in
+                                 list(self.input_shapes) + list(self.output_shapes)]
+            if self.waves and self._sms is None:
+                self._sms = torch.cuda.get_device_properties(device).multi_processor_count
+            with torch.cuda.stream(stream) if stream is not None else _nothing():
+                outputs, inputs, pending = dense_views(outputs, inputs, self._strides)
+        tensors = list(inputs) + list(outputs)
         values = [t.data_ptr() for t in tensors]
-        for t in tensors:
-            values.extend(int(s) & 0xFFFFFFFFFFFFFFFF for s in t.stride())
+        if self.flat:
+            values.append(self.elements)
+        else:
+            for t in tensors:
+                values.extend(int(s) & 0xFFFFFFFFFFFFFFFF for s in t.stride())
         raw = stream.cuda_stream if stream is not None else \
             torch._C._cuda_getCurrentRawStream(device)
         with self._lock:     # one argument buffer per kernel: filled and handed over here
@@ -161,9 +188,18 @@ class CudaCKernel:
                 r = dl._CU.cuLaunchKernelEx(ctypes.byref(cfg), fn, self._params, None)
         dl._check(r, f"cuLaunchKernelEx({self.name})")
         STATS["launches"] += 1
+        if pending:         # a caller's non-dense output view: the scratch copied over
+            with torch.cuda.stream(stream) if stream is not None else _nothing():
+                for dst, src in pending:
+                    dst.copy_(src)
 
     def __repr__(self) -> str:
         return f"<CudaCKernel {self.name} sm_{self.arch} {self.blocks}x{self.threads} at {self.path}>"
+
+
+def _nothing() -> Any:
+    import contextlib
+    return contextlib.nullcontext()
 
 
 def compile_loop_fusion(fusion: Instruction, *, arch: str, target: str = "h100",
@@ -189,10 +225,15 @@ def compile_loop_fusion(fusion: Instruction, *, arch: str, target: str = "h100",
     from passes.fusion.cost_model import predict
     from passes.fusion.kinds import fusion_kind
     est = estimate if estimate is not None else predict(fusion, target)
+    threads, waves = ks.threads, 0
+    if ks.flat:
+        from .flat import launch_shape
+        threads, waves = launch_shape()
     kernel = CudaCKernel(name=ks.name, source=source, path=path, key=key,
                          fusion_name=fusion.name, input_shapes=ks.input_shapes,
-                         output_shapes=ks.output_shapes, threads=ks.threads,
-                         elements=ks.elements, per_thread=ks.per_thread, arch=arch, target=target,
+                         output_shapes=ks.output_shapes, threads=threads,
+                         elements=ks.elements, per_thread=ks.per_thread, flat=ks.flat,
+                         waves=waves, arch=arch, target=target,
                          predicted_us=est.time_us, predicted_bytes=est.bytes_moved,
                          predicted_flops=est.flops, fusion_kind=fusion_kind(fusion),
                          fallback=fallback)

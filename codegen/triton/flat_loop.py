@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 from hlo.ir import Computation, Instruction
 from hlo.layout_util import major_to_minor
@@ -135,3 +135,24 @@ def is_dense(dims: tuple[int, ...], strides: tuple[int, ...], want: tuple[int, .
     """Whether a view of ``dims`` with ``strides`` is laid out as ``want`` (the strides of a
     size-1 dim do not matter: no element steps over it)."""
     return strides == want or all(s == w for n, s, w in zip(dims, strides, want) if n != 1)
+
+
+def dense_views(outputs: Sequence[Any], inputs: Sequence[Any], want: list
+                ) -> tuple[list, list, list]:
+    """(outputs, inputs, pending copies) for a flat kernel, which reads and writes memory
+    order: every torch view not dense in its HLO layout (``want``: the dense strides of
+    each input, then each output; the runtime hands none such, a caller may) is replaced by
+    a dense copy (an output: a scratch, copied back after the launch through ``pending``'s
+    ``(view, scratch)`` pairs)."""
+    ins, outs, pending = list(inputs), list(outputs), []
+    for k, t in enumerate(ins + outs):
+        w = want[k]
+        if is_dense(tuple(t.shape), tuple(t.stride()), w):
+            continue
+        dense = t.new_empty_strided(tuple(t.shape), w)
+        if k < len(ins):
+            ins[k] = dense.copy_(t)
+        else:
+            outs[k - len(ins)] = dense
+            pending.append((t, dense))
+    return outs, ins, pending

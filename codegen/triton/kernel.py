@@ -35,7 +35,7 @@ from .pdl import Pdl
 from .autotune import autotune_level, needs_timing, tune, tuned_config
 from .canonical import canonical_text
 from .elemental import Emitter, TritonCodegenError, helpers_for
-from .flat_loop import int_specialization, is_dense
+from .flat_loop import dense_views, int_specialization
 from .reductions import Split, legacy as legacy_reductions
 from .reductions import rows_template as reduction_rows_template
 from .templates import (NotTileable, Plan, gemm_template, loop_template, outputs_of, rows_template,
@@ -166,24 +166,12 @@ class TritonKernel:
     def _dense(self, outputs: Sequence[Any], inputs: Sequence[Any]
                ) -> tuple[list, list, list]:
         """A flat kernel reads and writes memory order: (outputs, inputs, pending copies)
-        where every view not dense in its HLO layout (the runtime hands none such; a caller
-        may) is replaced by a dense copy (an output: a scratch copied back after the launch)."""
+        with every view not dense in its HLO layout replaced (``flat_loop.dense_views``)."""
         want = self._strides
         if want is None:
             want = self._strides = [dense_strides(s) for s in
                                     list(self.input_shapes) + list(self.output_shapes)]
-        ins, outs, pending = list(inputs), list(outputs), []
-        for k, t in enumerate(ins + outs):
-            w = want[k]
-            if is_dense(tuple(t.shape), tuple(t.stride()), w):
-                continue
-            dense = t.new_empty_strided(tuple(t.shape), w)
-            if k < len(ins):
-                ins[k] = dense.copy_(t)
-            else:
-                outs[k - len(ins)] = dense
-                pending.append((t, dense))
-        return outs, ins, pending
+        return dense_views(outputs, inputs, want)
 
     def launch(self, outputs: Sequence[Any], inputs: Sequence[Any], stream: Any = None,
                config: Optional[dict] = None) -> None:

@@ -164,7 +164,9 @@ class CudaExecutable:
         self.loop_emitter = loop_emitter()   # a bad HLOTK_LOOP_EMITTER raises here
         if self.loop_emitter != "triton":
             from codegen.cuda_c.emitter import per_thread_for
+            from codegen.cuda_c.flat import launch_shape
             per_thread_for(0, 1)             # and a bad HLOTK_CUDA_C_PER_THREAD
+            launch_shape()                   # or HLOTK_CUDA_C_FLAT_LAUNCH
         pdl_mode()    # a bad HLOTK_PDL raises here, not as every kernel's host fallback
         self.poison = _env_flag("HLOTK_POISON_ARENA", False) if poison is None else poison
         graphs = _env_flag("HLOTK_CUDA_GRAPHS", True) if cuda_graphs is None else cuda_graphs
@@ -444,7 +446,7 @@ class CudaExecutable:
                 estimate = predict(fusion, self.target)
             except DeviceSpecError:
                 return None
-            if not takes(self.loop_emitter, estimate.time_us):
+            if not takes(self.loop_emitter, estimate.time_us, flat=_has_flat_form(fusion)):
                 self.stats["cuda_c_large"] = self.stats.get("cuda_c_large", 0) + 1
                 return None
         declined = self.stats.setdefault("cuda_c_declined", [])
@@ -911,7 +913,8 @@ class CudaExecutable:
         large = self.stats.get("cuda_c_large", 0)
         lines = [f"loop emitter {self.loop_emitter}: {self.stats.get('cuda_c_kernels', 0)} "
                  f"CUDA C kernels (NVRTC), {len(declined)} loop fusions kept Triton"
-                 + (f", {large} predicted at or over {AUTO_MAX_US:g} µs made by Triton"
+                 + (f", {large} without a flat form predicted at or over {AUTO_MAX_US:g} µs "
+                    "made by Triton"
                     if large else "")]
         fell_back = [t.kernel for t in self.thunks() if getattr(
             getattr(t, "kernel", None), "fell_back", None)]
@@ -1059,3 +1062,13 @@ class CudaBackend:
         run.run_device = run_device          # type: ignore[attr-defined]
         run.donated_parameters = []          # type: ignore[attr-defined]
         return run
+
+
+def _has_flat_form(fusion: Instruction) -> bool:
+    """Whether the CUDA C emitter takes this loop fusion in its flat form (cheap: no
+    emitting), which ``auto`` sends to CUDA C at any size (codegen/cuda_c/__init__.py)."""
+    from codegen.cuda_c import AUTO_FLAT_ANY_SIZE, decline_reason
+    if not AUTO_FLAT_ANY_SIZE or decline_reason(fusion):
+        return False
+    from codegen.cuda_c.flat import flat_reason
+    return not flat_reason(fusion)
