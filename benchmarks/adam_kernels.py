@@ -25,12 +25,12 @@ import numpy as np  # noqa: E402
 SHAPES = [(1536, 1536), (1536, 768), (6144,)]
 # hlotk's sides: a label and the environment its executable is compiled under. The CUDA C
 # flat form (codegen/cuda_c/flat.py) at its default launch, at 128 threads a block, with
-# the grid capped at 4 waves, with const __restrict__ inputs, and the strided form.
+# the grid capped at one wave (grid-stride), with const __restrict__ inputs, and the strided form.
 SIDES = [("hlotk", {}), ("triton", {"HLOTK_LOOP_EMITTER": "triton"}),
          ("cuda flat", {"HLOTK_LOOP_EMITTER": "cuda"}),
          ("cuda flat 128", {"HLOTK_LOOP_EMITTER": "cuda", "HLOTK_CUDA_C_FLAT_LAUNCH": "128"}),
-         ("cuda flat 4 waves", {"HLOTK_LOOP_EMITTER": "cuda",
-                                "HLOTK_CUDA_C_FLAT_LAUNCH": "256,4"}),
+         ("cuda flat 1 wave", {"HLOTK_LOOP_EMITTER": "cuda",
+                               "HLOTK_CUDA_C_FLAT_LAUNCH": "256/1"}),
          ("cuda flat restrict", {"HLOTK_LOOP_EMITTER": "cuda", "HLOTK_CUDA_C_RESTRICT": "1"}),
          ("cuda strided", {"HLOTK_LOOP_EMITTER": "cuda", "HLOTK_CUDA_C_FLAT": "0"})]
 

@@ -143,9 +143,11 @@ def test_one_source_for_two_sizes_and_wide_indices_only_past_2_30():
 
 def test_launch_shape_and_blocks(monkeypatch):
     assert launch_shape() == (256, 0)
-    monkeypatch.setenv("HLOTK_CUDA_C_FLAT_LAUNCH", "128,4")
+    monkeypatch.setenv("HLOTK_CUDA_C_FLAT_LAUNCH", "128/4")
     assert launch_shape() == (128, 4)
-    for bad in ("100", "256,x", "256,4,1", "2048"):
+    monkeypatch.setenv("HLOTK_CUDA_C_FLAT_LAUNCH", "512")
+    assert launch_shape() == (512, 0)
+    for bad in ("100", "256/x", "256/4/1", "2048"):
         monkeypatch.setenv("HLOTK_CUDA_C_FLAT_LAUNCH", bad)
         with pytest.raises(CudaCodegenError, match="HLOTK_CUDA_C_FLAT_LAUNCH"):
             launch_shape()

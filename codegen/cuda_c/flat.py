@@ -37,7 +37,7 @@ from .prelude import prelude_for
 
 FLAT_ENV = "HLOTK_CUDA_C_FLAT"            # "0": every loop kernel in the strided form
 RESTRICT_ENV = "HLOTK_CUDA_C_RESTRICT"    # "1": inputs as const T* __restrict__ (ld.global.nc)
-LAUNCH_ENV = "HLOTK_CUDA_C_FLAT_LAUNCH"   # "threads[,waves]": the launch, to compare on a GPU
+LAUNCH_ENV = "HLOTK_CUDA_C_FLAT_LAUNCH"   # "threads[/waves]": the launch, to compare on a GPU
 VECTOR_BYTES = 16
 # 32-bit indices while every index the kernel forms fits: a chunk index plus one grid
 # stride (at most the chunk count again) times CHUNK stays under 2 * n + 2^20.
@@ -58,18 +58,19 @@ def restrict_inputs() -> bool:
 
 
 def launch_shape() -> tuple[int, int]:
-    """(threads per block, waves cap) from ``HLOTK_CUDA_C_FLAT_LAUNCH``, else the defaults."""
+    """(threads per block, waves cap) from ``HLOTK_CUDA_C_FLAT_LAUNCH`` ("256" or "256/4";
+    "," also separates), else the defaults."""
     text = os.environ.get(LAUNCH_ENV, "").strip()
     if not text:
         return THREADS, WAVES
-    parts = text.split(",")
+    parts = text.replace("/", ",").split(",")
     try:
         threads = int(parts[0])
         waves = int(parts[1]) if len(parts) > 1 else WAVES
     except ValueError:
         threads = waves = -1
     if not (threads in (32, 64, 128, 256, 512, 1024) and 0 <= waves <= 64 and len(parts) <= 2):
-        raise CudaCodegenError(f"{LAUNCH_ENV}={text!r}: expected THREADS[,WAVES], THREADS a "
+        raise CudaCodegenError(f"{LAUNCH_ENV}={text!r}: expected THREADS[/WAVES], THREADS a "
                                "power of two from 32 to 1024, WAVES 0 to 64")
     return threads, waves
 
