@@ -14,7 +14,8 @@ import pytest
 import hlo
 from codegen.cuda_c import CudaCodegenError, emit_loop_kernel, host, nvrtc, takes
 from codegen.cuda_c.emitter import compile_text
-from codegen.cuda_c.flat import INDEX32_MAX, flat_blocks, flat_reason, launch_shape
+from codegen.cuda_c.flat import (INDEX32_MAX, fitted_threads, flat_blocks, flat_reason,
+                                 launch_shape)
 from tests.test_cuda_c import make, random_input
 
 needs_cxx = pytest.mark.skipif(host.host_compiler() is None, reason="no host C++ compiler")
@@ -142,11 +143,11 @@ def test_one_source_for_two_sizes_and_wide_indices_only_past_2_30():
 
 
 def test_launch_shape_and_blocks(monkeypatch):
-    assert launch_shape() == (256, 0)
+    assert launch_shape() == (256, 0, False)
     monkeypatch.setenv("HLOTK_CUDA_C_FLAT_LAUNCH", "128/4")
-    assert launch_shape() == (128, 4)
+    assert launch_shape() == (128, 4, True)
     monkeypatch.setenv("HLOTK_CUDA_C_FLAT_LAUNCH", "512")
-    assert launch_shape() == (512, 0)
+    assert launch_shape() == (512, 0, True)
     for bad in ("100", "256/x", "256/4/1", "2048"):
         monkeypatch.setenv("HLOTK_CUDA_C_FLAT_LAUNCH", bad)
         with pytest.raises(CudaCodegenError, match="HLOTK_CUDA_C_FLAT_LAUNCH"):
@@ -155,6 +156,22 @@ def test_launch_shape_and_blocks(monkeypatch):
     assert flat_blocks(1536 * 1536, 4, 256, 4, 132) == 2304          # under 4 waves: all
     assert flat_blocks(1536 * 1536, 4, 256, 1, 132) == 132 * 8       # capped at one wave
     assert flat_blocks(10, 4, 256, 4, 132) == 1
+    # a small kernel's block shrinks (to 64 threads) until its blocks reach the SMs
+    assert fitted_threads(1536 * 768, 4, 256, 132) == 256       # 1152 blocks
+    assert fitted_threads(6144, 4, 256, 132) == 64             # 6 blocks -> 24
+    assert fitted_threads(4 * 128 * 132, 4, 256, 132) == 128     # 66 blocks -> 132
+    assert fitted_threads(15, 4, 256, 132) == 64
+
+
+def test_kernel_launch_shape_from_the_target(monkeypatch):
+    from codegen.cuda_c.kernel import compile_loop_fusion
+    k = compile_loop_fusion(adam_like("[6144]"), arch="90", target="h200", start=False)
+    assert (k.threads, k.blocks) == (64, 24)
+    monkeypatch.setenv("HLOTK_CUDA_C_FLAT_LAUNCH", "256/1")
+    k = compile_loop_fusion(adam_like("[6144]"), arch="90", target="h200", start=False)
+    assert (k.threads, k.blocks) == (256, 6)
+    k = compile_loop_fusion(adam_like("[1536,1536]"), arch="90", target="h200", start=False)
+    assert (k.threads, k.blocks) == (256, 132 * 8)             # one wave, grid-stride
 
 
 def test_auto_takes_flat_loops_at_any_size():

@@ -45,7 +45,11 @@ INDEX32_MAX = 1 << 30
 # Widest full-size type over the narrowest: more would make one chunk a long run of words
 # per operand (f64 beside u8: 16 doubles a chunk); such fusions keep the strided form.
 MAX_WIDTH_RATIO = 4
-THREADS = 256        # threads per block (the launch's; the source reads blockDim)
+# The launch (the source reads blockDim and gridDim, so none of this is compiled in).
+# Measured on the H200 (NOTES, i13-cudac-flat call 1), adam_step's kernel sum per step:
+# 256 threads 199.0 µs, 128 threads 199.7, the grid capped at one wave 202.6 (Triton 210.4).
+THREADS = 256        # threads per block
+MIN_THREADS = 64     # a small n halves the block down to this while blocks < SMs
 WAVES = 0            # 0: one chunk a thread (grid covers n); k: at most k waves of blocks
 
 
@@ -57,12 +61,13 @@ def restrict_inputs() -> bool:
     return os.environ.get(RESTRICT_ENV, "0").strip().lower() in ("1", "on", "true", "yes")
 
 
-def launch_shape() -> tuple[int, int]:
-    """(threads per block, waves cap) from ``HLOTK_CUDA_C_FLAT_LAUNCH`` ("256" or "256/4";
-    "," also separates), else the defaults."""
+def launch_shape() -> tuple[int, int, bool]:
+    """(threads per block, waves cap, fixed) from ``HLOTK_CUDA_C_FLAT_LAUNCH`` ("256" or
+    "256/4"; "," also separates; fixed: as given), else the defaults (not fixed: a small
+    kernel's block is made smaller, ``fitted_threads``)."""
     text = os.environ.get(LAUNCH_ENV, "").strip()
     if not text:
-        return THREADS, WAVES
+        return THREADS, WAVES, False
     parts = text.replace("/", ",").split(",")
     try:
         threads = int(parts[0])
@@ -72,7 +77,18 @@ def launch_shape() -> tuple[int, int]:
     if not (threads in (32, 64, 128, 256, 512, 1024) and 0 <= waves <= 64 and len(parts) <= 2):
         raise CudaCodegenError(f"{LAUNCH_ENV}={text!r}: expected THREADS[/WAVES], THREADS a "
                                "power of two from 32 to 1024, WAVES 0 to 64")
-    return threads, waves
+    return threads, waves, True
+
+
+def fitted_threads(n: int, chunk: int, threads: int, sms: int) -> int:
+    """Threads per block for ``n`` elements: ``threads`` halved (down to ``MIN_THREADS``)
+    while the grid has fewer blocks than the GPU has multiprocessors. A small kernel is one
+    memory round trip; more blocks spread it over more SMs. Measured on the H200 (call 1,
+    Adam on f32[6144], 1536 chunks): 6 blocks of 256 took 2.24 µs, 12 of 128 2.11, and the
+    strided kernel's 24 blocks of 256 (one element a thread) 1.70."""
+    while threads > MIN_THREADS and -(-n // (chunk * threads)) < sms:
+        threads //= 2
+    return threads
 
 
 def _numel(inst: Instruction) -> int:

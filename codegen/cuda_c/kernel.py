@@ -72,8 +72,8 @@ class CudaCKernel:
     _lock: Any = field(default_factory=threading.Lock)
     _slots: Any = None
     _params: Any = None
+    sms: int = 132                # flat with waves: the target's multiprocessors
     _strides: Optional[list] = None
-    _sms: Optional[int] = None
 
     @property
     def config(self) -> dict:
@@ -87,7 +87,7 @@ class CudaCKernel:
         if self.flat:
             from .flat import flat_blocks
             return flat_blocks(self.elements, self.per_thread, self.threads, self.waves,
-                               self._sms)
+                               self.sms)
         return max(1, -(-self.elements // (self.threads * self.per_thread)))
 
     @property
@@ -158,8 +158,6 @@ class CudaCKernel:
                 from hlo.layout_util import dense_strides
                 self._strides = [dense_strides(s) for s in
                                  list(self.input_shapes) + list(self.output_shapes)]
-            if self.waves and self._sms is None:
-                self._sms = torch.cuda.get_device_properties(device).multi_processor_count
             with torch.cuda.stream(stream) if stream is not None else _nothing():
                 outputs, inputs, pending = dense_views(outputs, inputs, self._strides)
         tensors = list(inputs) + list(outputs)
@@ -197,6 +195,15 @@ class CudaCKernel:
         return f"<CudaCKernel {self.name} sm_{self.arch} {self.blocks}x{self.threads} at {self.path}>"
 
 
+def _sm_count(target: str) -> int:
+    """The target's multiprocessors (the cost model's device table), 0 where unknown."""
+    from passes.fusion.cost_model import DeviceSpecError, get_device
+    try:
+        return get_device(target).sm_count
+    except DeviceSpecError:
+        return 0
+
+
 def _nothing() -> Any:
     import contextlib
     return contextlib.nullcontext()
@@ -227,13 +234,16 @@ def compile_loop_fusion(fusion: Instruction, *, arch: str, target: str = "h100",
     est = estimate if estimate is not None else predict(fusion, target)
     threads, waves = ks.threads, 0
     if ks.flat:
-        from .flat import launch_shape
-        threads, waves = launch_shape()
+        from .flat import fitted_threads, launch_shape
+        threads, waves, fixed = launch_shape()
+        sms = _sm_count(target)
+        if not fixed and sms:
+            threads = fitted_threads(ks.elements, ks.per_thread, threads, sms)
     kernel = CudaCKernel(name=ks.name, source=source, path=path, key=key,
                          fusion_name=fusion.name, input_shapes=ks.input_shapes,
                          output_shapes=ks.output_shapes, threads=threads,
                          elements=ks.elements, per_thread=ks.per_thread, flat=ks.flat,
-                         waves=waves, arch=arch, target=target,
+                         waves=waves, sms=_sm_count(target) or 132, arch=arch, target=target,
                          predicted_us=est.time_us, predicted_bytes=est.bytes_moved,
                          predicted_flops=est.flops, fusion_kind=fusion_kind(fusion),
                          fallback=fallback)
