@@ -44,7 +44,16 @@ def step(p, g, m, v, c):
 
 
 def main() -> None:
+    import argparse
     import jax
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sides", default="", help="comma-separated labels of SIDES (default all)")
+    opts = ap.parse_args()
+    wanted = [s for s in opts.sides.split(",") if s]
+    unknown = set(wanted) - {label for label, _ in SIDES}
+    if unknown:
+        raise SystemExit(f"--sides: unknown {sorted(unknown)}; known {[s for s, _ in SIDES]}")
+    sides_run = [s for s in SIDES if not wanted or s[0] in wanted]
 
     import runtime
     from benchmarks.loop_configs import trace
@@ -57,7 +66,7 @@ def main() -> None:
              jax.device_put(np.float32(3.0))]
         want = jax.jit(step)(*args)
         sides = {"XLA": jax.jit(step)}
-        for label, env in SIDES:
+        for label, env in sides_run:
             old = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
             try:
