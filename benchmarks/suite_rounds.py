@@ -164,7 +164,7 @@ def main() -> None:
         for name in filter(None, opts.kernels.split(",")):
             if name in built:
                 prof.setdefault(name, []).append(kernels(built[name], rotate=r))
-    lines = [f"# gpu_suite programs in rounds (benchmarks/suite_rounds.py)", "",
+    lines = ["# gpu_suite programs in rounds (benchmarks/suite_rounds.py)", "",
              f"Device: {torch.cuda.get_device_name()}; jax {jax.__version__}, torch "
              f"{torch.__version__}. {opts.rounds} rounds, sides interleaved; µs, medians over "
              "rounds; ratio = side / XLA (median of the medians), [min-max] of the per-round "

@@ -174,12 +174,20 @@ def test_kernel_launch_shape_from_the_target(monkeypatch):
     assert (k.threads, k.blocks) == (256, 132 * 8)             # one wave, grid-stride
 
 
-def test_auto_takes_flat_loops_at_any_size():
+def test_auto_takes_flat_loops_at_any_size(monkeypatch):
+    from runtime.cuda.backend import _has_flat_form
     assert takes("auto", 1.0) and not takes("auto", 50.0)
     assert takes("auto", 50.0, flat=True) and not takes("triton", 1.0, flat=True)
+    big = adam_like("[1536,1536]")
+    moving = make("""  %x = f32[1536,1536] parameter(0)
+  ROOT %t = f32[1536,1536] transpose(%x), dimensions={1,0}""", ["x: f32[1536,1536]"],
+                  "f32[1536,1536]")
+    assert _has_flat_form(big) and not _has_flat_form(moving)
+    monkeypatch.setenv("HLOTK_CUDA_C_FLAT", "0")
+    assert not _has_flat_form(big)
 
 
-# --- values on the host ----------------------------------------------------------------------------
+# --- values on the host ----------------------------------------------------------------------
 @needs_cxx
 @pytest.mark.parametrize("n", [2, 3, 5, 7, 1001, 4 * 256 + 3, 3 * 4 * 256])
 def test_odd_sizes_and_a_short_grid(n):
@@ -303,7 +311,7 @@ def test_values_equal_jax_jit():
     np.testing.assert_allclose(got, np.asarray(jax.jit(fn)(a, b, s)), rtol=1e-6, atol=1e-7)
 
 
-# --- on the GPU --------------------------------------------------------------------------------------
+# --- on the GPU -----------------------------------------------------------------------------
 def _gpu():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():

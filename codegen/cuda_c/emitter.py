@@ -21,6 +21,8 @@ library's accurate functions (``expf``, not ``__expf``), IEEE division and squar
 
 What it does not take (reductions, dots, gathers, scatters, dynamic slices, element types
 without a C spelling) raises ``CudaCDeclined`` with the reason: the fusion keeps Triton.
+Purely elementwise fusions get the flat form instead (``flat.py``: no coordinates, the
+element count an argument, 16-byte vectors), unless ``emit_loop_kernel(flat=False)``.
 """
 from __future__ import annotations
 

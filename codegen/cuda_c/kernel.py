@@ -107,7 +107,8 @@ class CudaCKernel:
         return self._future.result()     # type: ignore[union-attr]
 
     def report_line(self) -> str:
-        return f"{self.name} (CUDA C, NVRTC sm_{self.arch}): {self.path}"
+        form = ", flat" if self.flat else ""
+        return f"{self.name} (CUDA C{form}, NVRTC sm_{self.arch}): {self.path}"
 
     def _check(self, tensors: Sequence[Any], shapes: list, what: str) -> None:
         from codegen.triton.kernel import check_operand_shapes
