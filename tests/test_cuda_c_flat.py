@@ -142,6 +142,29 @@ def test_one_source_for_two_sizes_and_wide_indices_only_past_2_30():
     assert bf.per_thread == 8 and compile_text(bf.source) != compile_text(a.source)
 
 
+def test_memo_emits_once_per_fusion_up_to_names(monkeypatch):
+    """With a build's ``memo``, a fusion equal to an earlier one up to names takes its
+    emitted source (no second emit); another shape or other math is emitted anew. Each
+    kernel keeps its own fusion's name and sizes."""
+    from codegen.cuda_c import kernel as kmod
+    emitted: list = []
+    real = kmod.emit_loop_kernel
+    monkeypatch.setattr(kmod, "emit_loop_kernel",
+                        lambda f, *a, **k: emitted.append(f.name) or real(f, *a, **k))
+    first, again, other_size = adam_like("[3,5]"), adam_like("[3,5]"), adam_like("[7]")
+    again.name = "fusion.again"
+    memo: dict = {}
+    ka = kmod.compile_loop_fusion(first, arch="90", start=False, memo=memo)
+    kb = kmod.compile_loop_fusion(again, arch="90", start=False, memo=memo)
+    kc = kmod.compile_loop_fusion(other_size, arch="90", start=False, memo=memo)
+    assert emitted == [first.name, other_size.name]
+    assert kb.source is ka.source and kb.key == ka.key == kc.key     # one NVRTC compile
+    assert (ka.fusion_name, kb.fusion_name) == (first.name, "fusion.again")
+    assert (kb.elements, kc.elements) == (15, 7)
+    kmod.compile_loop_fusion(adam_like("[3,5]", "bf16"), arch="90", start=False, memo=memo)
+    assert len(emitted) == 3
+
+
 def test_launch_shape_and_blocks(monkeypatch):
     assert launch_shape() == (256, 0, False)
     monkeypatch.setenv("HLOTK_CUDA_C_FLAT_LAUNCH", "128/4")

@@ -36,6 +36,30 @@ _CACHE = KernelCache("cuda_c", ".cu")
 STATS: dict[str, Any] = {"kernels": 0, "loaded": 0, "launches": 0}
 
 
+def _memo_key(fusion: Instruction, round_narrow_each_op: bool) -> Optional[tuple]:
+    from codegen.triton.kernel import _structure
+    try:
+        mkey = ("cuda_c", _structure(fusion, fusion.attrs["calls"]), round_narrow_each_op)
+        hash(mkey)
+    except TypeError:          # an attribute value with no hashable form: emit
+        return None
+    return mkey
+
+
+def _emitted(fusion: Instruction, round_narrow_each_op: bool) -> tuple:
+    """(KernelSource, cache key, source as cached, its file) of one fusion."""
+    ks: KernelSource = emit_loop_kernel(fusion, round_narrow_each_op)
+    # keyed by the code without its comments: a fusion computing what an earlier one
+    # computes (other HLO names) shares that one's file and compile
+    key = f"{ks.name}_{content_key(compile_text(ks.source), GENERATOR_VERSION)[:16]}"
+    generated = ks.source
+    source = _CACHE.get_or_create(key, lambda: generated)
+    path = _CACHE.path(key)
+    if not path.exists():
+        path = cache_root() / "cuda_c" / f"{key}.cu (not written)"
+    return ks, key, source, path
+
+
 @dataclass(eq=False)
 class CudaCKernel:
     """A generated CUDA C loop kernel for one fusion."""
@@ -213,23 +237,25 @@ def _nothing() -> Any:
 def compile_loop_fusion(fusion: Instruction, *, arch: str, target: str = "h100",
                         round_narrow_each_op: bool = True, start: bool = True,
                         fallback: Optional[Callable[[], Any]] = None,
-                        estimate: Any = None) -> CudaCKernel:
+                        estimate: Any = None, memo: Optional[dict] = None) -> CudaCKernel:
     """The CUDA C kernel of a loop fusion, its cubin compiling in the background
     (``start``). Raises ``CudaCDeclined`` for a fusion the emitter does not take, and
     ``CudaCodegenError`` where NVRTC cannot be loaded. ``fallback``: makes the kernel to
     launch instead if NVRTC fails on the source (the fusion's Triton kernel). ``estimate``:
-    the cost model's prediction for the fusion on ``target``, where the caller has it."""
-    ks: KernelSource = emit_loop_kernel(fusion, round_narrow_each_op)
+    the cost model's prediction for the fusion on ``target``, where the caller has it.
+    ``memo``: as ``codegen.triton.compile_fusion``'s (one executable's build): a fusion
+    equal to an earlier one up to names takes its source, key and file instead of
+    emitting and hashing the same code again (issue 13: the Adam step's 24 parameter
+    updates are 4 distinct fusions; the emitter's comments print each instruction)."""
     if start:
         nvrtc.load()              # no NVRTC: the caller keeps Triton, with this reason
-    # keyed by the code without its comments: a fusion computing what an earlier one
-    # computes (other HLO names) shares that one's file and compile
-    key = f"{ks.name}_{content_key(compile_text(ks.source), GENERATOR_VERSION)[:16]}"
-    generated = ks.source
-    source = _CACHE.get_or_create(key, lambda: generated)
-    path = _CACHE.path(key)
-    if not path.exists():
-        path = cache_root() / "cuda_c" / f"{key}.cu (not written)"
+    mkey = _memo_key(fusion, round_narrow_each_op) if memo is not None else None
+    made = memo.get(mkey) if mkey is not None else None      # type: ignore[union-attr]
+    if made is None:
+        made = _emitted(fusion, round_narrow_each_op)
+        if mkey is not None:
+            memo[mkey] = made                                   # type: ignore[index]
+    ks, key, source, path = made
     from passes.fusion.cost_model import predict
     from passes.fusion.kinds import fusion_kind
     est = estimate if estimate is not None else predict(fusion, target)

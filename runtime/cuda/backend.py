@@ -453,6 +453,7 @@ class CudaExecutable:
         try:
             kernel = compile_loop_fusion(
                 fusion, arch=self._arch(), target=self.target, estimate=estimate,
+                memo=self._codegen_memo,
                 fallback=lambda: compile_fusion(fusion, target=self.target,
                                                 autotune=self.autotune,
                                                 memo=self._codegen_memo))
