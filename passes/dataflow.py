@@ -400,18 +400,29 @@ def can_share_operand_buffer(user: Instruction, operand_number: int, user_index:
     return user.op.category == ELEMENTWISE and not user.shape.is_tuple
 
 
+# The ops can_share_operand_buffer may say yes for besides elementwise ones and those with
+# in-place pairs.
+_MAY_SHARE = frozenset({"fusion", "sort", "all-reduce", "all-reduce-start"})
+
+
 def in_place_operand_candidates(inst: Instruction) -> list[tuple[Index, int]]:
     """(result index, operand number) pairs where the result may take over the operand's
     buffer if the operand dies at ``inst``: ``can_share_operand_buffer`` over every array
     leaf of the result and every operand."""
     out: list[tuple[Index, int]] = []
+    pairs = in_place_pairs(inst)          # once per instruction, not per (leaf, operand)
+    if not pairs and inst.opcode not in _MAY_SHARE and (
+            inst.op.category != ELEMENTWISE or inst.shape.is_tuple):
+        # can_share_operand_buffer says no to every pair of such an op (a tuple, a
+        # transpose...): not asked leaf by operand (the entry's root tuple of the Adam step,
+        # 73 x 73 pairs, was 90% of its buffer assignment's questions)
+        return out
     # Each operand's slots, once (a fusion of many operands and outputs asked for them per
     # pair, quadratic in its operands: ~0.5 s of an AdamW step's buffer assignment).
     slots: dict[int, list[int]] = {}
     for k, o in enumerate(inst.operands):
         slots.setdefault(id(o), []).append(k)
     memo: dict = {}      # a fusion's walk from each parameter, once (not per output leaf)
-    pairs = in_place_pairs(inst)          # once per instruction, not per (leaf, operand)
     for index, leaf in array_leaves(inst.shape):
         for k, o in enumerate(inst.operands):
             if can_share_operand_buffer(inst, k, index, slots[id(o)], memo, pairs, leaf):
