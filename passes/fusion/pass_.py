@@ -22,6 +22,7 @@ from ..base import PassError, register_pass
 from . import greedy, priority  # noqa: F401  (register the built-in policies)
 from .cost_model import count_kernels, get_device, predict, resolve_target
 from .attention_pass import find_attention, form_attention_group
+from .chains import premerge_chains
 from .explain import FusionDecision, FusionReport, attach
 from .kinds import fusion_kind
 from .legality import Decision, can_duplicate, can_fuse_siblings, can_merge, fusible
@@ -301,7 +302,7 @@ def fuse_computation(comp: Computation, policy: FusionPolicy, target: str, repor
                      max_operands: int = 96, max_size: int = 256,
                      normalization: bool = True,
                      library_dots: frozenset[str] = frozenset(), attention: bool = True,
-                     split_gemms: bool = False) -> int:
+                     split_gemms: bool = False, chains: bool = True) -> int:
     spec = get_device(target)
     may_fuse = library_dot_rule(library_dots)
     matches = find_attention(comp.instructions, report, backward=True) if attention else []
@@ -326,6 +327,8 @@ def fuse_computation(comp: Computation, policy: FusionPolicy, target: str, repor
         form_attention_group(state, m, report)
     if normalization and getattr(policy, "normalization", True):
         form_groups(state, report, max_operands=max_operands, max_size=max_size)
+    if chains:
+        premerge_chains(state, policy, report, max_operands, max_size)
     run_policy(state, policy, report, max_operands, max_size)
     # Which unfused edges ended inside one kernel.
     for inst in comp.instructions:
@@ -357,6 +360,9 @@ class Fusion:
     # The backend runs GEMM fusions whose dot its GEMM template cannot tile as prologue
     # kernels + a library GEMM + an epilogue kernel: price them so (split_gemm.py).
     split_gemms: bool = False
+    # Elementwise chains merged before the ranked loop (chains.py): the same kernels,
+    # fewer rounds; false runs priority fusion on single instructions (tests compare).
+    chains: bool = True
 
     def run(self, module: Module) -> bool:
         policy = resolve_policy(self.policy)
@@ -374,7 +380,7 @@ class Fusion:
         for comp in fusion_roots(module):
             made += fuse_computation(comp, policy, spec.key, report, self.max_operands,
                                      self.max_size, self.normalization, library,
-                                     self.attention, self.split_gemms)
+                                     self.attention, self.split_gemms, self.chains)
             # Small constants are copied into every fusion that reads them (XLA does the
             # same); the originals left without readers go.
             comp.remove_dead()

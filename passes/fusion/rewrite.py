@@ -549,6 +549,13 @@ class FusionState:
     def duplicate(self, producer: Group, consumer: Group) -> Group:
         """Recompute the producer inside the consumer; the producer disappears when no one
         else reads it."""
+        return self.duplicate_all(producer, [consumer])[0]
+
+    def duplicate_all(self, producer: Group, consumers: list[Group]) -> list[Group]:
+        """``duplicate(producer, g)`` for each of ``consumers`` (distinct groups), in one
+        step: the same groups, made in that order, and the same caches dropped (the
+        union of what each would drop), with the producer's readers looked up once
+        (chains.py copies a broadcast into 4-8 kernels at once)."""
         self.epoch += 1
         # The producer loses a reader (its members' outputs may change) and its inputs'
         # groups gain one (the copy): estimates naming them are stale.
@@ -565,11 +572,13 @@ class FusionState:
             for k in self._candidates_of.pop(gid, ()):
                 if self._candidates.pop(k, None) is not None:
                     self.changed.add(k[1])     # k's producer: its priorities are stale
-        new = [i for i in producer.instances() if i not in consumer]
-        self._forget_readers_of((producer, consumer))
-        self._drop(consumer)
-        merged = self._add(Group(consumer.members, consumer.copies + new, consumer.kind,
-                                 reads=consumer.reads))
+        self._forget_readers_of([producer] + list(consumers))
+        made = []
+        for consumer in consumers:
+            new = [i for i in producer.instances() if i not in consumer]
+            self._drop(consumer)
+            made.append(self._add(Group(consumer.members, consumer.copies + new, consumer.kind,
+                                        reads=consumer.reads)))
         if not self.consumers(producer) and not any(m is self.comp.root for m in producer.members):
             self._drop(producer)
             for m in producer.members:
@@ -577,14 +586,25 @@ class FusionState:
                 self.dissolved.add(id(m))
                 for o in m.operands:    # m is no longer a node reading them
                     self._user_nodes.pop(id(o), None)
-        return merged
-
+        return made
 
     def take_changed(self) -> list[int]:
         """The ids in ``changed`` (ascending), which is emptied."""
         out = sorted(self.changed)
         self.changed.clear()
         return out
+
+    def merge_all(self, groups: list[Group]) -> Group:
+        """One group holding the members and copies of ``groups`` (plain groups: no kind,
+        no extra reads), made at once: what merging them one by one gives, without the
+        groups in between (chains.py)."""
+        members = [m for g in groups for m in g.members]
+        ids = {id(m) for m in members}
+        copies = [c for c in _unique([c for g in groups for c in g.copies]) if id(c) not in ids]
+        self._forget_readers_of(groups)
+        for g in groups:
+            self._drop(g)
+        return self._add(Group(members, copies))
 
     def merge_many(self, groups: list[Group], kind: str = "") -> Group:
         g = groups[0]
