@@ -29,7 +29,10 @@ elementwise of the same dims, C the only reader of P, P not the root):
     the pass runs only where that count is at most ``max_size``;
   * ``max_operands``: likewise bounded: the component's distinct outside operands, the
     computation's scalars, and its members read from outside a tree (outputs).
-So every tree edge ends inside one kernel in the ranked loop too; merging them first
+Scalars computed from arrays (a key's element sliced out and bitcast to rank 0) turn the
+pass off: the loop copies such views into their readers in an order the trees change
+(zoo:rng_threefry_exact's kernels differed). So every tree edge ends inside one kernel in
+the ranked loop too; merging them first
 changes the order of the loop's other fusions, not (on every program tested:
 benchmarks/passes_identity.py, tests/test_fusion_chains.py) the final kernels. The merges
 are logged with their own reason, without predicted times (nothing was estimated).
