@@ -195,3 +195,37 @@ def test_a_user_policy_is_not_premerged():
     assert not chains.applicable(state, Mine(min_benefit_us=0.0))
     assert not chains.applicable(state, PriorityPolicy(min_benefit_us=1.0))
     assert chains.applicable(state, PriorityPolicy())
+
+
+def test_duplicate_all_makes_what_one_duplicate_per_consumer_makes():
+    """The same groups (contents, in the same order) and the same groups marked changed."""
+    from passes.fusion.cost_model import get_device
+    from passes.fusion.legality import fusible
+    from passes.fusion.rewrite import FusionState
+    module = runtime.jit(_adam, pipeline="none").lower(*_adam_args()).module
+    compile_module(module, "inline,fixpoint(simplify,cse,dce)", backend="cuda")
+
+    def fresh():
+        return FusionState(module.entry, get_device("h200"), fusible=lambda i: bool(fusible(i)))
+
+    def contents(state, gids=None):
+        groups = state.groups.values() if gids is None else [state.groups[g] for g in gids
+                                                              if g in state.groups]
+        return [(tuple(i.name for i in g.members), tuple(i.name for i in g.copies))
+                for g in groups]
+
+    one, many = fresh(), fresh()
+    bcast = next(i for i in module.entry.instructions if i.opcode == "broadcast"
+                 and len({id(u) for u in i.users}) > 1)
+    for state in (one, many):
+        state.take_changed()
+    readers = [one.group_of(u) for u in {id(u): u for u in bcast.users}.values()]
+    producer = one.group_of(bcast)
+    for g in readers:
+        one.duplicate(producer, g)
+    readers2 = [many.group_of(u) for u in {id(u): u for u in bcast.users}.values()]
+    many.duplicate_all(many.group_of(bcast), readers2)
+    assert len(readers) > 1
+    assert contents(one) == contents(many)
+    assert contents(one, sorted(one.take_changed())) == contents(many, sorted(many.take_changed()))
+    assert bcast.name not in {i.name for g in many.groups.values() for i in g.members}

@@ -75,8 +75,9 @@ def apply(c: Candidate, state: FusionState) -> None:
     if c.action == "merge" or c.action == "sibling":
         state.merge(c.producer, c.consumer)
     else:
-        for g in c.consumers:
-            state.duplicate(c.producer, g)
+        # one step for every consumer: what a duplicate per consumer gives, with the
+        # producer's readers forgotten once (rewrite.FusionState.duplicate_all)
+        state.duplicate_all(c.producer, list(c.consumers))
 
 
 def run_policy(state: FusionState, policy: FusionPolicy, report: FusionReport,
