@@ -8,34 +8,43 @@ one group each, in one walk, before the ranked loop starts; the loop then ranks 
 instead of their instructions.
 
 Why the loop would make these merges anyway (for an edge P -> C of a tree: P and C
-elementwise of the same dims, C the only reader of P, P not the root):
+elementwise of the same dims, C the only reader of P but for the output tuple):
 - profitable whenever it is looked at: where every group is priced by
   ``estimate_kernel`` (no dot, convolution or tensor-core work in the computation, so no
-  split-GEMM pricing), the fused kernel reads at most what both read, writes what the
-  consumer group writes (P's value, read by C only, is no longer written or read), and its
-  arithmetic is the sum: its time is at most the two apart less one launch, so the benefit
-  is positive and above ``min_benefit_us`` (0) and ``should_fuse`` says yes. A positive
-  merge comes before every sibling candidate (their priority is less 1e9).
+  split-GEMM pricing), the fused kernel reads at most what both read, writes at most what
+  both write less P's value where only C read it, and its arithmetic is the sum: its time
+  is at most the two apart less one launch, so the benefit is positive, above
+  ``min_benefit_us`` (0), and ``should_fuse`` says yes. A positive merge comes before
+  every sibling candidate (their priority is less 1e9), so every tree edge is looked at
+  before any sibling fusion while it is legal.
 - legal whenever it is looked at, in a computation without reductions, scatters,
   transposes that are heroes, in-place updates and normalization or attention groups
-  (every group is a loop fusion; ``check_group``'s other rules do not apply):
-  * multi-output dims: P's group writes P (read outside it, by C) so, being legal, all
-    its outputs have P's dims; C's group too when the component (below) holds only
-    instructions of those dims: every output of the merged group has them;
-  * no cycle: the merge's producer side is a subtree of P's tree whose only reader outside
-    is its parent, in the consumer group;
-  * ``max_size``: a group's instances are distinct instructions of one component plus
-    scalars (the only values joining two components are rank-0: a scalar's broadcasts);
-    the pass runs only where that count is at most ``max_size``;
-  * ``max_operands``: likewise bounded: the component's distinct outside operands, the
-    computation's scalars, and its members read from outside a tree (outputs).
-Scalars computed from arrays (a key's element sliced out and bitcast to rank 0) turn the
-pass off: the loop copies such views into their readers in an order the trees change
-(zoo:rng_threefry_exact's kernels differed). So every tree edge ends inside one kernel in
-the ranked loop too; merging them first
-changes the order of the loop's other fusions, not (on every program tested:
-benchmarks/passes_identity.py, tests/test_fusion_chains.py) the final kernels. The merges
-are logged with their own reason, without predicted times (nothing was estimated).
+  (every group is a loop fusion):
+  * multi-output dims: P's group writes P (C is outside it) so, being legal, all its
+    outputs have P's dims; so do C's group's where the component (below) holds only
+    instructions of those dims and scalars cannot be outputs beside them (that group
+    was legal): every output of the merged group has them;
+  * ``max_size``: until a sibling fusion a group's instances are distinct instructions of
+    one component (rank > 0 fusible instructions joined by data edges) and scalars (only
+    a scalar's broadcast joins two components); the pass runs only where that count is
+    at most ``max_size``;
+  * ``max_operands``: bounded for every group made of whole trees (with copies and
+    scalars): its inputs are the component's and the scalars' outside operands and
+    exposed values (tree roots, tree nodes the output tuple reads, scalars) of other
+    trees, its outputs its own exposed values, each exposed value on one side only; the
+    pass runs only where outside operands + exposed values are at most ``max_operands``.
+  NOT proven: ``max_operands`` for a group holding part of a tree (each piece may add its
+  top as an output and its children's tops as inputs), and the cycle rule where P's group
+  has taken in a producer that has other readers (a path from it to C's group outside
+  both would refuse the merge). No program tested came near either (adam_step's kernels
+  have 9 operands; its producers with other readers are broadcasts this pass copies).
+- Scalars computed from arrays (a key's element sliced out and bitcast to rank 0) turn the
+  pass off: the loop copies such views into their readers in an order the trees change
+  (zoo:rng_threefry_exact's kernels differed).
+Merging the trees first changes the order of the loop's other fusions; that it does not
+change the final kernels is checked, not proven: benchmarks/passes_identity.py (65
+programs) and tests/test_fusion_chains.py. The merges are logged with their own reason,
+without predicted times (nothing was estimated).
 """
 from __future__ import annotations
 
@@ -123,9 +132,11 @@ def _bounded(state: FusionState, members: list[Instruction], scalars: list[Instr
     inside = {id(i) for i in members}
     inputs = {id(o) for i in members + scalars for o in i.operands if id(o) not in inside}
     root = state.comp.root
-    outputs = sum(1 for i in members if not _internal(state, i) or root in i.users) \
+    # Tree roots, tree nodes the output tuple reads, scalars: of a group made of whole
+    # trees, each is inside it (then maybe an output) or outside (then maybe an input).
+    exposed = sum(1 for i in members if not _internal(state, i) or root in i.users) \
         + len(scalars)
-    return len(inputs) + outputs <= max_operands
+    return len(inputs) + exposed <= max_operands
 
 
 def _internal(state: FusionState, inst: Instruction) -> bool:
