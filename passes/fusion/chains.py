@@ -33,11 +33,13 @@ elementwise of the same dims, C the only reader of P but for the output tuple):
     exposed values (tree roots, tree nodes the output tuple reads, scalars) of other
     trees, its outputs its own exposed values, each exposed value on one side only; the
     pass runs only where outside operands + exposed values are at most ``max_operands``.
+  * no cycle: trees of a component meet only through broadcasts of scalars and nothing
+    but the output tuple reads the component from outside (``_independent``), so no path
+    leaves P's group and enters C's but through the tree's own edges, whatever P's group
+    took in first (a broadcast with other readers leads only into other trees).
   NOT proven: ``max_operands`` for a group holding part of a tree (each piece may add its
-  top as an output and its children's tops as inputs), and the cycle rule where P's group
-  has taken in a producer that has other readers (a path from it to C's group outside
-  both would refuse the merge). No program tested came near either (adam_step's kernels
-  have 9 operands; its producers with other readers are broadcasts this pass copies).
+  top as an output and its children's tops as inputs). No program tested came near it
+  (adam_step's kernels have 9 operands).
 - Scalars computed from arrays (a key's element sliced out and bitcast to rank 0) turn the
   pass off: the loop copies such views into their readers in an order the trees change
   (zoo:rng_threefry_exact's kernels differed).
@@ -139,6 +141,30 @@ def _bounded(state: FusionState, members: list[Instruction], scalars: list[Instr
     return len(inputs) + exposed <= max_operands
 
 
+def _independent(state: FusionState, members: list[Instruction],
+                 tree_root: dict[int, Instruction]) -> bool:
+    """The trees of a component meet only through broadcasts of scalars, and nothing but
+    the output tuple reads the component from outside it: then no path leaves a tree's
+    group and comes back into another group of the same tree except through its own
+    edges (the cycle rule never refuses a tree edge, whatever producers a tree member's
+    group took in first)."""
+    inside = {id(i) for i in members}
+    root = state.comp.root
+    for m in members:
+        if m.opcode == "broadcast":
+            if m.operands[0].shape.rank != 0:
+                return False
+        else:
+            r = tree_root[id(m)]
+            for o in m.operands:
+                if id(o) in inside and o.opcode != "broadcast" and tree_root[id(o)] is not r:
+                    return False
+        for u in m.users:
+            if id(u) not in inside and u is not root:
+                return False
+    return True
+
+
 def _internal(state: FusionState, inst: Instruction) -> bool:
     """``inst`` is a non-root tree node: read by one elementwise instruction of its dims
     (its tree parent) and otherwise only by the computation's root (an output)."""
@@ -185,6 +211,8 @@ def premerge_chains(state: FusionState, policy: object, report: FusionReport,
                 r = inst
             root[id(inst)] = r
             trees.setdefault(id(r), []).append(inst)
+        if not _independent(state, members, root):
+            continue
         # Broadcasts first, into the single instructions (forgetting one instruction's
         # readers per copy instead of a whole tree's); "several readers" counts trees,
         # the kernels the loop would see. Each tree's group then takes its members' copies.
