@@ -34,12 +34,18 @@ elementwise of the same dims, C the only reader of P but for the output tuple):
     trees, its outputs its own exposed values, each exposed value on one side only; the
     pass runs only where outside operands + exposed values are at most ``max_operands``.
   * no cycle: trees of a component meet only through broadcasts of scalars and nothing
-    but the output tuple reads the component from outside (``_independent``), so no path
-    leaves P's group and enters C's but through the tree's own edges, whatever P's group
-    took in first (a broadcast with other readers leads only into other trees).
-  NOT proven: ``max_operands`` for a group holding part of a tree (each piece may add its
-  top as an output and its children's tops as inputs). No program tested came near it
-  (adam_step's kernels have 9 operands).
+    but the output tuple reads the component from outside (``_independent``), so a path
+    leaving P's group through a broadcast it took in leads only into other trees' groups,
+    and from them only to the output tuple, while no group holds parts of two trees.
+    A broadcast of a constant or parameter is never merged into a reader (its duplicate
+    is legal and at least as profitable as any of its merges, and listed first on ties),
+    so it never joins two trees; the loop copies it too.
+  NOT proven: that a broadcast of a computed scalar (a kernel's value, which this pass
+  leaves to the loop) is never merged into two trees' groups, joining them (the cycle
+  rule could then refuse a tree edge); ``max_operands`` for a group holding part of a
+  tree (each piece may add its top as an output and its children's tops as inputs).
+  Neither happens in any program tested (adam_step's kernels have 9 operands, and the
+  loop copies its bias-correction broadcasts into every parameter's kernel).
 - Scalars computed from arrays (a key's element sliced out and bitcast to rank 0) turn the
   pass off: the loop copies such views into their readers in an order the trees change
   (zoo:rng_threefry_exact's kernels differed).
