@@ -357,16 +357,32 @@ class FusionState:
         return [big[k] for k in sorted(index[v] for v in shared)]
 
     # --- cost -----------------------------------------------------------------------------
-    def estimate(self, instances: list[Instruction], inside: set[int]) -> Estimate:
-        return self._estimate_outs(instances, inside)[0]
+    def estimate(self, instances: list[Instruction], inside: set[int],
+                 outs: Optional[list[Instruction]] = None) -> Estimate:
+        """One kernel of ``instances`` writing its members (those whose home is a group in
+        ``inside``) read outside ``inside``; ``outs``: those outputs, when the caller
+        knows them (``merge_outputs``, ``node_outputs``)."""
+        return self._estimate_outs(instances, inside, outs)[0]
 
-    def _estimate_outs(self, instances: list[Instruction], inside: set[int]
+    def merge_outputs(self, a: Group, b: Group) -> list[Instruction]:
+        """``outputs(a.members + b.members, {a.id, b.id})`` from the two groups' own
+        outputs: a member not written by its own group's kernel is read by no one outside
+        it, so not outside both either (the same members, in the same order, looking at
+        the readers of a few instead of all)."""
+        inside = {a.id, b.id}
+        root = self.comp.root
+        return [m for g in (a, b) for m in self.node_outputs(g)
+                if m is root or self._read_outside(m, inside)]
+
+    def _estimate_outs(self, instances: list[Instruction], inside: set[int],
+                       outs: Optional[list[Instruction]] = None
                        ) -> tuple[Estimate, list[Instruction]]:
         """``estimate``, and the members it found written (the kernel's outputs)."""
-        home = self.home
-        members = [i for i in instances
-                   if (h := home.get(id(i))) is not None and h.id in inside]
-        outs = self.outputs(members, inside)
+        if outs is None:
+            home = self.home
+            members = [i for i in instances
+                       if (h := home.get(id(i))) is not None and h.id in inside]
+            outs = self.outputs(members, inside)
         ids = frozenset(id(i) for i in instances)
         key = (ids, tuple(id(o) for o in outs))
         est = self._estimates.get(key)
@@ -526,7 +542,10 @@ class FusionState:
         est = self._copy_estimates.get(key)
         if est is None:
             inst = consumer.instances() + [i for i in producer.instances() if i not in consumer]
-            est = self._copy_estimates[key] = self.estimate(inst, {consumer.id})
+            # Its members are the consumer's (a producer instance is in no group of the
+            # consumer's id), so its outputs are the consumer kernel's own.
+            est = self._copy_estimates[key] = self.estimate(inst, {consumer.id},
+                                                            self.node_outputs(consumer))
             self._copy_estimates_of.setdefault(consumer.id, []).append(key)
         return est
 
