@@ -5,8 +5,9 @@
 pipeline sets it for the types cuBLAS runs faster than a generated GEMM. ``policy`` is a
 registered name (priority, greedy, none) or ``module:Class``; a policy object can be given
 in Python (``Fusion(policy=MyPolicy())``). ``target`` names a device spec of the cost model
-(h100, h200, a100, or one a user registered). After the pass, ``report_for(module)`` holds
-the decision log.
+(h100, h200, a100, or one a user registered). ``chains=false`` turns off the pre-pass that
+merges elementwise trees before priority fusion ranks (chains.py; the same kernels, fewer
+rounds). After the pass, ``report_for(module)`` holds the decision log.
 """
 from __future__ import annotations
 
