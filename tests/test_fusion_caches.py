@@ -81,9 +81,14 @@ def _program(name: str) -> tuple:
     return prog.fn, prog.args()
 
 
-def _compile(fn, args) -> str:
+def _compile(fn, args, chains: bool = True) -> str:
+    """``chains=False``: the ranked loop on single instructions (passes/fusion/chains.py
+    merges an optimizer step's elementwise trees before it otherwise)."""
     module = runtime.jit(fn, pipeline="none").lower(*args).module
-    compile_module(module, with_target(pipeline_spec("default", "cuda"), "h200"), backend="cuda")
+    spec = with_target(pipeline_spec("default", "cuda"), "h200")
+    if not chains:
+        spec = spec.replace("fusion{", "fusion{chains=false,", 1)
+    compile_module(module, spec, backend="cuda")
     report = report_for(module)
     return module.to_text() + "\n".join(map(repr, report.decisions if report else []))
 
@@ -239,7 +244,7 @@ def test_ranked_loop_rankings_are_current(monkeypatch, name):
                 state.__dict__.update(saved)
         return real_run(state, policy, *a, audit=audit)
     monkeypatch.setattr(pass_, "run_ranked", run)
-    _compile(fn, args)
+    _compile(fn, args, chains=False)      # the loop's own rounds, every one of them
     assert len(rounds) > 3 and stale == []
     if name.startswith("adam"):
         assert any(bounds)        # candidates ranked by a bound, never estimated until needed

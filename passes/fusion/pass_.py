@@ -5,8 +5,9 @@
 pipeline sets it for the types cuBLAS runs faster than a generated GEMM. ``policy`` is a
 registered name (priority, greedy, none) or ``module:Class``; a policy object can be given
 in Python (``Fusion(policy=MyPolicy())``). ``target`` names a device spec of the cost model
-(h100, h200, a100, or one a user registered). After the pass, ``report_for(module)`` holds
-the decision log.
+(h100, h200, a100, or one a user registered). ``chains=false`` turns off the pre-pass that
+merges elementwise trees before priority fusion ranks (chains.py; the same kernels, fewer
+rounds). After the pass, ``report_for(module)`` holds the decision log.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from ..base import PassError, register_pass
 from . import greedy, priority  # noqa: F401  (register the built-in policies)
 from .cost_model import count_kernels, get_device, predict, resolve_target
 from .attention_pass import find_attention, form_attention_group
+from .chains import premerge_chains
 from .explain import FusionDecision, FusionReport, attach
 from .kinds import fusion_kind
 from .legality import Decision, can_duplicate, can_fuse_siblings, can_merge, fusible
@@ -74,8 +76,9 @@ def apply(c: Candidate, state: FusionState) -> None:
     if c.action == "merge" or c.action == "sibling":
         state.merge(c.producer, c.consumer)
     else:
-        for g in c.consumers:
-            state.duplicate(c.producer, g)
+        # one step for every consumer: what a duplicate per consumer gives, with the
+        # producer's readers forgotten once (rewrite.FusionState.duplicate_all)
+        state.duplicate_all(c.producer, list(c.consumers))
 
 
 def run_policy(state: FusionState, policy: FusionPolicy, report: FusionReport,
@@ -301,7 +304,7 @@ def fuse_computation(comp: Computation, policy: FusionPolicy, target: str, repor
                      max_operands: int = 96, max_size: int = 256,
                      normalization: bool = True,
                      library_dots: frozenset[str] = frozenset(), attention: bool = True,
-                     split_gemms: bool = False) -> int:
+                     split_gemms: bool = False, chains: bool = True) -> int:
     spec = get_device(target)
     may_fuse = library_dot_rule(library_dots)
     matches = find_attention(comp.instructions, report, backward=True) if attention else []
@@ -326,6 +329,8 @@ def fuse_computation(comp: Computation, policy: FusionPolicy, target: str, repor
         form_attention_group(state, m, report)
     if normalization and getattr(policy, "normalization", True):
         form_groups(state, report, max_operands=max_operands, max_size=max_size)
+    if chains:
+        premerge_chains(state, policy, report, max_operands, max_size)
     run_policy(state, policy, report, max_operands, max_size)
     # Which unfused edges ended inside one kernel.
     for inst in comp.instructions:
@@ -357,6 +362,9 @@ class Fusion:
     # The backend runs GEMM fusions whose dot its GEMM template cannot tile as prologue
     # kernels + a library GEMM + an epilogue kernel: price them so (split_gemm.py).
     split_gemms: bool = False
+    # Elementwise chains merged before the ranked loop (chains.py): the same kernels,
+    # fewer rounds; false runs priority fusion on single instructions (tests compare).
+    chains: bool = True
 
     def run(self, module: Module) -> bool:
         policy = resolve_policy(self.policy)
@@ -374,7 +382,7 @@ class Fusion:
         for comp in fusion_roots(module):
             made += fuse_computation(comp, policy, spec.key, report, self.max_operands,
                                      self.max_size, self.normalization, library,
-                                     self.attention, self.split_gemms)
+                                     self.attention, self.split_gemms, self.chains)
             # Small constants are copied into every fusion that reads them (XLA does the
             # same); the originals left without readers go.
             comp.remove_dead()

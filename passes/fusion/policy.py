@@ -175,7 +175,9 @@ def _estimates(c: Candidate, state: FusionState) -> tuple[Estimate, Estimate]:
     apart = state.node_estimate(p) + state.node_estimate(g)
     members = p.members + g.members
     inst = members + [i for i in p.copies + g.copies if i not in members]
-    return apart, state.estimate(inst, {p.id, g.id})
+    # The kernel's members are exactly p's and g's (a copy left in ``inst`` has its home
+    # in neither: one whose original is a member of p or g is dropped above).
+    return apart, state.estimate(inst, {p.id, g.id}, state.merge_outputs(p, g))
 
 
 def split_note(c: Candidate, state: FusionState) -> str:

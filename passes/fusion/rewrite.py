@@ -357,16 +357,32 @@ class FusionState:
         return [big[k] for k in sorted(index[v] for v in shared)]
 
     # --- cost -----------------------------------------------------------------------------
-    def estimate(self, instances: list[Instruction], inside: set[int]) -> Estimate:
-        return self._estimate_outs(instances, inside)[0]
+    def estimate(self, instances: list[Instruction], inside: set[int],
+                 outs: Optional[list[Instruction]] = None) -> Estimate:
+        """One kernel of ``instances`` writing its members (those whose home is a group in
+        ``inside``) read outside ``inside``; ``outs``: those outputs, when the caller
+        knows them (``merge_outputs``, ``node_outputs``)."""
+        return self._estimate_outs(instances, inside, outs)[0]
 
-    def _estimate_outs(self, instances: list[Instruction], inside: set[int]
+    def merge_outputs(self, a: Group, b: Group) -> list[Instruction]:
+        """``outputs(a.members + b.members, {a.id, b.id})`` from the two groups' own
+        outputs: a member not written by its own group's kernel is read by no one outside
+        it, so not outside both either (the same members, in the same order, looking at
+        the readers of a few instead of all)."""
+        inside = {a.id, b.id}
+        root = self.comp.root
+        return [m for g in (a, b) for m in self.node_outputs(g)
+                if m is root or self._read_outside(m, inside)]
+
+    def _estimate_outs(self, instances: list[Instruction], inside: set[int],
+                       outs: Optional[list[Instruction]] = None
                        ) -> tuple[Estimate, list[Instruction]]:
         """``estimate``, and the members it found written (the kernel's outputs)."""
-        home = self.home
-        members = [i for i in instances
-                   if (h := home.get(id(i))) is not None and h.id in inside]
-        outs = self.outputs(members, inside)
+        if outs is None:
+            home = self.home
+            members = [i for i in instances
+                       if (h := home.get(id(i))) is not None and h.id in inside]
+            outs = self.outputs(members, inside)
         ids = frozenset(id(i) for i in instances)
         key = (ids, tuple(id(o) for o in outs))
         est = self._estimates.get(key)
@@ -526,7 +542,10 @@ class FusionState:
         est = self._copy_estimates.get(key)
         if est is None:
             inst = consumer.instances() + [i for i in producer.instances() if i not in consumer]
-            est = self._copy_estimates[key] = self.estimate(inst, {consumer.id})
+            # Its members are the consumer's (a producer instance is in no group of the
+            # consumer's id), so its outputs are the consumer kernel's own.
+            est = self._copy_estimates[key] = self.estimate(inst, {consumer.id},
+                                                            self.node_outputs(consumer))
             self._copy_estimates_of.setdefault(consumer.id, []).append(key)
         return est
 
@@ -549,6 +568,13 @@ class FusionState:
     def duplicate(self, producer: Group, consumer: Group) -> Group:
         """Recompute the producer inside the consumer; the producer disappears when no one
         else reads it."""
+        return self.duplicate_all(producer, [consumer])[0]
+
+    def duplicate_all(self, producer: Group, consumers: list[Group]) -> list[Group]:
+        """``duplicate(producer, g)`` for each of ``consumers`` (distinct groups), in one
+        step: the same groups, made in that order, and the same caches dropped (the
+        union of what each would drop), with the producer's readers looked up once
+        (chains.py copies a broadcast into 4-8 kernels at once)."""
         self.epoch += 1
         # The producer loses a reader (its members' outputs may change) and its inputs'
         # groups gain one (the copy): estimates naming them are stale.
@@ -565,11 +591,13 @@ class FusionState:
             for k in self._candidates_of.pop(gid, ()):
                 if self._candidates.pop(k, None) is not None:
                     self.changed.add(k[1])     # k's producer: its priorities are stale
-        new = [i for i in producer.instances() if i not in consumer]
-        self._forget_readers_of((producer, consumer))
-        self._drop(consumer)
-        merged = self._add(Group(consumer.members, consumer.copies + new, consumer.kind,
-                                 reads=consumer.reads))
+        self._forget_readers_of([producer] + list(consumers))
+        made = []
+        for consumer in consumers:
+            new = [i for i in producer.instances() if i not in consumer]
+            self._drop(consumer)
+            made.append(self._add(Group(consumer.members, consumer.copies + new, consumer.kind,
+                                        reads=consumer.reads)))
         if not self.consumers(producer) and not any(m is self.comp.root for m in producer.members):
             self._drop(producer)
             for m in producer.members:
@@ -577,14 +605,25 @@ class FusionState:
                 self.dissolved.add(id(m))
                 for o in m.operands:    # m is no longer a node reading them
                     self._user_nodes.pop(id(o), None)
-        return merged
-
+        return made
 
     def take_changed(self) -> list[int]:
         """The ids in ``changed`` (ascending), which is emptied."""
         out = sorted(self.changed)
         self.changed.clear()
         return out
+
+    def merge_all(self, groups: list[Group]) -> Group:
+        """One group holding the members and copies of ``groups`` (plain groups: no kind,
+        no extra reads), made at once: what merging them one by one gives, without the
+        groups in between (chains.py)."""
+        members = [m for g in groups for m in g.members]
+        ids = {id(m) for m in members}
+        copies = [c for c in _unique([c for g in groups for c in g.copies]) if id(c) not in ids]
+        self._forget_readers_of(groups)
+        for g in groups:
+            self._drop(g)
+        return self._add(Group(members, copies))
 
     def merge_many(self, groups: list[Group], kind: str = "") -> Group:
         g = groups[0]
