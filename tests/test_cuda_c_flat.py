@@ -364,6 +364,30 @@ def test_gpu_adam_step_flat_under_auto_equals_jax(monkeypatch):
 
 
 @pytest.mark.gpu
+def test_gpu_kernels_of_one_cubin_load_it_once():
+    """Two kernels of one cubin (same math, other sizes) load one module per device and
+    each computes its own fusion's values."""
+    torch = _gpu()
+    from codegen.cuda_c import kernel as kmod
+    arch = "".join(map(str, torch.cuda.get_device_capability()))
+    small, big = adam_like("[5,7]"), adam_like("[300]")
+    ka = kmod.compile_loop_fusion(small, arch=arch)
+    kb = kmod.compile_loop_fusion(big, arch=arch)
+    assert ka.key == kb.key
+    loaded = kmod.STATS["loaded"]
+    for k, f in ((ka, small), (kb, big)):
+        args = inputs_for(f, 3)
+        want = reference(f, args)
+        dev = [torch.from_numpy(a).cuda() for a in args]
+        outs = [torch.empty(tuple(w.shape), dtype=torch.float32, device="cuda") for w in want]
+        k.launch(outs, dev)
+        for o, w in zip(outs, want):
+            np.testing.assert_allclose(o.cpu().numpy(), w, rtol=1e-6, atol=1e-7)
+    assert kmod.STATS["loaded"] - loaded <= 1
+    assert ka._functions[torch.cuda.current_device()] is kb._functions[torch.cuda.current_device()]
+
+
+@pytest.mark.gpu
 def test_gpu_launch_on_misaligned_non_dense_and_shared_views():
     torch = _gpu()
     from codegen.cuda_c.kernel import compile_loop_fusion

@@ -34,6 +34,11 @@ from .emitter import (GENERATOR_VERSION, CudaCodegenError, KernelSource, compile
 _CACHE = KernelCache("cuda_c", ".cu")
 # What this process made (exe.report(), benchmarks/compile_time.py).
 STATS: dict[str, Any] = {"kernels": 0, "loaded": 0, "launches": 0}
+# (cache key, arch, device) -> (module, function): one cuModuleLoadData per cubin and device
+# in a process, whatever number of kernels share the cubin (the Adam step's 25 kernels are
+# 2 cubins). Modules stay loaded for the process, as Triton's do.
+_LOADED: dict[tuple[str, str, int], tuple[ctypes.c_void_p, ctypes.c_void_p]] = {}
+_LOAD_LOCK = threading.Lock()
 
 
 def _memo_key(fusion: Instruction, round_narrow_each_op: bool) -> Optional[tuple]:
@@ -141,18 +146,26 @@ class CudaCKernel:
     def _function(self, device: int) -> ctypes.c_void_p:
         entry = self._functions.get(device)
         if entry is None:
-            from codegen.triton import direct_launch as dl
             cubin = self.cubin()       # first: an NVRTC failure before any driver call
-            cu = dl._cuda()
-            dl._ensure_context(device)
-            module, fn = ctypes.c_void_p(), ctypes.c_void_p()
-            dl._check(cu.cuModuleLoadData(ctypes.byref(module), cubin),
-                      f"cuModuleLoadData({self.name})")
-            dl._check(cu.cuModuleGetFunction(ctypes.byref(fn), module, self.name.encode()),
-                      f"cuModuleGetFunction({self.name})")
-            entry = self._functions[device] = (module, fn)
-            STATS["loaded"] += 1
+            with _LOAD_LOCK:
+                where = (self.key, self.arch, device)
+                entry = _LOADED.get(where)
+                if entry is None:
+                    entry = _LOADED[where] = self._load(cubin, device)
+            self._functions[device] = entry
         return entry[1]
+
+    def _load(self, cubin: bytes, device: int) -> tuple[ctypes.c_void_p, ctypes.c_void_p]:
+        from codegen.triton import direct_launch as dl
+        cu = dl._cuda()
+        dl._ensure_context(device)
+        module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+        dl._check(cu.cuModuleLoadData(ctypes.byref(module), cubin),
+                  f"cuModuleLoadData({self.name})")
+        dl._check(cu.cuModuleGetFunction(ctypes.byref(fn), module, self.name.encode()),
+                  f"cuModuleGetFunction({self.name})")
+        STATS["loaded"] += 1
+        return module, fn
 
     def launch(self, outputs: Sequence[Any], inputs: Sequence[Any], stream: Any = None,
                config: Optional[dict] = None) -> None:
