@@ -17,7 +17,7 @@ for k in 1 2; do
 done
 cat /tmp/ct_r*.md > $OUT/ct_again.md 2>/dev/null
 HLOTK_CACHE_DIR=/tmp/hlotk_cache timeout 150 python3 -m benchmarks.gpu_suite --heldout \
-    --only lstm_grad,gpt_train_step,moe_grad,conv_bn_grad,kv_decode,llama_block \
+    --only adamw_200,lion_200,gpt_train_step,moe_grad,conv_bn_grad,kv_decode \
     --out /tmp/heldout.md > /tmp/heldout.log 2>&1
 echo "heldout rc $?"; grep "^| [A-Za-z]" /tmp/heldout.md | grep -v "^| program" | cut -d'|' -f2,3,4,5,6,7,8,12 | cut -c1-260
 cp /tmp/heldout.md $OUT/
