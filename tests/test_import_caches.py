@@ -77,3 +77,34 @@ def test_metadata_text_cached():
     assert str(m) == want and str(m) == want
     assert pickle.loads(pickle.dumps(m)) == m and str(pickle.loads(pickle.dumps(m))) == want
     assert m == Metadata(m.fields) and hash(m) == hash(Metadata(m.fields))
+
+
+def test_parameter_shape_error_still_names_its_location():
+    """A parameter's shape is read with its location made only for an error message."""
+    import pytest
+    src = """
+    func.func @main(%a: tensor<?xf32>) -> tensor<?xf32> {
+      %0 = stablehlo.negate %a : tensor<?xf32>
+      return %0 : tensor<?xf32>
+    }"""
+    with pytest.raises(hlo.ImportError, match=r"^-:2:21: dynamic shapes are not supported") as e:
+        hlo.from_stablehlo(src)
+    assert e.value.location == "-:2:21"
+
+
+def test_copy_shares_immutable_attributes_only():
+    """``Module.copy`` keeps immutable attribute values (metadata records) as they are and
+    deep-copies the rest, sharing preserved within the copy."""
+    m = importer.from_exported(importer.export_jax(_step, *_args()))
+    insts = [i for i in m.entry.instructions if "metadata" in i.attrs]
+    shared = ["a", "list"]
+    insts[0].attrs["x"] = shared
+    insts[1].attrs["x"] = shared
+    c = m.copy()
+    by_name = {i.name: i for i in c.entry.instructions}
+    first, second = by_name[insts[0].name], by_name[insts[1].name]
+    assert first.attrs["metadata"] is insts[0].attrs["metadata"]
+    assert first.attrs["x"] == shared and first.attrs["x"] is not shared
+    assert first.attrs["x"] is second.attrs["x"]          # one copy, as deepcopy's memo
+    first.attrs["x"].append("changed")
+    assert shared == ["a", "list"]

@@ -225,7 +225,7 @@ class Importer:
         arg_attrs = _array_of_dicts(f, "arg_attrs")
         for i, a in enumerate(block.arguments):
             name = _loc_name(a.location) if entry else ""
-            p = self._param(comp, i, to_shape(a.type, short_location(a.location)), name)
+            p = self._param(comp, i, to_shape(a.type, LazyLocation(a.location)), name)
             if i < len(arg_attrs):
                 d = arg_attrs[i]
                 if "mhlo.sharding" in d:
@@ -587,6 +587,8 @@ def _late_rule(name: str) -> Optional[Callable]:
 # Below export_jax: JAX names export_jax's exporting line in some instructions' metadata,
 # so code added above it would change imported modules (and the recorded hashes of
 # benchmarks/passes_identity_before.json).
+from .mlir_utils import LazyLocation  # noqa: E402  (a parameter's shape's error location)
+
 _NO_METADATA = object()     # _metadata's "not seen yet" (None is "no metadata")
 
 
