@@ -221,10 +221,13 @@ def flat_key(fusion: Instruction, round_narrow_each_op: bool = True) -> Optional
                 sk = ("tuple",) + tuple((e.dtype.name, math.prod(e.dims) == 1)
                                         if e.is_array else ("nested",) for e in shape.elements)
             lit = _literal_key(inst) if inst.opcode == "constant" else None
+            attrs = inst.attrs
+            # most fused instructions carry metadata only: attrs_key's () without its walk
+            akey = () if not attrs or (len(attrs) == 1 and "metadata" in attrs) else \
+                attrs_key(attrs, _DIM_ATTRS.get(inst.opcode, _SKIP), ref)
             rows.append((inst.opcode, sk, tuple(pos[id(o)] for o in inst.operands),
                          tuple(pos.get(id(c), -1) for c in inst.control_predecessors),
-                         inst.parameter_number, lit,
-                         attrs_key(inst.attrs, _DIM_ATTRS.get(inst.opcode, _SKIP), ref)))
+                         inst.parameter_number, lit, akey))
         key = ("flat", tuple(rows), pos[id(comp.root)], comp.name.endswith(".finish"),
                bool(round_narrow_each_op), restrict_inputs(),
                _numel(_outputs(comp)[0]) > INDEX32_MAX)
