@@ -234,6 +234,11 @@ class Metadata:
         return default
 
     def __str__(self) -> str:
+        # Immutable, and shared by the ops of one source line (the importer makes one per
+        # location): printed once (issue 13: the compile cache's key prints the module)
+        cached = self.__dict__.get("_text")
+        if cached is not None:
+            return cached
         parts = []
         for k, v in self.fields:
             if isinstance(v, str):
@@ -242,7 +247,9 @@ class Metadata:
                 parts.append(f"{k}={'true' if v else 'false'}")
             else:
                 parts.append(f"{k}={v}")
-        return "{" + " ".join(parts) + "}"
+        text = "{" + " ".join(parts) + "}"
+        object.__setattr__(self, "_text", text)
+        return text
 
 
 @dataclass(frozen=True)

@@ -90,11 +90,19 @@ class Shape:
         yield self
 
     def to_text(self, print_layout: bool = True) -> str:
+        # A shape is immutable and shared by many instructions (an imported module's values
+        # of one type share one): its text is made once (issue 13: printing a module, the
+        # compile cache's key, spent a fifth of its time here).
+        cached = self.__dict__.get("_text")
+        if cached is not None and print_layout:
+            return cached
         s = f"{self.dtype.name}[{','.join(str(d) for d in self.dims)}]"
         if print_layout and self.layout is not None and self.dims and self.dtype.is_array_type:
             s += str(self.layout)
         elif print_layout and self.layout is not None and self.layout.extra and not self.dims:
             s += str(self.layout)
+        if print_layout:
+            object.__setattr__(self, "_text", s)
         return s
 
     def __str__(self) -> str:

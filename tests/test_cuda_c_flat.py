@@ -144,8 +144,9 @@ def test_one_source_for_two_sizes_and_wide_indices_only_past_2_30():
 
 def test_memo_emits_once_per_fusion_up_to_names(monkeypatch):
     """With a build's ``memo``, a fusion equal to an earlier one up to names takes its
-    emitted source (no second emit); another shape or other math is emitted anew. Each
-    kernel keeps its own fusion's name and sizes."""
+    emitted source (no second emit), and so does a flat one of another shape (its source
+    names no size: flat.flat_key); other math is emitted anew. Each kernel keeps its own
+    fusion's name and sizes."""
     from codegen.cuda_c import kernel as kmod
     emitted: list = []
     real = kmod.emit_loop_kernel
@@ -157,12 +158,13 @@ def test_memo_emits_once_per_fusion_up_to_names(monkeypatch):
     ka = kmod.compile_loop_fusion(first, arch="90", start=False, memo=memo)
     kb = kmod.compile_loop_fusion(again, arch="90", start=False, memo=memo)
     kc = kmod.compile_loop_fusion(other_size, arch="90", start=False, memo=memo)
-    assert emitted == [first.name, other_size.name]
-    assert kb.source is ka.source and kb.key == ka.key == kc.key     # one NVRTC compile
+    assert emitted == [first.name]
+    assert kb.source is ka.source is kc.source and kb.key == ka.key == kc.key   # one compile
     assert (ka.fusion_name, kb.fusion_name) == (first.name, "fusion.again")
     assert (kb.elements, kc.elements) == (15, 7)
+    assert [s.dims for s in kc.input_shapes + kc.output_shapes] == [(7,), (7,), (), (7,), (7,)]
     kmod.compile_loop_fusion(adam_like("[3,5]", "bf16"), arch="90", start=False, memo=memo)
-    assert len(emitted) == 3
+    assert len(emitted) == 2
 
 
 def test_launch_shape_and_blocks(monkeypatch):

@@ -180,6 +180,9 @@ class CEmitter:
         self.param_strides: dict[int, list[str]] = {}
         self.constants: list[str] = []          # definitions of inlined array constants
         self.hoist_scalars = False              # memoize index-() values at function scope
+        # id(instruction) -> its comment: a flat kernel generates each instruction once per
+        # element of a chunk (4-8 times), and printing it was ~40% of an emit (issue 13)
+        self._comments: dict[int, str] = {}
 
     # --- lines and scopes ----------------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -218,10 +221,14 @@ class CEmitter:
         return CudaCDeclined(f"fusion %{self.fusion_name}: %{inst.name} ({inst.opcode}): {why}")
 
     def _comment(self, inst: Instruction) -> str:
-        from hlo.text.printer import print_instruction
-        text = print_instruction(inst, print_metadata=False, print_large_constants=False,
-                                 print_backend_config=False).strip().replace("\n", " ")
-        return text if len(text) <= 140 else text[:137] + "..."
+        """The instruction's HLO text (a line's trailing comment), printed once per kernel."""
+        text = self._comments.get(id(inst))
+        if text is None:
+            from hlo.text.printer import print_instruction
+            text = print_instruction(inst, print_metadata=False, print_large_constants=False,
+                                     print_backend_config=False).strip().replace("\n", " ")
+            text = self._comments[id(inst)] = text if len(text) <= 140 else text[:137] + "..."
+        return text
 
     # --- numerics helpers --------------------------------------------------------------------
     def held(self, dtype: DType) -> str:
@@ -240,15 +247,16 @@ class CEmitter:
     # --- the elemental emitter -----------------------------------------------------------------
     def _generate(self, inst: Instruction, idx: Index) -> str:
         op = inst.opcode
-        c = self._comment(inst)
+        # the comment only for ops that write a line (index ops pass their operand through)
         if op == "parameter":
-            return self._load(inst, idx, c)
+            return self._load(inst, idx, self._comment(inst))
         if op == "constant":
-            return self._constant(inst, idx, c)
+            return self._constant(inst, idx, self._comment(inst))
         if op == "iota":
             d = inst.attrs["iota_dimension"]
             return self.assign(self.held(inst.shape.dtype), _base(inst),
-                               self.convert_expr(idx[d], _S64, inst.shape.dtype), c)
+                               self.convert_expr(idx[d], _S64, inst.shape.dtype),
+                               self._comment(inst))
         if op == "broadcast":
             return self.value(inst.operands[0], tuple(idx[d] for d in inst.attrs["dimensions"]))
         if op == "copy":
@@ -276,9 +284,9 @@ class CEmitter:
                    if d in inst.attrs["dimensions"] else i for d, i in enumerate(idx)]
             return self.value(inst.operands[0], tuple(src))
         if op == "pad":
-            return self._pad(inst, idx, c)
+            return self._pad(inst, idx, self._comment(inst))
         if op == "concatenate":
-            return self._concatenate(inst, idx, c)
+            return self._concatenate(inst, idx, self._comment(inst))
         if op == "get-tuple-element":
             src = inst.operands[0]
             if src.opcode != "tuple":
@@ -294,7 +302,7 @@ class CEmitter:
         for o in inst.operands:
             args.append(self.value(o, () if (o.shape.rank == 0 and inst.shape.rank > 0) else idx))
         return self.assign(self.held(inst.shape.dtype), _base(inst),
-                           self.elementwise_expr(inst, args), c)
+                           self.elementwise_expr(inst, args), self._comment(inst))
 
     def _load(self, inst: Instruction, idx: Index, comment: str) -> str:
         n = inst.parameter_number

@@ -33,6 +33,8 @@ import math
 import os
 from typing import Optional
 
+import numpy as np
+
 from hlo.ir import Computation, Instruction
 
 from .emitter import C_STORED, CEmitter, CudaCodegenError, KernelSource, _header, kernel_name
@@ -168,6 +170,86 @@ class FlatEmitter(CEmitter):
                            self.from_stored(addr, inst.shape.dtype), comment)
 
 
+def flat_fields(fusion: Instruction) -> dict:
+    """What a flat ``KernelSource`` holds of the fusion's own sizes (its source names none):
+    the parameters' and outputs' shapes and the element count."""
+    comp: Computation = fusion.attrs["calls"]
+    params = sorted(comp.parameters, key=lambda p: p.parameter_number)
+    outs = _outputs(comp)
+    return {"input_shapes": [p.shape for p in params],
+            "output_shapes": [o.shape for o in outs], "elements": _numel(outs[0])}
+
+
+# Attributes that name dims: a flat kernel reads none (a broadcast in a flat fusion is of
+# one element, read once: flat_reason), so fusions differing only there share a source.
+_DIM_ATTRS = {"broadcast": frozenset({"metadata", "dimensions"})}
+_SKIP = frozenset({"metadata"})
+
+
+def flat_key(fusion: Instruction, round_narrow_each_op: bool = True) -> Optional[tuple]:
+    """A hashable value equal for two loop fusions whose flat kernels have the same source
+    up to comments (the HLO names and text in them), whatever their sizes; None where the
+    fusion has no flat form (``decline_reason`` or ``flat_reason``) or an attribute with no
+    hashable form. Issue 13: an Adam step's 24 parameter updates of a dozen shapes are
+    2-3 distinct flat kernels, emitted once each (``kernel.compile_loop_fusion``'s memo).
+
+    What ``emit_flat_kernel`` reads, and so what the key holds: per instruction in order,
+    its opcode, element type (a tuple's, per element), whether it is one element, its
+    operands and control predecessors by position, parameter number, a constant's value
+    (one element where uniform: all the emitter reads of it), attributes but metadata and
+    a broadcast's dimensions; the root's position; the computation name's ``.finish``
+    (``kernel_name``); ``round_narrow_each_op``, ``HLOTK_CUDA_C_RESTRICT``; and whether
+    the element count needs 64-bit indices (``INDEX32_MAX``). Not the dims, layouts or
+    element count themselves: the source takes ``n`` as an argument (``flat_fields``)."""
+    from hlo.same import attrs_key
+    from .emitter import decline_reason
+    if decline_reason(fusion) or flat_reason(fusion):
+        return None
+    comp: Computation = fusion.attrs["calls"]
+    pos = {id(i): k for k, i in enumerate(comp.instructions)}
+
+    def ref(i: Instruction) -> tuple:
+        return ("at", pos[id(i)]) if id(i) in pos else ("outside", i.name)
+
+    rows = []
+    try:
+        for inst in comp.instructions:
+            shape = inst.shape
+            if shape.is_array:
+                sk: tuple = (shape.dtype.name, _numel(inst) == 1)
+            else:
+                sk = ("tuple",) + tuple((e.dtype.name, math.prod(e.dims) == 1)
+                                        if e.is_array else ("nested",) for e in shape.elements)
+            lit = _literal_key(inst) if inst.opcode == "constant" else None
+            attrs = inst.attrs
+            # most fused instructions carry metadata only: attrs_key's () without its walk
+            akey = () if not attrs or (len(attrs) == 1 and "metadata" in attrs) else \
+                attrs_key(attrs, _DIM_ATTRS.get(inst.opcode, _SKIP), ref)
+            rows.append((inst.opcode, sk, tuple(pos[id(o)] for o in inst.operands),
+                         tuple(pos.get(id(c), -1) for c in inst.control_predecessors),
+                         inst.parameter_number, lit, akey))
+        key = ("flat", tuple(rows), pos[id(comp.root)], comp.name.endswith(".finish"),
+               bool(round_narrow_each_op), restrict_inputs(),
+               _numel(_outputs(comp)[0]) > INDEX32_MAX)
+        hash(key)
+    except TypeError:           # an attribute value with no hashable form: emit
+        return None
+    return key
+
+
+def _literal_key(inst: Instruction) -> tuple:
+    """A constant as ``CEmitter._constant`` reads it in a flat kernel: a uniform one (what
+    ``flat_reason`` lets through) by its first element, bit for bit; any other by all."""
+    lit = inst.literal
+    if lit is None:
+        return ("elided",)
+    arr = np.asarray(lit)
+    flat = arr.reshape(-1)
+    if arr.size == 1 or (arr.size and np.all(flat == flat[0])):
+        return ("uniform", arr.dtype.str, flat[:1].tobytes())
+    return ("array", arr.dtype.str, arr.shape, arr.tobytes())
+
+
 def emit_flat_kernel(fusion: Instruction, round_narrow_each_op: bool = True) -> KernelSource:
     """The flat CUDA C kernel of a fusion ``flat_reason`` accepts (raises CudaCodegenError
     otherwise). Its arguments: input pointers, output pointers, then ``long long n``."""
@@ -266,9 +348,8 @@ def emit_flat_kernel(fusion: Instruction, round_narrow_each_op: bool = True) -> 
               "  const hl_index n = (hl_index)n_elements;", body, "}"]
     source = "\n".join(p for p in parts if p) + "\n"
     return KernelSource(name=name, source=source, params=args, n_inputs=len(params),
-                        n_outputs=len(outs), input_shapes=[p.shape for p in params],
-                        output_shapes=[o.shape for o in outs], threads=THREADS,
-                        elements=n, per_thread=chunk, flat=True)
+                        n_outputs=len(outs), threads=THREADS, per_thread=chunk, flat=True,
+                        **flat_fields(fusion))
 
 
 def flat_blocks(n: int, chunk: int, threads: int, waves: int, sms: Optional[int]) -> int:

@@ -17,6 +17,7 @@ graph) record it as they record the Triton kernels' direct launches.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import threading
 from concurrent.futures import Future
@@ -42,7 +43,13 @@ _LOAD_LOCK = threading.Lock()
 
 
 def _memo_key(fusion: Instruction, round_narrow_each_op: bool) -> Optional[tuple]:
+    """Fusions of one key emit the same source up to comments: ``flat.flat_key`` (no sizes)
+    for a fusion with a flat form, else its structure up to names, shapes included."""
     from codegen.triton.kernel import _structure
+    from .flat import flat_key
+    fkey = flat_key(fusion, round_narrow_each_op)
+    if fkey is not None:
+        return ("cuda_c", fkey)
     try:
         mkey = ("cuda_c", _structure(fusion, fusion.attrs["calls"]), round_narrow_each_op)
         hash(mkey)
@@ -269,6 +276,10 @@ def compile_loop_fusion(fusion: Instruction, *, arch: str, target: str = "h100",
         if mkey is not None:
             memo[mkey] = made                                   # type: ignore[index]
     ks, key, source, path = made
+    if ks.flat and mkey is not None:
+        # shared by fusions of other sizes: this one's own shapes and element count
+        from .flat import flat_fields
+        ks = dataclasses.replace(ks, **flat_fields(fusion))
     from passes.fusion.cost_model import predict
     from passes.fusion.kinds import fusion_kind
     est = estimate if estimate is not None else predict(fusion, target)

@@ -73,7 +73,7 @@ class Importer:
              name: Optional[str] = None) -> Instruction:
         attrs = dict(attrs or {})
         if op is not None:
-            md = location_metadata(op.location)
+            md = _metadata(self, op.location)
             if md is not None and "metadata" not in attrs:
                 attrs["metadata"] = md
             self._common_attrs(op, attrs)
@@ -225,7 +225,7 @@ class Importer:
         arg_attrs = _array_of_dicts(f, "arg_attrs")
         for i, a in enumerate(block.arguments):
             name = _loc_name(a.location) if entry else ""
-            p = self._param(comp, i, to_shape(a.type, short_location(a.location)), name)
+            p = self._param(comp, i, to_shape(a.type, LazyLocation(a.location)), name)
             if i < len(arg_attrs):
                 d = arg_attrs[i]
                 if "mhlo.sharding" in d:
@@ -582,3 +582,28 @@ def _late_rule(name: str) -> Optional[Callable]:
     else:
         return None
     return OP_RULES.get(name)
+
+
+# Below export_jax: JAX names export_jax's exporting line in some instructions' metadata,
+# so code added above it would change imported modules (and the recorded hashes of
+# benchmarks/passes_identity_before.json).
+from .mlir_utils import LazyLocation  # noqa: E402  (a parameter's shape's error location)
+
+_NO_METADATA = object()     # _metadata's "not seen yet" (None is "no metadata")
+
+
+def _metadata(imp: Importer, loc: Any) -> Any:
+    """``location_metadata(loc)``, once per distinct location of ``imp``'s import. A
+    location is an attribute uniqued in the module's context (equal locations: one pointer,
+    which is what the bindings hash and compare), and ops of one source line share one:
+    the Adam step's 539 ops have 21. Printing a location to parse it costs a call into
+    MLIR per op (issue 13: ~3.5 ms of the Adam step's ~11 ms import)."""
+    try:
+        cache = imp.__dict__.setdefault("_metadata", {})
+        key = loc.attr
+        md = cache.get(key, _NO_METADATA)
+    except Exception:  # noqa: BLE001  (bindings without location attributes)
+        return location_metadata(loc)
+    if md is _NO_METADATA:
+        md = cache[key] = location_metadata(loc)
+    return md
