@@ -395,3 +395,18 @@ ENTRY %main (p0: f32[4]) -> (f32[4], f32[4], f32[4]) {
     hlo.verify(m)
     assert [i.name for i in m.entry.instructions] == ["p0", "a", "w", "t"]
     assert [o.name for o in m.entry.root.operands] == ["a", "w", "w"]
+
+
+def test_remove_dead_keeps_order_and_drops_stale_users():
+    """A dead chain goes (users before operands, the list filtered once); a users entry
+    naming an instruction of another computation is dropped, every copy of it."""
+    m = hlo.parse_hlo(TEXT)
+    entry = m.entry
+    p0 = entry.get("p0")
+    other = hlo.parse_hlo(TEXT).entry.get("a")      # belongs to another module's entry
+    p0.users.extend([other, other])
+    dead = entry.get("dead")
+    assert entry.remove_dead() == 1
+    assert [i.name for i in entry.instructions] == ["p0", "p1", "a", "b", "m"]
+    assert dead.parent is None and dead.operands == []
+    assert [u.name for u in p0.users] == ["a", "b"]
