@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 
 from . import shape_inference as si
-from .attrs import Raw
+from .attrs import COMPUTATION_ATTRS, Raw
 from .errors import HlotkError, ShapeError, VerifierError
 from .ir import Computation, Instruction, Module
 from .ops import VARIADIC, rule
@@ -28,9 +28,71 @@ _PREFERRED_TYPE_OPS = ("dot", "convolution", "ragged-dot")
 def verify(module: Module) -> None:
     """Check every invariant of ``module``; raise VerifierError on the first violation."""
     _check_module_structure(module)
+    passed = _Passed()
     for comp in module.computations:
-        _check_computation(module, comp)
+        _check_computation(module, comp, passed)
     _check_entry_layout(module)
+
+
+# An instruction without these calls no computation (``Instruction.called_computations``).
+_CALLING_ATTRS = frozenset(COMPUTATION_ATTRS)
+
+# Attributes no shape inference rule reads (the rules read theirs by name; these are on
+# nearly every instruction, and metadata differs between any two).
+_NOT_INFERRED_FROM = frozenset(("metadata", "frontend_attributes", "statistics"))
+
+
+class _Passed:
+    """What one ``verify`` call has already checked and found good, by value (issue 13:
+    an optimizer step's ~1,000 instructions have ~80 distinct (opcode, operand shapes,
+    attributes) and ~15 distinct shapes; inferring each instruction's shape was half the
+    verifier). Shapes are immutable values and the rules pure functions of the operand
+    shapes, attributes and (for collectives) the module, which a verification does not
+    change; called computations are keys by identity. Only successes are kept: a check
+    that fails raises at once, and a later equal check would fail the same way.
+
+    Each distinct shape whose layout check passed gets a number, and each instruction the
+    number of its shape: an instruction's key holds its operands' numbers (hashing shapes,
+    nested frozen dataclasses, cost as much as the inference it saves)."""
+
+    def __init__(self) -> None:
+        self.numbers: dict[AnyShape, int] = {}
+        # The same by the shape object's id (instructions share shape objects: an imported
+        # module's ~640 have 7), with the objects held so that no id is reused meanwhile.
+        self.number_by_id: dict[int, int] = {}
+        self.held: list[AnyShape] = []
+        self.number_of: dict[int, int] = {}     # id(inst) -> the number of its shape
+        self.shapes: set[tuple] = set()         # keys whose ``_check_shape`` passed
+
+    def layouts_checked(self, inst: Instruction, err) -> None:
+        """``_check_layouts(inst)`` unless an equal shape passed it; numbers the shape."""
+        shape = inst.shape
+        n = self.number_by_id.get(id(shape))
+        if n is None:
+            try:
+                n = self.numbers.get(shape)
+            except TypeError:          # not hashable: a number of its own, never shared
+                _check_layouts(inst, err)
+                n = -1 - len(self.held)
+            if n is None:
+                _check_layouts(inst, err)
+                n = self.numbers[shape] = len(self.numbers)
+            self.number_by_id[id(shape)] = n
+            self.held.append(shape)
+        self.number_of[id(inst)] = n
+
+    def key(self, inst: Instruction) -> tuple:
+        """What ``_check_shape`` reads: the opcode, the numbers of the declared shape and
+        of the operands' shapes, the attributes with their types. Operands come before
+        their users (``_check_edges`` has checked), so they have numbers."""
+        number_of = self.number_of
+        shapes = (number_of[id(inst)], *map(number_of.__getitem__, map(id, inst.operands)))
+        attrs = inst.attrs
+        if attrs.keys() <= _NOT_INFERRED_FROM:
+            return (inst.opcode, shapes)
+        # The value's type too: equal values of other types (1, True, 1.0) hash alike.
+        return (inst.opcode, shapes, tuple(
+            (k, type(v), v) for k, v in attrs.items() if k not in _NOT_INFERRED_FROM))
 
 
 # --- module level ----------------------------------------------------------------------
@@ -150,7 +212,7 @@ def _split_top_level(s: str) -> list[str]:
 
 
 # --- computation level -----------------------------------------------------------------
-def _check_computation(module: Module, comp: Computation) -> None:
+def _check_computation(module: Module, comp: Computation, passed: _Passed) -> None:
     def err(msg: str, inst: Optional[Instruction] = None) -> VerifierError:
         return VerifierError(msg, inst.name if inst is not None else None, comp.name)
 
@@ -177,15 +239,19 @@ def _check_computation(module: Module, comp: Computation) -> None:
                   extra[0] if extra else None)
 
     position = {id(inst): k for k, inst in enumerate(comp.instructions)}
+    edges_hold = len(position) == len(comp.instructions) and _edges_hold(comp.instructions)
     for inst in comp.instructions:
         if inst.parent is not comp:
             raise err("instruction's parent is not this computation", inst)
-        _check_edges(comp, inst, position, err)
-        _check_arity(inst, err)
-        _check_called(module, inst, err)
-        _check_layouts(inst, err)
-        _check_shape(module, inst, err)
+        if not edges_hold:
+            _check_edges(comp, inst, position, err)
         op = inst.op
+        if op.arity != VARIADIC and len(inst.operands) != op.arity:
+            _check_arity(inst, err)
+        if not inst.attrs.keys().isdisjoint(_CALLING_ATTRS):     # most call nothing
+            _check_called(module, inst, err)
+        passed.layouts_checked(inst, err)
+        _check_shape(module, inst, err, passed)
         if op.verify is not None:
             try:
                 op.verify(inst)
@@ -193,6 +259,29 @@ def _check_computation(module: Module, comp: Computation) -> None:
                 raise
             except HlotkError as e:
                 raise err(str(e), inst) from None
+
+
+def _edges_hold(insts: list[Instruction]) -> bool:
+    """Whether every instruction of a computation (each listed once) passes ``_check_edges``,
+    checked for all at once with sets (issue 13: one instruction at a time, the list scans
+    of ``users`` and ``operands`` were a fifth of the verifier). The users lists name each
+    user once and exactly the (user, operand) pairs of the operand lists, and operands and
+    control predecessors come before their instruction: then every check of
+    ``_check_edges`` holds (an operand listed here whose ``parent`` is another computation
+    fails its own parent check first, as it comes earlier). False: ``_check_edges`` on each
+    instruction finds the first that fails, and its message."""
+    operand_edges = {(id(u), id(o)) for u in insts for o in u.operands}
+    user_edges = [(id(u), id(o)) for o in insts for u in o.users]
+    if len(user_edges) != len(operand_edges) or operand_edges != set(user_edges):
+        return False
+    earlier: set[int] = set()
+    for inst in insts:
+        if not earlier.issuperset(map(id, inst.operands)):
+            return False
+        if inst.control_predecessors and not earlier.issuperset(map(id, inst.control_predecessors)):
+            return False
+        earlier.add(id(inst))
+    return True
 
 
 def _check_edges(comp: Computation, inst: Instruction, position: dict[int, int], err) -> None:
@@ -256,7 +345,19 @@ def _check_layouts(inst: Instruction, err) -> None:
                           f"of 0..{leaf.rank - 1}", inst)
 
 
-def _check_shape(module: Module, inst: Instruction, err) -> None:
+def _check_shape(module: Module, inst: Instruction, err, passed: _Passed) -> None:
+    key: Optional[tuple] = passed.key(inst)
+    try:
+        if key in passed.shapes:
+            return
+    except TypeError:               # a list or an array among the attributes: not kept
+        key = None
+    _check_inferred(module, inst, err)
+    if key is not None:
+        passed.shapes.add(key)
+
+
+def _check_inferred(module: Module, inst: Instruction, err) -> None:
     shapes = [o.shape for o in inst.operands]
     try:
         inferred = si.infer(inst.opcode, shapes, inst.attrs, module)

@@ -52,12 +52,14 @@ class ConstantFolding:
         return changed
 
     def _foldable(self, inst: Instruction) -> bool:
+        # The operands first: most instructions read a non-constant, and this test is the
+        # cheapest (the tests are pure: their order changes no answer).
+        for o in inst.operands:
+            if o.opcode != "constant" or o.literal is None or isinstance(o.literal, tuple):
+                return False
         if inst.opcode in _NEVER_FOLD or inst.shape.is_tuple or inst.is_side_effecting:
             return False
         if inst.op.evaluate is None or not inst.shape.is_array:
-            return False
-        if any(o.opcode != "constant" or o.literal is None or isinstance(o.literal, tuple)
-               for o in inst.operands):
             return False
         if inst.opcode == "iota" or inst.opcode == "broadcast":
             # Materializing these only makes the literal bigger.

@@ -62,11 +62,23 @@ def computation_key(comp: Computation, seen: dict | None = None) -> tuple:
     return key
 
 
-def instruction_key(inst: Instruction, seen: dict | None = None) -> tuple:
+def instruction_key(inst: Instruction, seen: dict | None = None,
+                    texts: dict | None = None) -> tuple:
+    """``seen``: computation keys by id; ``texts``: shape texts by shape, for one pass run
+    (a shape's text is a function of its value, and most of a program's instructions share
+    a few shapes: printing each was a third of the pass on the Adam step, issue 13)."""
     seen = {} if seen is None else seen
-    attrs = tuple((k, _attr_key(v, seen)) for k, v in inst.attrs.items()
-                  if k not in _IGNORED_ATTRS)
-    return (inst.opcode, tuple(id(o) for o in inst.operands), str(inst.shape), attrs,
+    # Most instructions carry metadata only: no generator for them.
+    attrs = () if inst.attrs.keys() <= _IGNORED_ATTRS else \
+        tuple((k, _attr_key(v, seen)) for k, v in inst.attrs.items() if k not in _IGNORED_ATTRS)
+    shape = inst.shape
+    if texts is None:
+        text = str(shape)
+    else:
+        text = texts.get(shape)
+        if text is None:
+            text = texts[shape] = str(shape)
+    return (inst.opcode, tuple(map(id, inst.operands)), text, attrs,
             _literal_key(inst.literal) if inst.opcode == "constant" else None)
 
 
@@ -81,20 +93,36 @@ class CSE:
         # Keys of called computations, once per run: an edit CSE makes later inside one keeps
         # its meaning, so a merge decided on the earlier key stays right.
         called: dict = {}
+        texts: dict = {}
         for comp in module.computations:
             seen: dict[tuple, Instruction] = {}
+            # Without control edges in the computation, the merged instructions are removed
+            # in one walk at the end (``remove_instructions``; issue 13: one
+            # ``remove_instruction`` each, a scan of the list, was half of the pass on the
+            # Adam step). The same result: a removed instruction has no users left, and in
+            # operands-first order it uses only instructions looked at before it, so whether
+            # it is still listed as their user meanwhile changes no later key or merge. With
+            # control edges, each removal at once: removing a control predecessor can make
+            # a later instruction mergeable.
+            batch = not any(i.control_predecessors for i in comp.instructions)
+            dead: list[Instruction] = []
             for inst in list(comp.instructions):
                 if inst.opcode in _NEVER_MERGE or inst.is_side_effecting or inst.control_predecessors:
                     continue
                 if self.only_constants and inst.opcode != "constant":
                     continue
-                key = instruction_key(inst, called)
+                key = instruction_key(inst, called, texts)
                 first = seen.get(key)
                 if first is None:
                     seen[key] = inst
                     continue
                 inst.replace_all_uses_with(first)
                 if not inst.users and inst is not comp.root:
-                    comp.remove_instruction(inst)
+                    if batch:
+                        dead.append(inst)
+                    else:
+                        comp.remove_instruction(inst)
                 changed = True
+            if dead:
+                comp.remove_instructions(dead)
         return changed

@@ -101,6 +101,10 @@ def eight_bit_dot(inst: Instruction) -> bool:
         not o.shape.is_tuple and o.shape.dtype.bits == 8 for o in inst.operands)
 
 
+# The only opcodes ``operand_requirement`` can return a requirement for.
+_LIBRARY_OPS = frozenset(("dot", "convolution", "custom-call"))
+
+
 class TargetRules:
     """Layouts that library calls of a target require. The CPU: row-major dots."""
 
@@ -112,6 +116,8 @@ class TargetRules:
         self.kernel_dots = kernel_dots
 
     def operand_requirement(self, inst: Instruction, k: int) -> Optional[_Requirement]:
+        if inst.opcode not in _LIBRARY_OPS:
+            return None     # asked for every operand of every instruction, twice
         op = inst.operands[k]
         if op.shape.is_tuple or not op.shape.is_array or op.shape.rank == 0:
             return None
@@ -217,10 +223,12 @@ def _is_elementwise(inst: Instruction) -> bool:
 
 def _same_rank_operands(inst: Instruction) -> list[int]:
     """Indices of array operands with the result's rank (> 0)."""
-    if inst.shape.is_tuple or inst.shape.rank == 0:
+    shape = inst.shape
+    if shape.is_tuple or not shape.dims:
         return []
+    rank = len(shape.dims)
     return [k for k, o in enumerate(inst.operands)
-            if not o.shape.is_tuple and o.shape.is_array and o.shape.rank == inst.shape.rank]
+            if not o.shape.is_tuple and len(o.shape.dims) == rank and o.shape.is_array]
 
 
 def _entry_signature(module: Module) -> tuple[list[AnyShape], AnyShape]:
@@ -556,8 +564,9 @@ class _Assigner:
                         return req
         return None
 
-    def _required(self, inst: Instruction, k: int,
-                  original: dict[int, AnyShape]) -> Optional[_Requirement]:
+    def _required(self, inst: Instruction, k: int, original: dict[int, AnyShape],
+                  same: Sequence[int]) -> Optional[_Requirement]:
+        """``same``: ``_same_rank_operands(inst)``."""
         o = inst.operands[k]
         if o.shape.is_tuple or not o.shape.is_array or o.shape.rank == 0:
             return None
@@ -566,13 +575,16 @@ class _Assigner:
             return req
         if inst.opcode == "bitcast":
             return _Requirement(lu.layout_of(original[id(o)]))
-        if (_is_elementwise(inst) or inst.opcode in _SAME_LAYOUT) and k in _same_rank_operands(inst):
+        if (_is_elementwise(inst) or inst.opcode in _SAME_LAYOUT) and k in same:
             return _Requirement(inst.shape.layout)
         return None
 
     def _fix_operands(self, inst: Instruction, original: dict[int, AnyShape]) -> None:
+        # Once, not per operand: a copy put in for one operand has that operand's shape
+        # but for its layout, so the ranks this looks at stay as they are.
+        same = _same_rank_operands(inst)
         for k in range(len(inst.operands)):
-            req = self._required(inst, k, original)
+            req = self._required(inst, k, original, same)
             o = inst.operands[k]
             if req is not None and not req.accepts(o.shape.layout):
                 inst.replace_operand(k, self._copy(o, req.preferred))

@@ -13,6 +13,7 @@ reads it. Parameters, constants and the root's buffers are live throughout.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Callable
 
@@ -32,10 +33,12 @@ class MemoryModel:
         insts = comp.instructions
         self.defines: dict[int, list[BufferSet]] = {}
         self.reads: dict[int, list[BufferSet]] = {}
+        # Each instruction's sets once (an operand's are asked for by each of its users).
+        sets = {inst.uid: flow.sets_of(inst) for inst in insts}
         owner: dict[int, int] = {}   # set id -> uid of the first instruction defining it
         for inst in insts:
             mine = []
-            for bs in flow.sets_of(inst):
+            for bs in sets[inst.uid]:
                 if bs.id not in owner:
                     owner[bs.id] = inst.uid
                     mine.append(bs)
@@ -43,7 +46,7 @@ class MemoryModel:
         for inst in insts:
             reads: list[BufferSet] = []
             for o in inst.operands:
-                for bs in flow.sets_of(o):
+                for bs in sets.get(o.uid) or flow.sets_of(o):
                     if bs not in reads:
                         reads.append(bs)
             self.reads[inst.uid] = reads
@@ -51,27 +54,54 @@ class MemoryModel:
         self.pinned = {bs.id for bs in flow.sets_of(comp.root)} if comp.root is not None else set()
         for p in comp.parameters:
             self.pinned.update(bs.id for bs in flow.sets_of(p))
+        # Each set's bytes once: ``BufferSet.size`` walks the set's positions, and the three
+        # schedulers and their three peaks asked for it per instruction (issue 13).
+        self.size: dict[int, int] = {}
+        for bss in self.defines.values():     # each set once (a set may have many readers)
+            for bs in bss:
+                self.size[bs.id] = bs.size
+        for bss in self.reads.values():
+            for bs in bss:
+                if bs.id not in self.size:
+                    self.size[bs.id] = bs.size
+        self.alloc: dict[int, int] = {uid: sum(self.size[bs.id] for bs in bss)
+                                      for uid, bss in self.defines.items()}
+        # For ``peak``: per instruction, (id, bytes) of the sets it defines and the ids of the
+        # sets it reads, pinned ones left out (they are never freed, so their reader counts
+        # do not matter).
+        self._defined = {uid: [(bs.id, self.size[bs.id]) for bs in bss if bs.id not in self.pinned]
+                         for uid, bss in self.defines.items()}
+        self._pinned_bytes = {uid: sum(self.size[bs.id] for bs in bss if bs.id in self.pinned)
+                              for uid, bss in self.defines.items()}
+        self._freeable_reads = {uid: [bs.id for bs in bss if bs.id not in self.pinned]
+                                for uid, bss in self.reads.items()}
 
     def peak(self, order: list[Instruction]) -> int:
         """Peak of live bytes when running ``order``."""
+        reads, defined, pinned_bytes = self._freeable_reads, self._defined, self._pinned_bytes
         remaining: dict[int, int] = {}
         for inst in order:
-            for bs in self.reads[inst.uid]:
-                remaining[bs.id] = remaining.get(bs.id, 0) + 1
+            for i in reads[inst.uid]:
+                remaining[i] = remaining.get(i, 0) + 1
         live = peak = 0
         sizes: dict[int, int] = {}
         for inst in order:
-            for bs in self.defines[inst.uid]:
-                sizes[bs.id] = bs.size
-                live += bs.size
-            peak = max(peak, live)
-            for bs in self.reads[inst.uid]:
-                remaining[bs.id] -= 1
-                if remaining[bs.id] == 0 and bs.id not in self.pinned and bs.id in sizes:
-                    live -= sizes.pop(bs.id)
-            for bs in self.defines[inst.uid]:   # defined, never read: freed at once
-                if remaining.get(bs.id, 0) == 0 and bs.id not in self.pinned and bs.id in sizes:
-                    live -= sizes.pop(bs.id)
+            uid = inst.uid
+            mine = defined[uid]
+            live += pinned_bytes[uid]            # allocated, never freed
+            for i, size in mine:
+                sizes[i] = size
+                live += size
+            if live > peak:
+                peak = live
+            for i in reads[uid]:
+                left = remaining[i] - 1
+                remaining[i] = left
+                if left == 0 and i in sizes:
+                    live -= sizes.pop(i)
+            for i, _ in mine:                    # defined, never read: freed at once
+                if i in sizes and not remaining.get(i, 0):
+                    live -= sizes.pop(i)
         return peak
 
 
@@ -99,8 +129,7 @@ def dfs_schedule(comp: Computation, model: MemoryModel) -> list[Instruction]:
     """
     weight: dict[int, int] = {}
     for inst in comp.post_order():
-        own = sum(bs.size for bs in model.defines[inst.uid])
-        weight[inst.uid] = own + sum(weight[p.uid] for p in _predecessors(inst))
+        weight[inst.uid] = model.alloc[inst.uid] + sum(weight[p.uid] for p in _predecessors(inst))
     order: list[Instruction] = []
     seen: set[int] = set()
 
@@ -133,48 +162,55 @@ def list_schedule(comp: Computation, model: MemoryModel) -> list[Instruction]:
     succ = _successors(comp)
     waiting = {i.uid: len(_predecessors(i)) for i in comp.instructions}
     readers_left: dict[int, int] = {}
+    readers: dict[int, list[Instruction]] = {}
     for inst in comp.instructions:
         for bs in model.reads[inst.uid]:
             readers_left[bs.id] = readers_left.get(bs.id, 0) + 1
+            readers.setdefault(bs.id, []).append(inst)
     position = {i.uid: k for k, i in enumerate(comp.instructions)}
-    # Each buffer's size, once: ``BufferSet.size`` walks its positions, and the priorities
-    # of all ready instructions are computed at every step (the graph does not change
-    # while it is scheduled).
-    size = {bs.id: bs.size for sets in (model.reads, model.defines)
-            for bss in sets.values() for bs in bss}
-    alloc_of = {uid: sum(size[bs.id] for bs in bss) for uid, bss in model.defines.items()}
-
-    # An instruction's priority changes only when a buffer it reads loses a reader: kept
-    # until then (issue 13: every ready instruction's was recomputed at every step, and an
-    # optimizer step's ~100 parameters are all ready from the start).
-    readers: dict[int, list[int]] = {}
-    for inst in comp.instructions:
-        for bs in model.reads[inst.uid]:
-            readers.setdefault(bs.id, []).append(inst.uid)
-    known: dict[int, tuple[int, int]] = {}
+    size, pinned = model.size, model.pinned
 
     def priority(inst: Instruction) -> tuple[int, int]:
-        p = known.get(inst.uid)
-        if p is None:
-            freed = sum(size[bs.id] for bs in model.reads[inst.uid]
-                        if readers_left[bs.id] == 1 and bs.id not in model.pinned)
-            p = known[inst.uid] = (alloc_of[inst.uid] - freed, position[inst.uid])
-        return p
+        freed = sum(size[bs.id] for bs in model.reads[inst.uid]
+                    if readers_left[bs.id] == 1 and bs.id not in pinned)
+        return (model.alloc[inst.uid] - freed, position[inst.uid])
 
-    ready = [i for i in comp.instructions if waiting[i.uid] == 0]
+    # The ready instructions in a heap of (priority, position, instruction), the lowest
+    # first, as ``min`` over the ready list picked it (positions are unique: no ties).
+    # An instruction's priority changes only when a buffer it reads is left with one
+    # reader (``freed`` counts buffers whose reader it is last): then its entry is pushed
+    # again and the old one, no longer ``current``, is skipped when popped (issue 13: an
+    # optimizer step's ~100 parameters are all ready from the start; ``min`` over them at
+    # every step was most of the pass).
+    current: dict[int, tuple[int, int]] = {}
+    heap: list[tuple[tuple[int, int], Instruction]] = []
+
+    def push(inst: Instruction) -> None:
+        p = priority(inst)
+        if current.get(inst.uid) != p:
+            current[inst.uid] = p
+            heapq.heappush(heap, (p, inst))      # p holds the unique position: never ties
+
+    for inst in comp.instructions:
+        if waiting[inst.uid] == 0:
+            push(inst)
     order: list[Instruction] = []
-    while ready:
-        best = min(ready, key=priority)
-        ready.remove(best)
+    while heap:
+        p, best = heapq.heappop(heap)
+        if current.get(best.uid) != p:
+            continue                             # stale: pushed again since, or done
+        del current[best.uid]
         order.append(best)
         for bs in model.reads[best.uid]:
             readers_left[bs.id] -= 1
-            for uid in readers[bs.id]:
-                known.pop(uid, None)
+            if readers_left[bs.id] == 1:         # its last reader now frees it
+                for r in readers[bs.id]:
+                    if r.uid in current:
+                        push(r)
         for s in succ[best.uid]:
             waiting[s.uid] -= 1
             if waiting[s.uid] == 0:
-                ready.append(s)
+                push(s)
     return order
 
 

@@ -349,3 +349,64 @@ def test_module_snapshot_with_two_config_entries_sees_no_change():
     assert not snap.changed(m)
     m.config["b"] = (2, 4)
     assert snap.changed(m)
+
+
+def test_cse_merges_through_chains_of_duplicates():
+    """A duplicate's users become duplicates once it is merged (removed at the end of the
+    computation, issue 13): the module stays consistent (verified) and evaluates the same."""
+    text = """HloModule m
+
+ENTRY %main (p0: f32[4]) -> (f32[4], f32[4], f32[4]) {
+  %p0 = f32[4]{0} parameter(0)
+  %a = f32[4]{0} add(%p0, %p0)
+  %b = f32[4]{0} add(%p0, %p0)
+  %c = f32[4]{0} multiply(%a, %a)
+  %d = f32[4]{0} multiply(%b, %b)
+  %e = f32[4]{0} subtract(%d, %c)
+  %f = f32[4]{0} subtract(%c, %c)
+  ROOT %t = (f32[4]{0}, f32[4]{0}, f32[4]{0}) tuple(%c, %e, %f)
+}
+"""
+    m = hlo.parse_hlo(text)
+    assert passes.make_pass("cse").run(m)
+    hlo.verify(m)
+    assert [i.name for i in m.entry.instructions] == ["p0", "a", "c", "e", "t"]
+    t = m.entry.root
+    assert [o.name for o in t.operands] == ["c", "e", "e"]
+    assert [u.name for u in m.entry.get("c").users] == ["e", "t"]
+
+
+def test_cse_removing_a_control_predecessor_lets_its_successor_merge():
+    """%b merges into %a and is removed at once: %z then has no control predecessor and
+    merges into %w (as each removal did before merged instructions were batched)."""
+    text = """HloModule m
+
+ENTRY %main (p0: f32[4]) -> (f32[4], f32[4], f32[4]) {
+  %p0 = f32[4]{0} parameter(0)
+  %a = f32[4]{0} add(%p0, %p0)
+  %w = f32[4]{0} multiply(%p0, %p0)
+  %b = f32[4]{0} add(%p0, %p0)
+  %z = f32[4]{0} multiply(%p0, %p0), control-predecessors={%b}
+  ROOT %t = (f32[4]{0}, f32[4]{0}, f32[4]{0}) tuple(%a, %w, %z)
+}
+"""
+    m = hlo.parse_hlo(text)
+    assert passes.make_pass("cse").run(m)
+    hlo.verify(m)
+    assert [i.name for i in m.entry.instructions] == ["p0", "a", "w", "t"]
+    assert [o.name for o in m.entry.root.operands] == ["a", "w", "w"]
+
+
+def test_remove_dead_keeps_order_and_drops_stale_users():
+    """A dead chain goes (users before operands, the list filtered once); a users entry
+    naming an instruction of another computation is dropped, every copy of it."""
+    m = hlo.parse_hlo(TEXT)
+    entry = m.entry
+    p0 = entry.get("p0")
+    other = hlo.parse_hlo(TEXT).entry.get("a")      # belongs to another module's entry
+    p0.users.extend([other, other])
+    dead = entry.get("dead")
+    assert entry.remove_dead() == 1
+    assert [i.name for i in entry.instructions] == ["p0", "p1", "a", "b", "m"]
+    assert dead.parent is None and dead.operands == []
+    assert [u.name for u in p0.users] == ["a", "b"]

@@ -286,3 +286,38 @@ def test_all_gather_with_empty_groups_uses_module_counts():
     hlo.verify(m)
     m.config["replica_count"] = 4
     expect(m, "%ag", "declared shape f32[8] does not match the inferred shape f32[16]")
+
+
+def test_checks_of_equal_instructions_are_shared_but_differences_still_found():
+    """The verifier checks each distinct (opcode, shapes, attributes) once per call (issue
+    13); an instruction that differs from an earlier good one in its declared shape, an
+    attribute or a called computation is still checked, and fails as before."""
+    def module(bad: str):
+        b = Builder("main")
+        v = b.parameter(array("f32", (3,)), name="v")
+        first = b.broadcast(v, dimensions=(1,), shape=array("f32", (2, 3)), name="bc1")
+        b.broadcast(v, dimensions=(1,), shape=array("f32", (2, 3)), name="bc2")
+        dims, shape = ((0,) if bad == "attribute" else (1,)), (2, 3)
+        if bad == "declared":
+            shape = (2, 4)
+        b.broadcast(v, dimensions=dims, shape=array("f32", shape), name="bc3")
+        a1 = b.add(first, first, name="a1")
+        b.add(first, first, name="a2")
+        if bad == "add":
+            b.add(first, first, shape=array("f32", (2, 4)), name="a3")
+        zero = b.constant(np.float32(0), name="zero")
+        good, wrong = add_comp(), add_comp("s32", name="add_s32")
+        b.reduce(a1, zero, dimensions=(1,), to_apply=good, name="r1")
+        root = b.reduce(a1, zero, dimensions=(1,), to_apply=good, name="r2")
+        m = b.module(root=root, called=(good, wrong))
+        if bad == "reducer":        # the builder refuses it: swapped in afterwards
+            m.entry.get("r2").attrs["to_apply"] = wrong
+        return m
+    hlo.verify(module("none"))
+    expect(module("attribute"), "%bc3", "operand dimension 0 has size 3 but output dimension "
+                                        "0 has size 2")
+    expect(module("declared"), "%bc3", "operand dimension 0 has size 3 but output dimension "
+                                       "1 has size 4")
+    expect(module("add"), "%a3", "declared shape f32[2,4] does not match the inferred shape "
+                                  "f32[2,3]")
+    expect(module("reducer"), "%r2", "to_apply parameter 0 must be f32[]")
