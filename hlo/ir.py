@@ -294,9 +294,10 @@ class Computation:
         if dead:
             self.instructions[:] = [i for i in self.instructions if id(i) in live]
         for inst in self.instructions:
-            users = inst.users
-            if users and not all(u.parent is self for u in users):
-                users[:] = [u for u in users if u.parent is self]
+            for u in inst.users:
+                if u.parent is not self:        # rare: rebuilt without every such user
+                    inst.users[:] = [v for v in inst.users if v.parent is self]
+                    break
         return len(dead)
 
     # --- queries ------------------------------------------------------------------------
