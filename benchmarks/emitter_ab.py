@@ -1,0 +1,59 @@
+"""Device time of gpu_suite programs with each loop emitter, interleaved in one process.
+
+    PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda,cpu python3 -m benchmarks.emitter_ab \
+        [--only adam_step] [--sides auto,triton] [--rounds 5]
+
+Each side is one executable compiled with ``HLOTK_LOOP_EMITTER`` set to it (the backend
+reads it when it is made); every round times each side's CUDA-graph replay
+(``gpu_suite.device_ms``: do_bench, L2 flushed between replays) in a rotated order. Every
+side's result is checked against jax.jit. Prints one JSON line per program: each side's
+median ms over rounds and each round's ms."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="adam_step")
+    ap.add_argument("--sides", default="auto,triton")
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args(argv)
+    import jax
+    import numpy as np
+    import runtime
+    from benchmarks.gpu_suite import device_ms, programs
+    from runtime.cuda import executable_of
+    sides = a.sides.split(",")
+    for prog in programs():
+        if prog[0] not in a.only.split(","):
+            continue
+        fn, args = prog[2], prog[3]
+        dev_args = jax.device_put(args)
+        want = jax.block_until_ready(jax.jit(fn)(*dev_args))
+        exes, errs = {}, {}
+        for side in sides:
+            os.environ["HLOTK_LOOP_EMITTER"] = side
+            c = runtime.jit(fn, backend="cuda").lower(*dev_args).compile()
+            for _ in range(3):                      # first call, native graph, a replay
+                got = jax.block_until_ready(c(*dev_args))
+            errs[side] = max(
+                float(np.linalg.norm(np.asarray(g, np.float64) - np.asarray(w, np.float64))
+                      / max(np.linalg.norm(np.asarray(w, np.float64)), 1e-30))
+                for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)))
+            exes[side] = executable_of(c)
+        os.environ.pop("HLOTK_LOOP_EMITTER", None)
+        times: dict[str, list[float]] = {s: [] for s in sides}
+        for r in range(a.rounds):
+            for s in sides[r % len(sides):] + sides[:r % len(sides)]:
+                times[s].append(device_ms(exes[s]))
+        print(json.dumps({"program": prog[0], "max_rel_err": errs,
+                          "median_ms": {s: round(statistics.median(t), 4) for s, t in times.items()},
+                          "rounds_ms": {s: [round(x, 4) for x in t] for s, t in times.items()}}))
+
+
+if __name__ == "__main__":
+    main()
