@@ -1,10 +1,11 @@
 """Device time of gpu_suite programs with each loop emitter, interleaved in one process.
 
     PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda,cpu python3 -m benchmarks.emitter_ab \
-        [--only adam_step] [--sides auto,triton] [--rounds 5]
+        [--only adam_step] [--sides "auto;triton;c32:HLOTK_CUDA_C_FLAT_CHUNK=32"] [--rounds 5]
 
 Each side is one executable compiled with ``HLOTK_LOOP_EMITTER`` set to it (the backend
-reads it when it is made); every round times each side's CUDA-graph replay
+reads it when it is made), or a label and settings (``label:K=V,K=V``: the emitter is
+auto unless they set it) that hold while it compiles and makes its first calls; every round times each side's CUDA-graph replay
 (``gpu_suite.device_ms``: do_bench, L2 flushed between replays) in a rotated order. Every
 side's result is checked against jax.jit. Prints one JSON line per program: each side's
 median ms over rounds and each round's ms."""
@@ -19,7 +20,7 @@ import statistics
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="adam_step")
-    ap.add_argument("--sides", default="auto,triton")
+    ap.add_argument("--sides", default="auto;triton", help="';'-separated sides")
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args(argv)
     import jax
@@ -27,7 +28,15 @@ def main(argv: list[str] | None = None) -> None:
     import runtime
     from benchmarks.gpu_suite import device_ms, programs
     from runtime.cuda import executable_of
-    sides = a.sides.split(",")
+    sides, settings = [], {}
+    for text in a.sides.split(";"):
+        label, _, envs = text.partition(":")
+        env = {"HLOTK_LOOP_EMITTER": label if not envs else "auto"}
+        for kv in filter(None, envs.split(",")):
+            k, _, v = kv.partition("=")
+            env[k.strip()] = v.strip()
+        sides.append(label)
+        settings[label] = env
     for prog in programs():
         if prog[0] not in a.only.split(","):
             continue
@@ -36,16 +45,23 @@ def main(argv: list[str] | None = None) -> None:
         want = jax.block_until_ready(jax.jit(fn)(*dev_args))
         exes, errs = {}, {}
         for side in sides:
-            os.environ["HLOTK_LOOP_EMITTER"] = side
-            c = runtime.jit(fn, backend="cuda").lower(*dev_args).compile()
-            for _ in range(3):                      # first call, native graph, a replay
-                got = jax.block_until_ready(c(*dev_args))
+            saved = {k: os.environ.get(k) for k in settings[side]}
+            os.environ.update(settings[side])
+            try:
+                c = runtime.jit(fn, backend="cuda").lower(*dev_args).compile()
+                for _ in range(3):                  # first call, native graph, a replay
+                    got = jax.block_until_ready(c(*dev_args))
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
             errs[side] = max(
                 float(np.linalg.norm(np.asarray(g, np.float64) - np.asarray(w, np.float64))
                       / max(np.linalg.norm(np.asarray(w, np.float64)), 1e-30))
                 for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)))
             exes[side] = executable_of(c)
-        os.environ.pop("HLOTK_LOOP_EMITTER", None)
         times: dict[str, list[float]] = {s: [] for s in sides}
         for r in range(a.rounds):
             for s in sides[r % len(sides):] + sides[:r % len(sides)]:

@@ -47,6 +47,14 @@ FLAT_ENV = "HLOTK_CUDA_C_FLAT"            # "0": every loop kernel in the stride
 RESTRICT_ENV = "HLOTK_CUDA_C_RESTRICT"
 LAUNCH_ENV = "HLOTK_CUDA_C_FLAT_LAUNCH"   # "threads[/waves]": the launch, to compare on a GPU
 VECTOR_BYTES = 16
+# Bytes of the narrowest full-size type a thread takes per chunk: one 16-byte vector, or
+# more (``HLOTK_CUDA_C_FLAT_CHUNK=32|64``, to compare on a GPU). Measured (H200, adam_step's
+# graph replays, L2 flushed, session 8): 16 bytes 0.243 ms, 32 0.314, 64 0.599, Triton's
+# flat kernels 0.221. A chunk's vectors are adjacent in memory, so one warp-wide load of a
+# 32-byte chunk touches every other 16 bytes: not coalesced as Triton's (a thread's second
+# vector a block away). No local memory either way (ptxas: 40 and 56 registers).
+CHUNK_ENV = "HLOTK_CUDA_C_FLAT_CHUNK"
+CHUNK_BYTES = 16
 # 32-bit indices while every index the kernel forms fits: a chunk index plus one grid
 # stride (at most the chunk count again) times CHUNK stays under 2 * n + 2^20.
 INDEX32_MAX = 1 << 30
@@ -63,6 +71,15 @@ WAVES = 0            # 0: one chunk a thread (grid covers n); k: at most k waves
 
 def flat_enabled() -> bool:
     return os.environ.get(FLAT_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def chunk_bytes() -> int:
+    text = os.environ.get(CHUNK_ENV, "").strip()
+    if not text:
+        return CHUNK_BYTES
+    if text not in ("16", "32", "64"):
+        raise CudaCodegenError(f"{CHUNK_ENV}={text!r}: expected 16, 32 or 64")
+    return int(text)
 
 
 def restrict_inputs() -> bool:
@@ -229,7 +246,7 @@ def flat_key(fusion: Instruction, round_narrow_each_op: bool = True) -> Optional
                          tuple(pos.get(id(c), -1) for c in inst.control_predecessors),
                          inst.parameter_number, lit, akey))
         key = ("flat", tuple(rows), pos[id(comp.root)], comp.name.endswith(".finish"),
-               bool(round_narrow_each_op), restrict_inputs(),
+               bool(round_narrow_each_op), restrict_inputs(), chunk_bytes(),
                _numel(_outputs(comp)[0]) > INDEX32_MAX)
         hash(key)
     except TypeError:           # an attribute value with no hashable form: emit
@@ -262,7 +279,7 @@ def emit_flat_kernel(fusion: Instruction, round_narrow_each_op: bool = True) -> 
     n = _numel(outs[0])
     full = [p for p in params if _numel(p) > 1]
     narrowest = min(C_STORED_SIZE[x.shape.dtype.name] for x in full + outs)
-    chunk = VECTOR_BYTES // narrowest
+    chunk = chunk_bytes() // narrowest
     em = FlatEmitter(fusion.name, round_narrow_each_op)
 
     # One-element values (a step's bias correction: powf of a scalar) once a thread.
