@@ -50,9 +50,10 @@ VECTOR_BYTES = 16
 # Bytes of the narrowest full-size type a thread takes per chunk: one 16-byte vector, or
 # more (``HLOTK_CUDA_C_FLAT_CHUNK=32|64``, to compare on a GPU). Measured (H200, adam_step's
 # graph replays, L2 flushed, session 8): 16 bytes 0.243 ms, 32 0.314, 64 0.599, Triton's
-# flat kernels 0.221. A chunk's vectors are adjacent in memory, so one warp-wide load of a
-# 32-byte chunk touches every other 16 bytes: not coalesced as Triton's (a thread's second
-# vector a block away). No local memory either way (ptxas: 40 and 56 registers).
+# flat kernels 0.221. Not for want of coalescing: two or four 16-byte chunks a thread, a
+# grid apart (every warp-wide load coalesced), took 0.312 and 0.500 ms (NOTES, session 8).
+# No local memory either way (ptxas: 40 and 56 registers); why a thread's second chunk
+# costs ~30% is open (the SASS would say).
 CHUNK_ENV = "HLOTK_CUDA_C_FLAT_CHUNK"
 CHUNK_BYTES = 16
 # 32-bit indices while every index the kernel forms fits: a chunk index plus one grid
