@@ -33,10 +33,12 @@ EMITTERS = ("auto", "triton", "cuda")
 # against 212.5 µs per step) and level with Triton on GIOU (8-9 µs). Under 5 µs a kernel is
 # mostly launch and tail, and 8% of it is under half a microsecond per call.
 AUTO_MAX_US = 5.0
-# ``auto`` also takes every loop fusion with a flat form (flat.py) at any size: on the H200
-# an Adam step's flat CUDA C kernels took 199.0 µs per step against Triton's 210.4 (CUPTI,
-# one process, 3 passes; NOTES i13-cudac-flat), so the large elementwise kernels lose
-# nothing and their Triton compile (0.16-0.19 s on the cold first call) is gone.
+# ``auto`` also takes every loop fusion with a flat form (flat.py) at any size: a trade of
+# device time for compile time. On the H200 an Adam step's flat CUDA C kernels took 199.0
+# µs per step against Triton's 210.4 back to back with their inputs L2-warm (CUPTI; NOTES
+# i13-cudac-flat), but its CUDA graph replayed with L2 flushed took 0.242 ms against 0.221
+# (NOTES session 8); in exchange the cold first call loses its Triton compile (0.16-0.19 s),
+# which put adam_step's under XLA's compile. ``HLOTK_LOOP_EMITTER=triton`` takes the other side.
 AUTO_FLAT_ANY_SIZE = True
 
 

@@ -18,9 +18,10 @@ last partial chunk) the same chunk is read element by element, past-the-end lane
 element ``n - 1`` and storing nothing. Every load of a chunk precedes its stores: an output
 may share an input's buffer (buffer assignment), element for element.
 
-Measured on the H200 (NOTES "i13-cudac-flat"): an Adam step's kernels 199.0 µs per step
-against Triton's 210.4 (inputs from DRAM); alone with their inputs in L2 they are 3-15%
-slower than Triton's 8-elements-a-thread kernels.
+Measured on the H200: an Adam step's kernels summed 199.0 µs per step against Triton's
+210.4 run back to back (CUPTI; NOTES "i13-cudac-flat"), but the step's CUDA graph replayed
+with L2 flushed took 0.242 ms against 0.221 with Triton's kernels (NOTES session 8); alone
+with their inputs in L2 they are 3-15% slower than Triton's 8-elements-a-thread kernels.
 
 The grid strides over chunks (``c += gridDim.x * blockDim.x``), so the launch may cap the
 grid without another source. Index arithmetic is 32-bit where ``n`` leaves room

@@ -433,7 +433,7 @@ class CudaExecutable:
         reason counted in ``stats`` for ``report()``."""
         if self.loop_emitter == "triton" or not self.on_gpu:
             return None
-        from codegen.cuda_c import CudaCDeclined, CudaCodegenError, takes
+        from codegen.cuda_c import AUTO_MAX_US, CudaCDeclined, CudaCodegenError, takes
         from codegen.cuda_c.kernel import compile_loop_fusion
         from codegen.triton import compile_fusion
         from codegen.triton.kernel import classify
@@ -446,7 +446,9 @@ class CudaExecutable:
                 estimate = predict(fusion, self.target)
             except DeviceSpecError:
                 return None
-            if not takes(self.loop_emitter, estimate.time_us, flat=_has_flat_form(fusion)):
+            # the flat form asked for only where it decides (a kernel at or over the bound)
+            flat = estimate.time_us >= AUTO_MAX_US and _has_flat_form(fusion)
+            if not takes(self.loop_emitter, estimate.time_us, flat=flat):
                 self.stats["cuda_c_large"] = self.stats.get("cuda_c_large", 0) + 1
                 return None
         declined = self.stats.setdefault("cuda_c_declined", [])
