@@ -206,6 +206,42 @@ def test_a_deep_operand_chain_is_cached_too(cache_dir):
     np.testing.assert_allclose(_run(warm, x), want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_first_call_traces_compiles_and_runs_under_the_raised_threshold(cache_dir,
+                                                                          monkeypatch):
+    """runtime.jit's first call (the tracing, the compile, the first run) and an explicit
+    lower collect as a compile does; the second call is back at the caller's thresholds."""
+    import gc
+
+    from runtime.client import COMPILE_GEN0_THRESHOLD, LoadedExecutable
+    old = gc.get_threshold()
+    traced, ran = [], []
+    real = LoadedExecutable.execute
+
+    def execute(self, arguments):
+        ran.append(gc.get_threshold())
+        return real(self, arguments)
+    monkeypatch.setattr(LoadedExecutable, "execute", execute)
+
+    def f(x, w):
+        traced.append(gc.get_threshold())
+        return _program(x, w)
+    try:
+        gc.set_threshold(700, 10, 10)
+        x, w = _inputs()
+        g = runtime.jit(f)
+        got = g(x, w)
+        g(x, w)
+        runtime.jit(f).lower(x, w)
+        raised = (COMPILE_GEN0_THRESHOLD, 10, 10)
+        assert traced == [raised, raised]
+        assert ran == [raised, (700, 10, 10)]
+        assert gc.get_threshold() == (700, 10, 10)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(_program)(x, w)),
+                                   rtol=1e-5, atol=1e-5)
+    finally:
+        gc.set_threshold(*old)
+
+
 def test_a_compile_collects_cycles_less_often_and_restores_the_collector(cache_dir):
     import gc
 
