@@ -15,7 +15,7 @@ show() {   # the rows, their pool and library lines
 }
 run_ct() {  # tag, seconds, programs, env
   timeout $2 python3 -m benchmarks.compile_time --autotune 1 --machine-cache $MC --runs cold \
-      --child-timeout 60 --only $3 ${4:+--env $4} --tag "-$1" --out /tmp/ct_$1.md > /tmp/ct_$1.log 2>&1
+      --child-timeout 60 --only $3 ${4:+--env $4} --tag=-$1 --out /tmp/ct_$1.md > /tmp/ct_$1.log 2>&1
   echo "== $1 rc $?"; show $1
 }
 run_ct before 85 conv_bn_grad,lstm_grad,moe_grad $BEFORE
