@@ -120,6 +120,30 @@ def _hooks() -> dict:
     return acc
 
 
+def _library_hook() -> dict:
+    """Host seconds of the first call's library-call thunks (cuDNN, cuBLAS: their
+    set-up on first use), until ``stop()``: sum ``s``, count ``n``, longest ``max``."""
+    from runtime.cuda.thunks import LibraryThunk
+    out: dict = {"s": 0.0, "n": 0, "max": 0.0}
+    orig = LibraryThunk.run
+
+    def run(self, mem, ctx):
+        t0 = time.perf_counter()
+        try:
+            return orig(self, mem, ctx)
+        finally:
+            dt = time.perf_counter() - t0
+            out["s"] += dt
+            out["n"] += 1
+            out["max"] = max(out["max"], dt)
+
+    def stop() -> None:
+        LibraryThunk.run = orig
+    LibraryThunk.run = run
+    out["stop"] = stop
+    return out
+
+
 def _cache_entries() -> int:
     try:
         return len(os.listdir(os.environ.get("TRITON_CACHE_DIR", "")))
@@ -187,6 +211,7 @@ def child_gpu(name: str, level: str) -> dict:
     default_client("cuda")                    # the runtime's client: once per process
     row["init"] = clock() - t0
     acc = _hooks()
+    lib = _library_hook()
     warm: list[float] = []
     first_run = CudaExecutable.first_run
 
@@ -215,6 +240,9 @@ def child_gpu(name: str, level: str) -> dict:
     entries1 = _cache_entries()
     got = jax.block_until_ready(compiled(*dev_args))
     t3 = clock()
+    lib["stop"]()
+    row["lib_s"], row["lib_n"], row["lib_max"] = lib["s"], lib["n"], lib["max"]
+    row["library_warm"] = dict(exe.stats.get("library_warm", {}))
     native_first = getattr(exe, "native", None)    # None: the first call took the Python path
     gc_log["stop"]()
     # Modules the first call imported (compiled from source where no bytecode is kept).
@@ -694,6 +722,15 @@ def main() -> None:
                         + (f" notes={row['compile_notes']}" if row.get("compile_notes") else "")
                         + (f" errors={row['job_errors']}" if row.get("job_errors") else ""),
                         flush=True)
+                    pw = row.get("prewarm", {})
+                    print(f"LIB {name}{opts.tag} {run}: first-call library thunks "
+                          f"{row.get('lib_s', 0):.3f} s in {row.get('lib_n', 0)} (longest "
+                          f"{row.get('lib_max', 0):.3f}); warmed while compiling "
+                          f"{row.get('library_warm')}; cudnn start-up thread "
+                          f"{pw.get('cudnn_s', 0):.3f} s, waited {pw.get('cudnn_wait_s', 0):.3f}"
+                          f"; tuned kernels {row.get('tuned_kernels')}; precompile "
+                          f"{row.get('precompile')}; max_rel_err {row.get('max_rel_err')}",
+                          flush=True)
             records = os.path.join(cache, "hlotk", "calibration", "records.jsonl")
             if opts.records and os.path.exists(records):
                 with open(records) as src, open(opts.records, "a") as dst:

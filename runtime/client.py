@@ -365,6 +365,9 @@ class Client:
             spec = with_target(spec, target)
         if not isinstance(module, hlo.Module) or module.entry is None:
             raise InvalidArgumentError("compile expects an hlo.Module with an entry computation")
+        started = getattr(self._backend, "compile_started", None)
+        if started is not None:     # e.g. the CUDA backend's cuDNN start-up, in a thread
+            started(module)
         records: list = []
         cache_hit = False
         if spec and dump_dir is None:

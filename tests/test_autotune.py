@@ -122,9 +122,14 @@ def test_large_loop_kernels_are_timed_at_level_1_only_when_asked(monkeypatch):
     monkeypatch.setenv("HLOTK_TUNE_LOOPS_FROM_US", "inf")
     assert compile_fusion(fusion, target="h200", autotune=1).autotune == 0
     monkeypatch.setenv("HLOTK_TUNE_LOOPS_FROM_US", "0")
-    small = compile_fusion(_fusion(lambda x: x * 2, np.ones(4096, np.float32)), target="h200",
-                           autotune=1)
-    assert small.template == "loop" and small.autotune == 1
+    small_fusion = _fusion(lambda x: x * 2, np.ones(4096, np.float32))
+    small = compile_fusion(small_fusion, target="h200", autotune=1)
+    # a launch-bound kernel (~2 µs) stays untimed under the bound of every template ...
+    assert small.template == "loop" and small.predicted_us < at.TIMED_FROM_US
+    assert small.autotune == 0
+    # ... unless that bound is lowered too
+    monkeypatch.setenv("HLOTK_TUNE_FROM_US", "0")
+    assert compile_fusion(small_fusion, target="h200", autotune=1).autotune == 1
     monkeypatch.setenv("HLOTK_TUNE_LOOPS_FROM_US", "soon")
     with pytest.raises(TritonCodegenError, match="HLOTK_TUNE_LOOPS_FROM_US='soon'"):
         compile_fusion(fusion, target="h200", autotune=1)
@@ -138,6 +143,30 @@ def test_templates_with_tiles_are_still_timed_at_level_1():
     assert rows.template not in at.UNTIMED_AT_PRUNED and rows.autotune == 1
     assert len(at.ranked_candidates(rows, 1, get_device("h200"))) > 1
     assert compile_fusion(_gemm_fusion(), target="h200", autotune=1).autotune == 1
+
+
+def test_launch_bound_kernels_of_any_template_time_nothing_at_level_1(monkeypatch):
+    """A reduction the cost model puts under TIMED_FROM_US (a 512x64 column sum: ~2 µs,
+    the launch term) compiles only its template's config at level 1; level 2 and
+    ``HLOTK_TUNE_FROM_US=0`` still time its candidates."""
+    monkeypatch.delenv("HLOTK_TUNE_FROM_US", raising=False)
+    x = np.ones((512, 64), np.float32)
+    fusion = _fusion(lambda x: jnp.sum(jnp.tanh(x) * 2, axis=0), x)
+    spec = get_device("h200")
+    kernel = compile_fusion(fusion, target="h200", autotune=1)
+    assert kernel.template not in at.UNTIMED_AT_PRUNED
+    assert 0 < kernel.predicted_us < at.TIMED_FROM_US == 3.0
+    assert len(kernel.plan.candidates) > 1
+    assert at.ranked_candidates(kernel, 1, spec) == [kernel.config]
+    assert kernel.autotune == 0 and not at.needs_timing(kernel, 1, spec)
+    assert at.ranked_candidates(kernel, 2, spec) == kernel.plan.candidates
+    monkeypatch.setenv("HLOTK_TUNE_FROM_US", "0")
+    timed = compile_fusion(fusion, target="h200", autotune=1)
+    assert timed.autotune == 1
+    assert len(at.ranked_candidates(timed, 1, spec)) == at.PRUNED_TOP + 1
+    monkeypatch.setenv("HLOTK_TUNE_FROM_US", "tiny")
+    with pytest.raises(TritonCodegenError, match="HLOTK_TUNE_FROM_US='tiny'"):
+        compile_fusion(fusion, target="h200", autotune=1)
 
 
 def test_row_tiles_default_to_16_elements_per_thread_and_level_1_compiles_none_heavier():
@@ -205,8 +234,11 @@ def test_progress_bar_is_quiet_off_a_terminal(capsys, monkeypatch):
     assert capsys.readouterr().err == ""
 
 
-def test_precompile_skips_known_variants_and_leaves_failures_to_the_launch():
+def test_precompile_skips_known_variants_and_leaves_failures_to_the_launch(monkeypatch):
     from codegen.triton import parallel
+    # On a GPU host ``import runtime`` has started the early pool in this process already
+    # (prewarm.start_at_import); what is checked is that these calls start none.
+    monkeypatch.setattr(parallel, "_POOL", None)
 
     class Fn:
         def warmup(self, *args, **kwargs):

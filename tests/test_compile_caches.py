@@ -181,6 +181,38 @@ def test_prewarm_stays_off_without_a_gpu_or_when_asked(monkeypatch):
     assert prewarm._THREADS == {}
 
 
+def test_cudnn_start_up_thread_only_for_modules_with_a_convolution(monkeypatch):
+    """prewarm.start_libraries: a thread running cuDNN's start-up, once per process, where
+    the module being compiled has a convolution and a CUDA device is used; wait_for joins it."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    import hlo
+    from runtime.cuda import prewarm
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("HLOTK_PREWARM_LIBRARIES", raising=False)
+    monkeypatch.setattr(prewarm, "_THREADS", {})
+    started: list = []
+    monkeypatch.setattr(prewarm, "_cudnn_start_up", lambda device: started.append(device))
+    x, k = np.zeros((1, 4, 4, 2), np.float32), np.zeros((3, 3, 2, 2), np.float32)
+    with_conv = hlo.from_jax(lambda a, b: lax.conv_general_dilated(
+        a, b, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")), x, k)
+    without = hlo.from_jax(lambda a: jnp.tanh(a) * 2, x)
+    cuda, cpu = type("Dev", (), {"type": "cuda"})(), type("Dev", (), {"type": "cpu"})()
+    assert prewarm.has_convolution(with_conv) and not prewarm.has_convolution(without)
+    assert not prewarm.start_libraries(with_conv, cpu)          # the interpreter's client
+    assert not prewarm.start_libraries(without, cuda)
+    monkeypatch.setenv("HLOTK_PREWARM_LIBRARIES", "0")
+    assert not prewarm.start_libraries(with_conv, cuda)
+    monkeypatch.delenv("HLOTK_PREWARM_LIBRARIES")
+    pytest.importorskip("torch")
+    assert prewarm.start_libraries(with_conv, cuda)
+    prewarm.wait_for("cudnn")
+    assert started == [cuda] and not prewarm._THREADS["cudnn"].is_alive()
+    assert not prewarm.start_libraries(with_conv, cuda)         # once per process
+    prewarm.wait_for("no such step")                             # nothing to wait for
+
+
 def test_gc_freeze_once_per_process_and_off_when_asked(monkeypatch):
     import gc
 

@@ -196,6 +196,9 @@ def _run(p: DotPlan, a: Any, b: Any, o: Any) -> None:
 
 cublas_dot.supports = supports  # type: ignore[attr-defined]
 cublas_dot.plan = plan          # type: ignore[attr-defined]
+# Writes nothing but ``out`` (runtime/cuda/library_warm.py may call it early on a scratch
+# output; a mode it falls back from, ``DotPlan.mode``, is the launch's fallback too).
+cublas_dot.pure = True          # type: ignore[attr-defined]
 
 
 # --- GEMM + bias + activation in one cuBLASLt call -----------------------------------------
@@ -281,5 +284,6 @@ def cublas_epilogue_call(epilogue: Any) -> Any:
     call.label_suffix = f" + {epilogue.label} epilogue"  # type: ignore[attr-defined]
     # The residual is read at the index each output element is written: in place is safe.
     call.in_place_operand = 2 if epilogue.addend is not None else None  # type: ignore[attr-defined]
+    call.pure = True                       # type: ignore[attr-defined]  (writes only out)
     call.__name__ = "cublas_epilogue"
     return call

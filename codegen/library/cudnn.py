@@ -339,3 +339,6 @@ def cudnn_convolution(inst: Instruction, operands: Sequence[Any],
 
 cudnn_convolution.supports = supports  # type: ignore[attr-defined]
 cudnn_convolution.plan = plan          # type: ignore[attr-defined]
+# Writes nothing but ``out``: the first run may call it once early, on a scratch output,
+# to set up cuDNN while the Triton compiles run (runtime/cuda/library_warm.py).
+cudnn_convolution.pure = True          # type: ignore[attr-defined]

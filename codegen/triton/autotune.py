@@ -17,6 +17,12 @@ first call's critical path (adam_step cold: 1.28 s timing the large ones, 1.17 s
 none). Reductions, transposes, GEMM and attention are timed: there the config moved kernels
 by 6-17%. ``HLOTK_TUNE_LOOPS_FROM_US`` times loop kernels predicted at or above that many
 microseconds (``0``: all of them).
+Level 1 times no kernel of any template that the cost model predicts under
+``TIMED_FROM_US`` (1.5x its launch term): such a kernel is launch-bound, so any other
+config can win it at most about a microsecond, while each candidate is one more Triton
+compile on the cold first call's critical path (a ResNet block's batch-norm statistics:
+eight column-finish kernels of 2 µs with four candidates each, NOTES "i13-resnet-cold").
+``HLOTK_TUNE_FROM_US`` moves the bound (``0``: time every template's small kernels too).
 Level 2 times every candidate of every template. A kernel left with a single config to try
 is never timed (``needs_timing``).
 
@@ -52,16 +58,29 @@ PRUNED_TOP = 3      # configs timed at level 1, besides the template's default
 # overrides the bound ("inf": never time a loop kernel at level 1; "0": always).
 UNTIMED_AT_PRUNED = frozenset({"loop", "generic"})
 LOOP_TIMED_FROM_US = math.inf
+# Level 1 times no kernel predicted under this many µs, whatever its template (the module's
+# docstring says why): 1.5x the cost model's 2 µs launch term. ``HLOTK_TUNE_FROM_US``
+# overrides it ("0": time small kernels too, as before).
+TIMED_FROM_US = 3.0
+
+
+def _microseconds(name: str, default: float) -> float:
+    env = os.environ.get(name, "").strip()
+    try:
+        return float(env) if env else default
+    except ValueError:
+        from codegen.triton.elemental import TritonCodegenError
+        raise TritonCodegenError(f"{name}={env!r}: expected microseconds "
+                                 "(a number, or inf)") from None
 
 
 def loop_timed_from_us() -> float:
-    env = os.environ.get("HLOTK_TUNE_LOOPS_FROM_US", "").strip()
-    try:
-        return float(env) if env else LOOP_TIMED_FROM_US
-    except ValueError:
-        from codegen.triton.elemental import TritonCodegenError
-        raise TritonCodegenError(f"HLOTK_TUNE_LOOPS_FROM_US={env!r}: expected microseconds "
-                                 "(a number, or inf)") from None
+    return _microseconds("HLOTK_TUNE_LOOPS_FROM_US", LOOP_TIMED_FROM_US)
+
+
+def timed_from_us() -> float:
+    """The bound under which level 1 times no kernel (``HLOTK_TUNE_FROM_US``)."""
+    return _microseconds("HLOTK_TUNE_FROM_US", TIMED_FROM_US)
 
 # Seconds spent in this process (benchmarks/compile_time.py reports them): ``tune`` is the
 # whole of autotuning, ``tune_compile`` the part of it compiling candidates.
@@ -122,13 +141,16 @@ def elements_per_thread(config: dict) -> Optional[float]:
 
 def ranked_candidates(kernel: Any, level: int, spec: Any) -> list[dict]:
     """The configs to time: all of them at level 2, else the default and the best
-    ``PRUNED_TOP`` others by ``predict_config_us``; only the default for a small loop kernel
-    at level 1 (``UNTIMED_AT_PRUNED``, ``loop_timed_from_us``)."""
+    ``PRUNED_TOP`` others by ``predict_config_us``; only the default at level 1 for a
+    kernel predicted (non-zero) under ``timed_from_us`` and for a small loop kernel
+    (``UNTIMED_AT_PRUNED``, ``loop_timed_from_us``)."""
     cands = list(kernel.plan.candidates or [kernel.config])
     if kernel.config not in cands:
         cands.insert(0, dict(kernel.config))
-    if level < 2 and getattr(kernel, "template", "") in UNTIMED_AT_PRUNED and \
-            (getattr(kernel, "predicted_us", 0.0) or 0.0) < loop_timed_from_us():
+    predicted = getattr(kernel, "predicted_us", 0.0) or 0.0     # 0: no prediction
+    if level < 2 and (0.0 < predicted < timed_from_us() or (
+            getattr(kernel, "template", "") in UNTIMED_AT_PRUNED and
+            predicted < loop_timed_from_us())):
         return [dict(kernel.config)]
     if level >= 2:
         return cands

@@ -791,6 +791,9 @@ class CudaExecutable:
         # The compile's deferred cache stores, while NVRTC's threads still compile (the
         # Triton pool's wait ran them already, where there was one).
         deferred.drain()
+        # cuDNN's early start-up (prewarm.start_libraries) launched work of its own: done
+        # before this run launches anything (and long before any graph capture).
+        prewarm.wait_for("cudnn")
         if not self._untuned:
             yield
             return
@@ -814,8 +817,19 @@ class CudaExecutable:
             except Exception:  # noqa: BLE001  (the launch reports it)
                 continue
             jobs += [(k, args, c) for c in configs]
-        self.stats["precompile"] = precompile(jobs, self._collect_flash(mem), idle=deferred.drain)
+        self.stats["precompile"] = precompile(jobs, self._collect_flash(mem),
+                                              idle=lambda: self._while_compiling(mem))
         self.stats["precompile_s"] = time.perf_counter() - t0
+
+    def _while_compiling(self, mem: ar.Memory) -> None:
+        """This thread's work while the pool compiles: the compile's deferred cache stores,
+        then each pure library call run once on a scratch output (cuDNN's and cuBLAS's
+        set-up, plans and kernel loads: runtime/cuda/library_warm.py)."""
+        deferred.drain()
+        from . import library_warm
+        if library_warm.enabled():
+            prewarm.wait_for("cudnn")      # its early start-up, where one was begun
+            self.stats["library_warm"] = library_warm.warm(self.thunks(), mem)
 
     def _flash_thunks(self) -> list[Any]:
         """The flash-attention thunks (forward and backward: hand-written Triton kernels
@@ -1044,6 +1058,12 @@ class CudaBackend:
         """The device spec the compile pipeline decides fusion for: this GPU's (h200, h100,
         a100 by name); None under Triton's interpreter (the pipeline's own default)."""
         return default_target(self.device) if self.device.type == "cuda" else None
+
+    def compile_started(self, module: Module) -> None:
+        """The client's compile of ``module`` begins (before its passes): library set-up
+        it will need starts in the background (prewarm.start_libraries)."""
+        if self.device.type == "cuda":
+            prewarm.start_libraries(module, self.device)
 
     def prepare(self, module: Module, poison: Optional[bool] = None,
                 target: Optional[str] = None) -> Any:

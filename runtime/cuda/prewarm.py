@@ -14,6 +14,14 @@
   (``import_specialization_modules``).
 - Unless ``HLOTK_LOOP_EMITTER=triton``, when the CUDA client is made: NVRTC loaded and a tiny
   kernel compiled in a thread (``codegen/cuda_c/nvrtc.py``: NVRTC's own start-up).
+- ``start_libraries(module, device)`` (when the client's compile of a module with a
+  convolution begins, before its passes): a thread runs a tiny bf16 convolution, so that cuDNN's libraries, a handle and its heuristics are set up while
+  the passes and codegen run (~1 s of cuDNN start-up otherwise on the first call's path;
+  NOTES "i13-resnet-cold"). Torch keeps cuDNN's execution plans per thread, so the
+  program's own shapes are set up later, on the launching thread, while the compile pool
+  works (runtime/cuda/library_warm.py); the handle this thread made goes back to torch's
+  pool when it ends and the launching thread takes it. The first run waits for it
+  (``wait_for("cudnn")``) before it launches anything. ``HLOTK_PREWARM_LIBRARIES=0``: off.
 - ``freeze_gc()`` (when the CUDA client is made): the objects alive then go to the
   cyclic collector's permanent generation, so that the first call's full collection does
   not re-scan every imported library (``HLOTK_GC_FREEZE=0``: off).
@@ -44,7 +52,8 @@ _THREADS: dict[str, threading.Thread] = {}
 _LOCK = threading.Lock()
 # Seconds of each background step and of the first call's wait for them (benchmarks).
 STATS: dict[str, float] = {"triton_key_s": 0.0, "native_s": 0.0, "wait_s": 0.0,
-                           "triton_imports_s": 0.0, "nvrtc_s": 0.0}
+                           "triton_imports_s": 0.0, "nvrtc_s": 0.0, "cudnn_s": 0.0,
+                           "cudnn_wait_s": 0.0}
 
 
 def _timed(what: str, fn: Callable[[], Any]) -> Callable[[], None]:
@@ -223,6 +232,60 @@ def wait() -> None:
             t0 = time.perf_counter()
             t.join()
             STATS["wait_s"] += time.perf_counter() - t0
+
+
+def wait_for(name: str) -> None:
+    """Until the background step ``name`` is done (a no-op when none was started); the
+    wait goes to ``STATS[name + "_wait_s"]``."""
+    t = _THREADS.get(name)
+    if t is not None and t.is_alive():
+        t0 = time.perf_counter()
+        t.join()
+        key = name + "_wait_s"
+        STATS[key] = STATS.get(key, 0.0) + time.perf_counter() - t0
+
+
+def libraries_enabled() -> bool:
+    """``HLOTK_PREWARM_LIBRARIES`` (default on)."""
+    return os.environ.get("HLOTK_PREWARM_LIBRARIES", "1").strip().lower() not in (
+        "0", "off", "false", "no")
+
+
+def has_convolution(module: Any) -> bool:
+    """Whether any computation of ``module`` has a ``convolution``."""
+    return any(i.opcode == "convolution" for c in module.computations for i in c.instructions)
+
+
+def start_libraries(module: Any, device: Any) -> bool:
+    """cuDNN's start-up in a thread, once per process, when ``module`` has a convolution
+    (the module's docstring says what and why). Returns whether a thread started now."""
+    if getattr(device, "type", "") != "cuda" or _interpreting() or not libraries_enabled():
+        return False
+    if "cudnn" in _THREADS or not has_convolution(module):
+        return False
+    try:
+        import torch
+        import torch.nn.functional  # noqa: F401  (imported here, not in the thread)
+    except Exception:  # noqa: BLE001  (no torch: the first call says so)
+        return False
+    _spawn("cudnn", _timed("cudnn", lambda: _cudnn_start_up(device)))
+    return True
+
+
+def _cudnn_start_up(device: Any) -> None:
+    """A 3x3 bf16 channels-last convolution of 8 channels, finished on this thread's stream
+    before it ends (torch's Python ops leave the GIL while cuDNN works, so the passes on
+    the main thread go on)."""
+    import torch
+    import torch.nn.functional as F
+    with torch.cuda.device(device):
+        last = torch.channels_last
+        x = torch.zeros((1, 8, 8, 8), device=device, dtype=torch.bfloat16).contiguous(
+            memory_format=last)
+        w = torch.zeros((8, 8, 3, 3), device=device, dtype=torch.bfloat16).contiguous(
+            memory_format=last)
+        F.conv2d(x, w, padding=1)
+        torch.cuda.current_stream(device).synchronize()
 
 
 def start_workers(exe: Any) -> None:
