@@ -56,6 +56,20 @@ VECTOR_BYTES = 16
 # No local memory either way (ptxas: 40 and 56 registers); why a thread's second chunk
 # costs ~30% is open (the SASS would say).
 CHUNK_ENV = "HLOTK_CUDA_C_FLAT_CHUNK"
+# How a flat kernel divides and takes square roots of full-size f32 values (one-element
+# values, before the loop, and f64 always use ``/`` and ``sqrt``):
+# "chunk" (default): IEEE results (the same bits as "ieee") through the slow-path-free
+#   sequences of prelude.py's ``hl_div_fast`` / ``hl_sqrt_fast`` for every element of the
+#   chunk, their operand checks ANDed into ``hl_ok``, and the chunk computed again with
+#   ``/`` and ``sqrtf`` only where a check failed (a zero, subnormal, huge, inf or NaN
+#   operand);
+# "ieee": ``/`` and ``sqrtf`` per op, as before: NVRTC emits each as a fast path, a check
+#   and a call to a slow path in its own branch, 16 such branches in an Adam chunk of 4
+#   elements, which ptxas schedules one after another;
+# "approx": Triton's ``div.full.f32`` and ``sqrt.approx.ftz.f32`` (to compare on a GPU;
+#   other numerics).
+DIVSQRT_ENV = "HLOTK_CUDA_C_FLAT_DIVSQRT"
+DIVSQRT_MODES = ("chunk", "ieee", "approx")
 CHUNK_BYTES = 16
 # 32-bit indices while every index the kernel forms fits: a chunk index plus one grid
 # stride (at most the chunk count again) times CHUNK stays under 2 * n + 2^20.
@@ -82,6 +96,14 @@ def chunk_bytes() -> int:
     if text not in ("16", "32", "64"):
         raise CudaCodegenError(f"{CHUNK_ENV}={text!r}: expected 16, 32 or 64")
     return int(text)
+
+
+def divsqrt_mode() -> str:
+    text = os.environ.get(DIVSQRT_ENV, "").strip().lower() or DIVSQRT_MODES[0]
+    if text not in DIVSQRT_MODES:
+        raise CudaCodegenError(f"{DIVSQRT_ENV}={text!r}: expected one of "
+                               f"{', '.join(DIVSQRT_MODES)}")
+    return text
 
 
 def restrict_inputs() -> bool:
@@ -159,9 +181,29 @@ class FlatEmitter(CEmitter):
     chunk's element ``slot`` (index ``(str(slot),)``); loads of full-size parameters come
     from the chunk's registers."""
 
-    def __init__(self, fusion_name: str, round_narrow_each_op: bool = True):
+    def __init__(self, fusion_name: str, round_narrow_each_op: bool = True,
+                 divsqrt: str = "ieee"):
         super().__init__(fusion_name, round_narrow_each_op)
         self.slot = "0"
+        self.divsqrt = divsqrt      # DIVSQRT_ENV's modes, for full-size f32 values
+        self.checks = 0             # hl_ok checks emitted ("chunk")
+
+    def elementwise_expr(self, inst: Instruction, args: list[str]) -> str:
+        op, out = inst.opcode, inst.shape.dtype
+        if (self.divsqrt == "ieee" or op not in ("divide", "sqrt") or not out.is_float
+                or out.name == "f64" or _numel(inst) == 1):
+            return super().elementwise_expr(inst, args)
+        if self.divsqrt == "approx":
+            form = "hl_div_full({0}, {1})" if op == "divide" else "hl_sqrt_approx({0})"
+            return self.narrow(form.format(*args), out)
+        # "chunk": the fast path's result; its operands' check ANDed into the chunk's flag
+        # (the caller redoes the chunk with IEEE ``/`` and ``sqrtf`` where one fails)
+        self.checks += 1
+        if op == "divide":
+            self.line(f"hl_ok &= hl_div_ok({args[0]}, {args[1]});")
+            return self.narrow(f"hl_div_fast({args[0]}, {args[1]})", out)
+        self.line(f"hl_ok &= hl_sqrt_ok({args[0]});")
+        return self.narrow(f"hl_sqrt_fast({args[0]})", out)
 
     def value(self, inst: Instruction, idx) -> str:
         if inst.shape.is_array and _numel(inst) == 1:
@@ -184,9 +226,22 @@ class FlatEmitter(CEmitter):
 
     def _load(self, inst: Instruction, idx, comment: str) -> str:
         n = inst.parameter_number
-        addr = f"p{n}[0]" if not idx else f"in{n}.x[{idx[0]}]"
+        if not idx:
+            addr = f"p{n}[0]"
+        elif idx[0].isdigit():
+            addr = f"in{n}.x[{idx[0]}]"
+        else:                   # the element loop's (emit_flat_kernel): loaded at its top
+            addr = f"ld{n}"
         return self.assign(self.held(inst.shape.dtype), f"param{n}",
                            self.from_stored(addr, inst.shape.dtype), comment)
+
+
+def _fast_ops(comp: Computation, mode: str) -> bool:
+    """Whether ``mode`` ("chunk") gives the kernel fast paths to check: a full-size f32
+    (or bf16/f16, held as float) division or square root (``FlatEmitter``)."""
+    return mode == "chunk" and any(
+        i.opcode in ("divide", "sqrt") and i.shape.is_array and i.shape.dtype.is_float
+        and i.shape.dtype.name != "f64" and _numel(i) > 1 for i in comp.instructions)
 
 
 def flat_fields(fusion: Instruction) -> dict:
@@ -248,7 +303,7 @@ def flat_key(fusion: Instruction, round_narrow_each_op: bool = True) -> Optional
                          tuple(pos.get(id(c), -1) for c in inst.control_predecessors),
                          inst.parameter_number, lit, akey))
         key = ("flat", tuple(rows), pos[id(comp.root)], comp.name.endswith(".finish"),
-               bool(round_narrow_each_op), restrict_inputs(), chunk_bytes(),
+               bool(round_narrow_each_op), restrict_inputs(), chunk_bytes(), divsqrt_mode(),
                _numel(_outputs(comp)[0]) > INDEX32_MAX)
         hash(key)
     except TypeError:           # an attribute value with no hashable form: emit
@@ -282,7 +337,7 @@ def emit_flat_kernel(fusion: Instruction, round_narrow_each_op: bool = True) -> 
     full = [p for p in params if _numel(p) > 1]
     narrowest = min(C_STORED_SIZE[x.shape.dtype.name] for x in full + outs)
     chunk = chunk_bytes() // narrowest
-    em = FlatEmitter(fusion.name, round_narrow_each_op)
+    em = FlatEmitter(fusion.name, round_narrow_each_op, divsqrt_mode())
 
     # One-element values (a step's bias correction: powf of a scalar) once a thread.
     for inst in comp.instructions:
@@ -298,46 +353,102 @@ def emit_flat_kernel(fusion: Instruction, round_narrow_each_op: bool = True) -> 
             "(hl_index)blockDim.x) {")
     em.indent += 1
     em.line(f"const hl_index i = c * {chunk};", f"this chunk's first element of {chunk}")
-    em.line(f"const bool whole = vec && i + {chunk} <= n;")
 
     def words(dtype_name: str) -> int:
         return chunk * C_STORED_SIZE[dtype_name] // VECTOR_BYTES
 
+    def vector_loads() -> None:
+        for p in full:
+            k = p.parameter_number
+            for w in range(words(p.shape.dtype.name)):
+                em.line(f"  in{k}.v[{w}] = ((const uint4*)(p{k} + i))[{w}];")
+
+    def chunk_values() -> None:
+        for k, o in enumerate(outs):
+            em.line(f"union {{ uint4 v[{words(o.shape.dtype.name)}]; "
+                    f"{C_STORED[o.shape.dtype.name]} x[{chunk}]; }} r{k};")
+        for j in range(chunk):
+            em.slot = str(j)
+            em.scopes.append({})
+            for k, o in enumerate(outs):
+                v = em.value(o, (em.slot,))
+                em.line(f"r{k}.x[{j}] = {em.to_stored(v, o.shape.dtype)};",
+                        f"output {k}: %{o.name}")
+            em.scopes.pop()
+
+    def vector_stores() -> None:
+        for k, o in enumerate(outs):
+            for w in range(words(o.shape.dtype.name)):
+                em.line(f"  ((uint4*)(out{k} + i))[{w}] = r{k}.v[{w}];")
+
     for p in full:
         k, st = p.parameter_number, C_STORED[p.shape.dtype.name]
         em.line(f"union {{ uint4 v[{words(p.shape.dtype.name)}]; {st} x[{chunk}]; }} in{k};")
-    em.line("if (whole) {")
-    for p in full:
-        k = p.parameter_number
-        for w in range(words(p.shape.dtype.name)):
-            em.line(f"  in{k}.v[{w}] = ((const uint4*)(p{k} + i))[{w}];")
-    em.line("} else {", "a misaligned view or the last chunk: element by element, "
-            "past the end reading element n - 1")
-    for p in full:
-        k = p.parameter_number
-        for j in range(chunk):
-            at = "i" if j == 0 else f"(i + {j} < n ? i + {j} : n - 1)"
-            em.line(f"  in{k}.x[{j}] = p{k}[{at}];")
-    em.line("}")
-    for k, o in enumerate(outs):
-        em.line(f"union {{ uint4 v[{words(o.shape.dtype.name)}]; {C_STORED[o.shape.dtype.name]} "
-                f"x[{chunk}]; }} r{k};")
-    for j in range(chunk):
-        em.slot = str(j)
-        em.scopes.append({})
+    if not _fast_ops(comp, em.divsqrt):
+        em.line(f"const bool whole = vec && i + {chunk} <= n;")
+        em.line("if (whole) {")
+        vector_loads()
+        em.line("} else {", "a misaligned view or the last chunk: element by element, "
+                "past the end reading element n - 1")
+        for p in full:
+            k = p.parameter_number
+            for j in range(chunk):
+                at = "i" if j == 0 else f"(i + {j} < n ? i + {j} : n - 1)"
+                em.line(f"  in{k}.x[{j}] = p{k}[{at}];")
+        em.line("}")
+        chunk_values()
+        em.line("if (whole) {", "every load above came first: an output may share an input's "
+                "buffer")
+        vector_stores()
+        em.line("} else {")
         for k, o in enumerate(outs):
-            v = em.value(o, (em.slot,))
-            em.line(f"r{k}.x[{j}] = {em.to_stored(v, o.shape.dtype)};", f"output {k}: %{o.name}")
+            for j in range(chunk):
+                em.line(f"  {'' if j == 0 else f'if (i + {j} < n) '}out{k}[i + {j}] = "
+                        f"r{k}.x[{j}];")
+        em.line("}")
+    else:
+        # "chunk": an aligned whole chunk through the fast paths; its stores stand where
+        # every operand passed the checks (the same bits as "/" and sqrtf). Anything else
+        # (a misaligned view, the last chunk, a failed check: a zero, subnormal, huge, inf
+        # or NaN operand) takes the element loop below, with "/" and sqrtf. The other
+        # chunks compute on zeros and store nothing: a branch around the loads alone keeps
+        # them in one block, issued together (around the values too, ptxas sank the last
+        # operand's load below the first values: two round trips to memory a chunk).
+        em.line(f"bool hl_ok = vec && i + {chunk} <= n;",
+                "aligned and whole, then every fast division and square root exact")
+        em.line("if (hl_ok) {")
+        vector_loads()
+        em.line("} else {")
+        em.line("  " + " = ".join(f"in{p.parameter_number}.v[{w}]" for p in full
+                                   for w in range(words(p.shape.dtype.name)))
+                + " = uint4{0u, 0u, 0u, 0u};")
+        em.line("}")
+        chunk_values()
+        em.line("if (hl_ok) {", "every load above came first: an output may share an input's "
+                "buffer")
+        vector_stores()
+        em.line("  continue;")
+        em.line("}")
+        # One element a trip of a loop kept rolled: one copy of the element's code and of
+        # each op's slow path (NVRTC time). An element's loads before its stores, element i
+        # of an output written after element i of every input was read (sharing is element
+        # for element).
+        em.line("#pragma unroll 1")
+        em.line(f"for (int hl_j = 0; hl_j < {chunk} && i + hl_j < n; ++hl_j) {{",
+                "rare: element by element, IEEE division and square root")
+        em.indent += 1
+        em.divsqrt, em.slot = "ieee", "hl_j"
+        for p in full:
+            k = p.parameter_number
+            em.line(f"const {C_STORED[p.shape.dtype.name]} ld{k} = p{k}[i + hl_j];")
+        em.scopes.append({})
+        vals = [em.value(o, (em.slot,)) for o in outs]
+        for k, (o, v) in enumerate(zip(outs, vals)):
+            em.line(f"out{k}[i + hl_j] = {em.to_stored(v, o.shape.dtype)};",
+                    f"output {k}: %{o.name}")
         em.scopes.pop()
-    em.line("if (whole) {", "every load above came first: an output may share an input's buffer")
-    for k, o in enumerate(outs):
-        for w in range(words(o.shape.dtype.name)):
-            em.line(f"  ((uint4*)(out{k} + i))[{w}] = r{k}.v[{w}];")
-    em.line("} else {")
-    for k, o in enumerate(outs):
-        for j in range(chunk):
-            em.line(f"  {'' if j == 0 else f'if (i + {j} < n) '}out{k}[i + {j}] = r{k}.x[{j}];")
-    em.line("}")
+        em.indent -= 1
+        em.line("}")
     em.indent -= 1
     em.line("}")
 
