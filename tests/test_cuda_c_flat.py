@@ -133,12 +133,13 @@ def test_flat_form_chosen_for_elementwise_fusions():
 
 
 def test_division_and_sqrt_forms(monkeypatch):
-    """"chunk" (default): full-size f32 divisions and square roots by the fast paths, their
-    checks ANDed into hl_ok, the chunk redone with "/" and sqrtf where one fails; the
-    one-element values before the loop keep "/". "ieee": "/" and sqrtf per op (the source
-    before); "approx": Triton's instructions. Kernels without them are the same in all."""
+    """"ieee" (default): "/" and sqrtf per op (the source before). "chunk": full-size f32
+    divisions and square roots by the fast paths, their checks ANDed into hl_ok, an
+    element loop with "/" and sqrtf where one fails; the one-element values before the
+    loop keep "/". "approx": Triton's instructions. Kernels without them are the same."""
     f = divide_sqrt("[1000]")
-    assert divsqrt_mode() == "chunk"
+    assert divsqrt_mode() == "ieee"
+    monkeypatch.setenv("HLOTK_CUDA_C_FLAT_DIVSQRT", "chunk")
     code = compile_text(emit_loop_kernel(f).source)
     before, body = code.split("for (hl_index c")
     fast, slow = body.split("#pragma unroll 1")
@@ -303,12 +304,13 @@ def test_odd_sizes_and_a_short_grid(n):
 
 @needs_cxx
 @pytest.mark.parametrize("seed, lo, hi", [(0, -149, 128), (1, -70, 70), (2, -62, 62)])
-def test_fast_division_and_sqrt_round_as_ieee_on_the_host(seed, lo, hi):
+def test_fast_division_and_sqrt_round_as_ieee_on_the_host(seed, lo, hi, monkeypatch):
     """"chunk"'s results are IEEE's bit for bit: chunks whose operands all pass the checks
     (exponents in [-62, 62)) through the fast paths, the others through "/" and sqrtf (on
     the host the seeds are exact; the GPU's approximate ones: the gpu test below)."""
     n = 4099
     f = divide_sqrt(f"[{n}]")
+    monkeypatch.setenv("HLOTK_CUDA_C_FLAT_DIVSQRT", "chunk")
     ks = emit_loop_kernel(f)
     assert "hl_div_fast(" in ks.source
     rng = np.random.default_rng(seed)
@@ -325,17 +327,41 @@ def test_fast_division_and_sqrt_round_as_ieee_on_the_host(seed, lo, hi):
 
 
 @needs_cxx
+def test_fast_division_and_sqrt_of_zeros(monkeypatch):
+    """Zero numerators and roots of zeros pass the checks: the fast paths give IEEE's
+    signed zeros (0 / -y = -0, sqrt(-0) = -0) with no element loop; a zero divisor fails."""
+    n = 4096
+    f = divide_sqrt(f"[{n}]")
+    monkeypatch.setenv("HLOTK_CUDA_C_FLAT_DIVSQRT", "chunk")
+    ks = emit_loop_kernel(f)
+    rng = np.random.default_rng(9)
+    x, y = wide_floats(n, rng, -30, 30, False), wide_floats(n, rng, -30, 30, False)
+    x[::3], x[1::5] = 0.0, -0.0
+    y[7] = 0.0
+    s = np.float32(0.5)
+    with np.errstate(all="ignore"):
+        want = [x / y, np.sqrt(x), x / (s - np.float32(1))]
+    got = run(ks, [x, y, np.asarray(s)])
+    for g, w in zip(got, want):
+        ok = ~np.isnan(w)
+        np.testing.assert_array_equal(g.view(np.uint32)[ok], w.view(np.uint32)[ok])
+        assert np.isnan(g[~ok]).all()
+    assert np.signbit(got[0][1::5][x[1::5] == 0]).sum() > 0      # a -0 quotient kept
+
+
+@needs_cxx
 @pytest.mark.parametrize("offset", [0, 4])
-def test_fast_division_misaligned_and_written_over_its_input(offset):
+def test_fast_division_misaligned_and_written_over_its_input(offset, monkeypatch):
     """The element loop ("chunk"'s path for misaligned views and failed checks) reads an
-    element's inputs before writing it: x / y written over x, with zeros (failed checks)
-    mixed into the chunks, equals IEEE's."""
+    element's inputs before writing it: x / y written over x, with zero divisors (failed
+    checks) mixed into the chunks, equals IEEE's."""
     n = 1001
     f = divide_sqrt(f"[{n}]")
+    monkeypatch.setenv("HLOTK_CUDA_C_FLAT_DIVSQRT", "chunk")
     ks = emit_loop_kernel(f)
     rng = np.random.default_rng(offset)
     x, y = wide_floats(n, rng, -30, 30, False), wide_floats(n, rng, -30, 30, False)
-    x[::7] = 0.0
+    y[::7] = 0.0
     s = np.float32(3.0)
     with np.errstate(all="ignore"):
         want = [x / y, np.sqrt(x), x / (s - np.float32(1))]

@@ -19,9 +19,18 @@ element ``n - 1`` and storing nothing. Every load of a chunk precedes its stores
 may share an input's buffer (buffer assignment), element for element.
 
 Measured on the H200: an Adam step's kernels summed 199.0 µs per step against Triton's
-210.4 run back to back (CUPTI; NOTES "i13-cudac-flat"), but the step's CUDA graph replayed
-with L2 flushed took 0.242 ms against 0.221 with Triton's kernels (NOTES session 8); alone
-with their inputs in L2 they are 3-15% slower than Triton's 8-elements-a-thread kernels.
+210.4 run back to back (CUPTI; NOTES "i13-cudac-flat"); alone with their inputs in L2 they
+are 3-15% slower than Triton's 8-elements-a-thread kernels. The step's CUDA graph replayed
+with L2 flushed took 0.240-0.242 ms against Triton's 0.219-0.221 (NOTES session 8,
+"i13-flat-sass"), but that replay runs on zeroed staging buffers: there every IEEE
+division and square root of the Adam update takes NVRTC's slow path (a call; zero is
+outside the fast paths' range), which Triton's approximate ``div.full`` / ``sqrt.approx``
+never branch to. With Triton's instructions (``DIVSQRT_ENV=approx``) the same replay took
+0.196 ms; on real Adam data, alone and L2 flushed, the modes are within a few % of each
+other ([1536,1536] 21.7 µs, ncu: 70% of stalls waiting for memory either way). So the
+SASS difference (16 branch-and-call regions a chunk, scheduled one after another, against
+straight-line code) costs on zeros, not on the data a step sees; ``DIVSQRT_ENV`` keeps a
+slow-path-free form of the same bits ("chunk") and Triton's ("approx") to compare.
 
 The grid strides over chunks (``c += gridDim.x * blockDim.x``), so the launch may cap the
 grid without another source. Index arithmetic is 32-bit where ``n`` leaves room
@@ -58,18 +67,22 @@ VECTOR_BYTES = 16
 CHUNK_ENV = "HLOTK_CUDA_C_FLAT_CHUNK"
 # How a flat kernel divides and takes square roots of full-size f32 values (one-element
 # values, before the loop, and f64 always use ``/`` and ``sqrt``):
-# "chunk" (default): IEEE results (the same bits as "ieee") through the slow-path-free
-#   sequences of prelude.py's ``hl_div_fast`` / ``hl_sqrt_fast`` for every element of the
-#   chunk, their operand checks ANDed into ``hl_ok``, and the chunk computed again with
-#   ``/`` and ``sqrtf`` only where a check failed (a zero, subnormal, huge, inf or NaN
-#   operand);
-# "ieee": ``/`` and ``sqrtf`` per op, as before: NVRTC emits each as a fast path, a check
-#   and a call to a slow path in its own branch, 16 such branches in an Adam chunk of 4
-#   elements, which ptxas schedules one after another;
-# "approx": Triton's ``div.full.f32`` and ``sqrt.approx.ftz.f32`` (to compare on a GPU;
-#   other numerics).
+# "ieee" (default): ``/`` and ``sqrtf`` per op: NVRTC emits each as a fast path, a check
+#   and a branch to a call of the slow path (16 such branches in an Adam chunk of 4
+#   elements, which ptxas schedules one after another). The slow path runs where an operand
+#   is zero, subnormal, huge, inf or NaN: on the zeroed staging buffers of the graph-replay
+#   benchmark (gpu_suite.device_ms), every division and root of the Adam step.
+# "chunk": the same bits through the slow-path-free sequences of prelude.py's
+#   ``hl_div_fast`` / ``hl_sqrt_fast`` (zero operands included), their operand checks ANDed
+#   into ``hl_ok`` and one branch a chunk to an element loop with ``/`` and ``sqrtf``.
+# "approx": Triton's ``div.full.f32`` and ``sqrt.approx.ftz.f32`` (other numerics).
+# Measured (H200, NOTES "i13-flat-sass"): alone on real Adam data, L2 flushed, [1536,1536]
+# 21.70 / 22.27 / 22.24 µs (ieee / chunk / approx), [1536,768] 14.34 / 13.79 / 13.50,
+# (6144,) 5.66 / 4.96 / 4.74 (ncu: 70% of stalls wait for memory either way); adam_step's
+# graph replay on zeros 0.240 / 0.456 (chunk as measured: zeros then failed its checks) / 0.196 ms,
+# Triton 0.219. No mode wins on real data, so the default keeps the kernels' numerics.
 DIVSQRT_ENV = "HLOTK_CUDA_C_FLAT_DIVSQRT"
-DIVSQRT_MODES = ("chunk", "ieee", "approx")
+DIVSQRT_MODES = ("ieee", "chunk", "approx")
 CHUNK_BYTES = 16
 # 32-bit indices while every index the kernel forms fits: a chunk index plus one grid
 # stride (at most the chunk count again) times CHUNK stays under 2 * n + 2^20.
@@ -381,11 +394,13 @@ def emit_flat_kernel(fusion: Instruction, round_narrow_each_op: bool = True) -> 
             for w in range(words(o.shape.dtype.name)):
                 em.line(f"  ((uint4*)(out{k} + i))[{w}] = r{k}.v[{w}];")
 
+    fast = _fast_ops(comp, em.divsqrt)
+    if not fast:        # the kernel as before "chunk" (the same source, the same cubin)
+        em.line(f"const bool whole = vec && i + {chunk} <= n;")
     for p in full:
         k, st = p.parameter_number, C_STORED[p.shape.dtype.name]
         em.line(f"union {{ uint4 v[{words(p.shape.dtype.name)}]; {st} x[{chunk}]; }} in{k};")
-    if not _fast_ops(comp, em.divsqrt):
-        em.line(f"const bool whole = vec && i + {chunk} <= n;")
+    if not fast:
         em.line("if (whole) {")
         vector_loads()
         em.line("} else {", "a misaligned view or the last chunk: element by element, "
