@@ -100,7 +100,8 @@ def main() -> None:
             torch.cuda.synchronize()
             bits[mode] = [o.cpu().numpy().view(np.uint32) for o in outs]
             ms = do_bench(lambda: k.launch(outs, dev), warmup=25, rep=200, return_mode="median")
-            same = all(np.array_equal(x, y) for x, y in zip(bits[mode], bits[a.modes.split(",")[0]]))
+            first = bits[a.modes.split(",")[0]]
+            same = all(np.array_equal(x, y) for x, y in zip(bits[mode], first))
             rows.append((shape, mode, k.threads, k.blocks, 1e3 * ms,
                          7 * 4 * int(np.prod(shape)) / (ms * 1e6), same))
     if rows:

@@ -42,7 +42,8 @@ AUTO_MAX_US = 5.0
 # have none: the CUDA C kernels with Triton's instructions replayed in 0.196 ms); on real
 # Adam data, alone with L2 flushed, the CUDA C kernel's numerics cost within a few % (ncu:
 # memory-bound either way). In exchange the cold first call loses its Triton compile
-# (0.16-0.19 s), which put adam_step's under XLA's compile. ``HLOTK_LOOP_EMITTER=triton`` takes the other side.
+# (0.16-0.19 s), which put adam_step's under XLA's compile. ``HLOTK_LOOP_EMITTER=triton``
+# takes the other side.
 AUTO_FLAT_ANY_SIZE = True
 
 

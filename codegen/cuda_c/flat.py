@@ -62,8 +62,9 @@ VECTOR_BYTES = 16
 # graph replays, L2 flushed, session 8): 16 bytes 0.243 ms, 32 0.314, 64 0.599, Triton's
 # flat kernels 0.221. Not for want of coalescing: two or four 16-byte chunks a thread, a
 # grid apart (every warp-wide load coalesced), took 0.312 and 0.500 ms (NOTES, session 8).
-# No local memory either way (ptxas: 40 and 56 registers); why a thread's second chunk
-# costs ~30% is open (the SASS would say).
+# No local memory either way (ptxas: 40 and 56 registers). Those replays ran on zeroed
+# staging buffers, where each IEEE division and square root calls its slow path (see
+# ``DIVSQRT_ENV``): more chunks a thread, more such calls one after another (i13-flat-sass).
 CHUNK_ENV = "HLOTK_CUDA_C_FLAT_CHUNK"
 # How a flat kernel divides and takes square roots of full-size f32 values (one-element
 # values, before the loop, and f64 always use ``/`` and ``sqrt``):
@@ -79,8 +80,9 @@ CHUNK_ENV = "HLOTK_CUDA_C_FLAT_CHUNK"
 # Measured (H200, NOTES "i13-flat-sass"): alone on real Adam data, L2 flushed, [1536,1536]
 # 21.70 / 22.27 / 22.24 µs (ieee / chunk / approx), [1536,768] 14.34 / 13.79 / 13.50,
 # (6144,) 5.66 / 4.96 / 4.74 (ncu: 70% of stalls wait for memory either way); adam_step's
-# graph replay on zeros 0.240 / 0.456 (chunk as measured: zeros then failed its checks) / 0.196 ms,
-# Triton 0.219. No mode wins on real data, so the default keeps the kernels' numerics.
+# graph replay on zeros 0.240 / 0.456 / 0.196 ms, Triton 0.219 ("chunk" as measured then
+# failed its checks on zeros; now zeros take its fast paths: unmeasured). No mode wins on
+# real data, so the default keeps the kernels' numerics and source.
 DIVSQRT_ENV = "HLOTK_CUDA_C_FLAT_DIVSQRT"
 DIVSQRT_MODES = ("ieee", "chunk", "approx")
 CHUNK_BYTES = 16
@@ -112,6 +114,7 @@ def chunk_bytes() -> int:
 
 
 def divsqrt_mode() -> str:
+    """``HLOTK_CUDA_C_FLAT_DIVSQRT``: ieee (default), chunk or approx (``DIVSQRT_ENV``)."""
     text = os.environ.get(DIVSQRT_ENV, "").strip().lower() or DIVSQRT_MODES[0]
     if text not in DIVSQRT_MODES:
         raise CudaCodegenError(f"{DIVSQRT_ENV}={text!r}: expected one of "
@@ -210,7 +213,7 @@ class FlatEmitter(CEmitter):
             form = "hl_div_full({0}, {1})" if op == "divide" else "hl_sqrt_approx({0})"
             return self.narrow(form.format(*args), out)
         # "chunk": the fast path's result; its operands' check ANDed into the chunk's flag
-        # (the caller redoes the chunk with IEEE ``/`` and ``sqrtf`` where one fails)
+        # (where one fails, emit_flat_kernel's element loop takes the chunk, IEEE ops)
         self.checks += 1
         if op == "divide":
             self.line(f"hl_ok &= hl_div_ok({args[0]}, {args[1]});")
