@@ -8,7 +8,13 @@ reads it when it is made), or a label and settings (``label:K=V,K=V``: the emitt
 auto unless they set it) that hold while it compiles and makes its first calls; every round times each side's CUDA-graph replay
 (``gpu_suite.device_ms``: do_bench, L2 flushed between replays) in a rotated order. Every
 side's result is checked against jax.jit. Prints one JSON line per program: each side's
-median ms over rounds and each round's ms."""
+median ms over rounds and each round's ms.
+
+``--staging random``: the replays run on staging buffers filled with |N(0, 1)| * 1e-3 as
+f32 instead of the launcher's zeros (i13-flat-sass: on zeros every IEEE division and square
+root of an Adam step takes its slow path, which Triton's approximate ones never do). Only
+for programs whose buffers are all floats read elementwise (adam_step): an integer index
+read from such a buffer would be garbage."""
 from __future__ import annotations
 
 import argparse
@@ -22,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", default="adam_step")
     ap.add_argument("--sides", default="auto;triton", help="';'-separated sides")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--staging", choices=("zeros", "random"), default="zeros")
     a = ap.parse_args(argv)
     import jax
     import numpy as np
@@ -62,6 +69,8 @@ def main(argv: list[str] | None = None) -> None:
                       / max(np.linalg.norm(np.asarray(w, np.float64)), 1e-30))
                 for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)))
             exes[side] = executable_of(c)
+        if a.staging == "random":
+            _random_staging()
         times: dict[str, list[float]] = {s: [] for s in sides}
         for r in range(a.rounds):
             for s in sides[r % len(sides):] + sides[:r % len(sides)]:
@@ -69,6 +78,24 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({"program": prog[0], "max_rel_err": errs,
                           "median_ms": {s: round(statistics.median(t), 4) for s, t in times.items()},
                           "rounds_ms": {s: [round(x, 4) for x in t] for s, t in times.items()}}))
+
+
+def _random_staging() -> None:
+    """Make the native launcher's staging buffers (``replay_on_staging``) hold positive f32
+    values instead of zeros, from here on in this process."""
+    import torch
+    from runtime.cuda.native import launcher
+
+    def staging(self) -> list:
+        bufs = []
+        for n in self.sizes:
+            raw = torch.zeros(max(n, 1) + launcher.STAGING_SKEW, dtype=torch.uint8,
+                              device=self.exe.device)[launcher.STAGING_SKEW:]
+            words = raw[:n - n % 4].view(torch.float32)
+            words.normal_().abs_().mul_(1e-3)
+            bufs.append(raw)
+        return bufs
+    launcher.NativeGraph.staging = staging
 
 
 if __name__ == "__main__":

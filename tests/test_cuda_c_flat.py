@@ -14,8 +14,8 @@ import pytest
 import hlo
 from codegen.cuda_c import CudaCodegenError, emit_loop_kernel, host, nvrtc, takes
 from codegen.cuda_c.emitter import compile_text
-from codegen.cuda_c.flat import (INDEX32_MAX, fitted_threads, flat_blocks, flat_reason,
-                                 launch_shape)
+from codegen.cuda_c.flat import (INDEX32_MAX, divsqrt_mode, fitted_threads, flat_blocks,
+                                 flat_key, flat_reason, launch_shape)
 from tests.test_cuda_c import make, random_input
 
 needs_cxx = pytest.mark.skipif(host.host_compiler() is None, reason="no host C++ compiler")
@@ -24,7 +24,8 @@ needs_cxx = pytest.mark.skipif(host.host_compiler() is None, reason="no host C++
 @pytest.fixture(autouse=True)
 def _cache_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HLOTK_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-    for var in ("HLOTK_CUDA_C_FLAT", "HLOTK_CUDA_C_RESTRICT", "HLOTK_CUDA_C_FLAT_LAUNCH"):
+    for var in ("HLOTK_CUDA_C_FLAT", "HLOTK_CUDA_C_RESTRICT", "HLOTK_CUDA_C_FLAT_LAUNCH",
+                "HLOTK_CUDA_C_FLAT_DIVSQRT"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -83,6 +84,39 @@ def assert_equal(got, want) -> None:
         np.testing.assert_array_equal(g.astype(np.float64), w.astype(np.float64))
 
 
+def divide_sqrt(shape: str):
+    """x / y, sqrt(x) and x / (s - 1) (s one element: its subtraction before the loop) as
+    one flat fusion: every full-size f32 division and square root of a flat kernel."""
+    return make(f"""  %x = f32{shape} parameter(0)
+  %y = f32{shape} parameter(1)
+  %s = f32[] parameter(2)
+  %one = f32[] constant(1)
+  %sm1 = f32[] subtract(%s, %one)
+  %d = f32{shape} divide(%x, %y)
+  %r = f32{shape} sqrt(%x)
+  %b = f32{shape} broadcast(%sm1), dimensions={{}}
+  %q = f32{shape} divide(%x, %b)
+  ROOT %t = (f32{shape}, f32{shape}, f32{shape}) tuple(%d, %r, %q)""",
+                [f"x: f32{shape}", f"y: f32{shape}", "s: f32[]"],
+                f"(f32{shape}, f32{shape}, f32{shape})")
+
+
+def wide_floats(n: int, rng, lo: int = -149, hi: int = 128, specials: bool = True) -> np.ndarray:
+    """f32 values with random significands and signs, exponents uniform in [lo, hi) (so
+    subnormals, values near the fast paths' bounds 2^-62 and 2^62, and huge ones), and,
+    with ``specials``, some zeros, infinities and NaNs."""
+    sig = rng.integers(0, 1 << 23, n, dtype=np.uint32)
+    e = rng.integers(lo, hi, n)
+    x = np.ldexp((1 + sig / float(1 << 23)).astype(np.float64), e)
+    x = np.where(rng.random(n) < 0.5, -x, x).astype(np.float32)
+    if specials:
+        k = rng.integers(0, n, n // 50)
+        x[k] = rng.choice(np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 2.0 ** -62, 2.0 ** 62,
+                                    np.nextafter(np.float32(2.0 ** 62), np.float32(0))],
+                                   np.float32), k.size)
+    return x
+
+
 # --- which form ----------------------------------------------------------------------------------
 def test_flat_form_chosen_for_elementwise_fusions():
     ks = emit_loop_kernel(adam_like("[300,7]"))
@@ -96,6 +130,48 @@ def test_flat_form_chosen_for_elementwise_fusions():
     # every load of a chunk before its first store
     body = code.split("for (hl_index c")[1]
     assert body.rindex("p1[") < body.index("out0[")
+
+
+def test_division_and_sqrt_forms(monkeypatch):
+    """"ieee" (default): "/" and sqrtf per op (the source before). "chunk": full-size f32
+    divisions and square roots by the fast paths, their checks ANDed into hl_ok, an
+    element loop with "/" and sqrtf where one fails; the one-element values before the
+    loop keep "/". "approx": Triton's instructions. Kernels without them are the same."""
+    f = divide_sqrt("[1000]")
+    assert divsqrt_mode() == "ieee"
+    monkeypatch.setenv("HLOTK_CUDA_C_FLAT_DIVSQRT", "chunk")
+    code = compile_text(emit_loop_kernel(f).source)
+    before, body = code.split("for (hl_index c")
+    fast, slow = body.split("#pragma unroll 1")
+    assert "bool hl_ok = vec && i + 4 <= n;" in fast and "continue;" in fast
+    assert fast.count("hl_ok &= hl_div_ok(") == 8 and fast.count("hl_ok &= hl_sqrt_ok(") == 4
+    assert fast.count("hl_div_fast(") == 8 and " / " not in fast and "sqrtf(" not in fast
+    assert fast.index("(p1 + i)") < fast.index("hl_div_fast(") < fast.rindex("if (hl_ok)") \
+        < fast.index("(out0 + i)")
+    # the element loop: one element's code, IEEE ops, its loads before its stores
+    assert slow.count(" / ") == 2 and slow.count("sqrtf(") == 1 and "hl_div_fast(" not in slow
+    assert slow.rindex("= p1[i + hl_j]") < slow.index("out0[i + hl_j] =")
+    assert "(param2_" in before and "1.0f)" in before            # s - 1 once, before the loop
+    monkeypatch.setenv("HLOTK_CUDA_C_FLAT_DIVSQRT", "ieee")
+    ieee = compile_text(emit_loop_kernel(f).source)
+    assert "hl_ok" not in ieee and "hl_div_fast" not in ieee and ieee.count("sqrtf(") == 4
+    monkeypatch.setenv("HLOTK_CUDA_C_FLAT_DIVSQRT", "approx")
+    approx = compile_text(emit_loop_kernel(f).source)
+    assert approx.count("hl_div_full(") == 8 + 1 and approx.count("hl_sqrt_approx(") == 4 + 1
+    keys = set()
+    for mode in ("chunk", "ieee", "approx"):
+        monkeypatch.setenv("HLOTK_CUDA_C_FLAT_DIVSQRT", mode)
+        keys.add(flat_key(f))
+    assert len(keys) == 3
+    plain = adam_like("[1000]")                              # powf, no division or sqrt
+    texts = set()
+    for mode in ("chunk", "ieee"):
+        monkeypatch.setenv("HLOTK_CUDA_C_FLAT_DIVSQRT", mode)
+        texts.add(compile_text(emit_loop_kernel(plain).source))
+    assert len(texts) == 1 and "hl_ok" not in texts.pop()
+    monkeypatch.setenv("HLOTK_CUDA_C_FLAT_DIVSQRT", "fast")
+    with pytest.raises(CudaCodegenError, match="HLOTK_CUDA_C_FLAT_DIVSQRT"):
+        divsqrt_mode()
 
 
 def test_strided_form_where_elements_move_or_sizes_differ(monkeypatch):
@@ -224,6 +300,80 @@ def test_odd_sizes_and_a_short_grid(n):
     want = reference(f, args)
     assert_equal(run(ks, args), want)
     assert_equal(run(ks, args, blocks=1, threads=32), want)     # the grid-stride loop
+
+
+@needs_cxx
+@pytest.mark.parametrize("seed, lo, hi", [(0, -149, 128), (1, -70, 70), (2, -62, 62)])
+def test_fast_division_and_sqrt_round_as_ieee_on_the_host(seed, lo, hi, monkeypatch):
+    """"chunk"'s results are IEEE's bit for bit: chunks whose operands all pass the checks
+    (exponents in [-62, 62)) through the fast paths, the others through "/" and sqrtf (on
+    the host the seeds are exact; the GPU's approximate ones: the gpu test below)."""
+    n = 4099
+    f = divide_sqrt(f"[{n}]")
+    monkeypatch.setenv("HLOTK_CUDA_C_FLAT_DIVSQRT", "chunk")
+    ks = emit_loop_kernel(f)
+    assert "hl_div_fast(" in ks.source
+    rng = np.random.default_rng(seed)
+    x, y = wide_floats(n, rng, lo, hi, specials=seed == 0), wide_floats(n, rng, lo, hi,
+                                                                        specials=seed == 0)
+    s = np.float32(1.0 + 2.0 ** -20)
+    got = run(ks, [x, y, np.asarray(s)])
+    with np.errstate(all="ignore"):
+        want = [x / y, np.sqrt(x), x / (s - np.float32(1))]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.view(np.uint32)[~np.isnan(w)],
+                                      w.view(np.uint32)[~np.isnan(w)])
+        assert np.isnan(g[np.isnan(w)]).all()
+
+
+@needs_cxx
+def test_fast_division_and_sqrt_of_zeros(monkeypatch):
+    """Zero numerators and roots of zeros pass the checks: the fast paths give IEEE's
+    signed zeros (0 / -y = -0, sqrt(-0) = -0) with no element loop; a zero divisor fails."""
+    n = 4096
+    f = divide_sqrt(f"[{n}]")
+    monkeypatch.setenv("HLOTK_CUDA_C_FLAT_DIVSQRT", "chunk")
+    ks = emit_loop_kernel(f)
+    rng = np.random.default_rng(9)
+    x, y = wide_floats(n, rng, -30, 30, False), wide_floats(n, rng, -30, 30, False)
+    x[::3], x[1::5] = 0.0, -0.0
+    y[7] = 0.0
+    s = np.float32(0.5)
+    with np.errstate(all="ignore"):
+        want = [x / y, np.sqrt(x), x / (s - np.float32(1))]
+    got = run(ks, [x, y, np.asarray(s)])
+    for g, w in zip(got, want):
+        ok = ~np.isnan(w)
+        np.testing.assert_array_equal(g.view(np.uint32)[ok], w.view(np.uint32)[ok])
+        assert np.isnan(g[~ok]).all()
+    assert np.signbit(got[0][1::5][x[1::5] == 0]).sum() > 0      # a -0 quotient kept
+
+
+@needs_cxx
+@pytest.mark.parametrize("offset", [0, 4])
+def test_fast_division_misaligned_and_written_over_its_input(offset, monkeypatch):
+    """The element loop ("chunk"'s path for misaligned views and failed checks) reads an
+    element's inputs before writing it: x / y written over x, with zero divisors (failed
+    checks) mixed into the chunks, equals IEEE's."""
+    n = 1001
+    f = divide_sqrt(f"[{n}]")
+    monkeypatch.setenv("HLOTK_CUDA_C_FLAT_DIVSQRT", "chunk")
+    ks = emit_loop_kernel(f)
+    rng = np.random.default_rng(offset)
+    x, y = wide_floats(n, rng, -30, 30, False), wide_floats(n, rng, -30, 30, False)
+    y[::7] = 0.0
+    s = np.float32(3.0)
+    with np.errstate(all="ignore"):
+        want = [x / y, np.sqrt(x), x / (s - np.float32(1))]
+    xb = misaligned(x, offset)
+    outs = [xb, misaligned(np.full(n, np.nan, np.float32), offset),
+            misaligned(np.full(n, np.nan, np.float32), 0)]
+    got = run(ks, [xb, misaligned(y, offset), np.asarray(s)], outs=outs)
+    assert got[0] is xb
+    for g, w in zip(got, want):
+        ok = ~np.isnan(w)
+        np.testing.assert_array_equal(g.view(np.uint32)[ok], w.view(np.uint32)[ok])
+        assert np.isnan(g[~ok]).all()
 
 
 @needs_cxx
@@ -417,3 +567,35 @@ def test_gpu_launch_on_misaligned_non_dense_and_shared_views():
     torch.cuda.synchronize()
     np.testing.assert_allclose(p.cpu().numpy(), want[0], rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(g.cpu().numpy(), want[1], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lo, hi", [(-62, 62), (-149, 128)])
+def test_gpu_fast_division_and_sqrt_bit_equal_to_ieee(monkeypatch, lo, hi):
+    """On the GPU (approximate reciprocal and rsqrt seeds) "chunk" gives "ieee"'s bits for
+    4M random operand pairs: all through the fast paths (exponents in [-62, 62)), and
+    with subnormals, huge values, zeros, infinities and NaNs mixed in."""
+    torch = _gpu()
+    from codegen.cuda_c.kernel import compile_loop_fusion
+    arch = "".join(map(str, torch.cuda.get_device_capability()))
+    n = 1 << 22
+    f = divide_sqrt(f"[{n}]")
+    rng = np.random.default_rng(lo & 0xff)
+    args = [wide_floats(n, rng, lo, hi, specials=lo < -62),
+            wide_floats(n, rng, lo, hi, specials=lo < -62), np.asarray(np.float32(0.75))]
+    dev = [torch.from_numpy(a).cuda() for a in args]
+    got = {}
+    for mode in ("ieee", "chunk"):
+        monkeypatch.setenv("HLOTK_CUDA_C_FLAT_DIVSQRT", mode)
+        k = compile_loop_fusion(f, arch=arch)
+        assert ("hl_div_fast(" in k.source) == (mode == "chunk")
+        outs = [torch.full((n,), float("nan"), device="cuda") for _ in range(3)]
+        k.launch(outs, dev)
+        torch.cuda.synchronize()
+        got[mode] = [o.cpu().numpy().view(np.uint32) for o in outs]
+    for a, b in zip(got["ieee"], got["chunk"]):
+        np.testing.assert_array_equal(a, b)
+    with np.errstate(all="ignore"):
+        want = args[0] / args[1]
+    ok = ~np.isnan(want)
+    np.testing.assert_array_equal(got["chunk"][0][ok], want.view(np.uint32)[ok])

@@ -36,9 +36,14 @@ AUTO_MAX_US = 5.0
 # ``auto`` also takes every loop fusion with a flat form (flat.py) at any size: a trade of
 # device time for compile time. On the H200 an Adam step's flat CUDA C kernels took 199.0
 # µs per step against Triton's 210.4 back to back with their inputs L2-warm (CUPTI; NOTES
-# i13-cudac-flat), but its CUDA graph replayed with L2 flushed took 0.242 ms against 0.221
-# (NOTES session 8); in exchange the cold first call loses its Triton compile (0.16-0.19 s),
-# which put adam_step's under XLA's compile. ``HLOTK_LOOP_EMITTER=triton`` takes the other side.
+# i13-cudac-flat), but its CUDA graph replayed with L2 flushed took 0.240-0.242 ms against
+# 0.219-0.221 (NOTES session 8, i13-flat-sass). That replay runs on zeroed staging buffers,
+# where every IEEE division and square root takes its slow path (Triton's approximate ones
+# have none: the CUDA C kernels with Triton's instructions replayed in 0.196 ms); on real
+# Adam data, alone with L2 flushed, the CUDA C kernel's numerics cost within a few % (ncu:
+# memory-bound either way). In exchange the cold first call loses its Triton compile
+# (0.16-0.19 s), which put adam_step's under XLA's compile. ``HLOTK_LOOP_EMITTER=triton``
+# takes the other side.
 AUTO_FLAT_ANY_SIZE = True
 
 

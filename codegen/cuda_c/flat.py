@@ -19,9 +19,18 @@ element ``n - 1`` and storing nothing. Every load of a chunk precedes its stores
 may share an input's buffer (buffer assignment), element for element.
 
 Measured on the H200: an Adam step's kernels summed 199.0 µs per step against Triton's
-210.4 run back to back (CUPTI; NOTES "i13-cudac-flat"), but the step's CUDA graph replayed
-with L2 flushed took 0.242 ms against 0.221 with Triton's kernels (NOTES session 8); alone
-with their inputs in L2 they are 3-15% slower than Triton's 8-elements-a-thread kernels.
+210.4 run back to back (CUPTI; NOTES "i13-cudac-flat"); alone with their inputs in L2 they
+are 3-15% slower than Triton's 8-elements-a-thread kernels. The step's CUDA graph replayed
+with L2 flushed took 0.240-0.242 ms against Triton's 0.219-0.221 (NOTES session 8,
+"i13-flat-sass"), but that replay runs on zeroed staging buffers: there every IEEE
+division and square root of the Adam update takes NVRTC's slow path (a call; zero is
+outside the fast paths' range), which Triton's approximate ``div.full`` / ``sqrt.approx``
+never branch to. With Triton's instructions (``DIVSQRT_ENV=approx``) the same replay took
+0.196 ms; on real Adam data, alone and L2 flushed, the modes are within a few % of each
+other ([1536,1536] 21.7 µs, ncu: 70% of stalls waiting for memory either way). So the
+SASS difference (16 branch-and-call regions a chunk, scheduled one after another, against
+straight-line code) costs on zeros, not on the data a step sees; ``DIVSQRT_ENV`` keeps a
+slow-path-free form of the same bits ("chunk") and Triton's ("approx") to compare.
 
 The grid strides over chunks (``c += gridDim.x * blockDim.x``), so the launch may cap the
 grid without another source. Index arithmetic is 32-bit where ``n`` leaves room
@@ -53,9 +62,29 @@ VECTOR_BYTES = 16
 # graph replays, L2 flushed, session 8): 16 bytes 0.243 ms, 32 0.314, 64 0.599, Triton's
 # flat kernels 0.221. Not for want of coalescing: two or four 16-byte chunks a thread, a
 # grid apart (every warp-wide load coalesced), took 0.312 and 0.500 ms (NOTES, session 8).
-# No local memory either way (ptxas: 40 and 56 registers); why a thread's second chunk
-# costs ~30% is open (the SASS would say).
+# No local memory either way (ptxas: 40 and 56 registers). Those replays ran on zeroed
+# staging buffers, where each IEEE division and square root calls its slow path (see
+# ``DIVSQRT_ENV``): more chunks a thread, more such calls one after another (i13-flat-sass).
 CHUNK_ENV = "HLOTK_CUDA_C_FLAT_CHUNK"
+# How a flat kernel divides and takes square roots of full-size f32 values (one-element
+# values, before the loop, and f64 always use ``/`` and ``sqrt``):
+# "ieee" (default): ``/`` and ``sqrtf`` per op: NVRTC emits each as a fast path, a check
+#   and a branch to a call of the slow path (16 such branches in an Adam chunk of 4
+#   elements, which ptxas schedules one after another). The slow path runs where an operand
+#   is zero, subnormal, huge, inf or NaN: on the zeroed staging buffers of the graph-replay
+#   benchmark (gpu_suite.device_ms), every division and root of the Adam step.
+# "chunk": the same bits through the slow-path-free sequences of prelude.py's
+#   ``hl_div_fast`` / ``hl_sqrt_fast`` (zero operands included), their operand checks ANDed
+#   into ``hl_ok`` and one branch a chunk to an element loop with ``/`` and ``sqrtf``.
+# "approx": Triton's ``div.full.f32`` and ``sqrt.approx.ftz.f32`` (other numerics).
+# Measured (H200, NOTES "i13-flat-sass"): alone on real Adam data, L2 flushed, [1536,1536]
+# 21.70 / 22.27 / 22.24 µs (ieee / chunk / approx), [1536,768] 14.34 / 13.79 / 13.50,
+# (6144,) 5.66 / 4.96 / 4.74 (ncu: 70% of stalls wait for memory either way); adam_step's
+# graph replay on zeros 0.240 / 0.456 / 0.196 ms, Triton 0.219 ("chunk" as measured then
+# failed its checks on zeros; now zeros take its fast paths: unmeasured). No mode wins on
+# real data, so the default keeps the kernels' numerics and source.
+DIVSQRT_ENV = "HLOTK_CUDA_C_FLAT_DIVSQRT"
+DIVSQRT_MODES = ("ieee", "chunk", "approx")
 CHUNK_BYTES = 16
 # 32-bit indices while every index the kernel forms fits: a chunk index plus one grid
 # stride (at most the chunk count again) times CHUNK stays under 2 * n + 2^20.
@@ -82,6 +111,15 @@ def chunk_bytes() -> int:
     if text not in ("16", "32", "64"):
         raise CudaCodegenError(f"{CHUNK_ENV}={text!r}: expected 16, 32 or 64")
     return int(text)
+
+
+def divsqrt_mode() -> str:
+    """``HLOTK_CUDA_C_FLAT_DIVSQRT``: ieee (default), chunk or approx (``DIVSQRT_ENV``)."""
+    text = os.environ.get(DIVSQRT_ENV, "").strip().lower() or DIVSQRT_MODES[0]
+    if text not in DIVSQRT_MODES:
+        raise CudaCodegenError(f"{DIVSQRT_ENV}={text!r}: expected one of "
+                               f"{', '.join(DIVSQRT_MODES)}")
+    return text
 
 
 def restrict_inputs() -> bool:
@@ -159,9 +197,29 @@ class FlatEmitter(CEmitter):
     chunk's element ``slot`` (index ``(str(slot),)``); loads of full-size parameters come
     from the chunk's registers."""
 
-    def __init__(self, fusion_name: str, round_narrow_each_op: bool = True):
+    def __init__(self, fusion_name: str, round_narrow_each_op: bool = True,
+                 divsqrt: str = "ieee"):
         super().__init__(fusion_name, round_narrow_each_op)
         self.slot = "0"
+        self.divsqrt = divsqrt      # DIVSQRT_ENV's modes, for full-size f32 values
+        self.checks = 0             # hl_ok checks emitted ("chunk")
+
+    def elementwise_expr(self, inst: Instruction, args: list[str]) -> str:
+        op, out = inst.opcode, inst.shape.dtype
+        if (self.divsqrt == "ieee" or op not in ("divide", "sqrt") or not out.is_float
+                or out.name == "f64" or _numel(inst) == 1):
+            return super().elementwise_expr(inst, args)
+        if self.divsqrt == "approx":
+            form = "hl_div_full({0}, {1})" if op == "divide" else "hl_sqrt_approx({0})"
+            return self.narrow(form.format(*args), out)
+        # "chunk": the fast path's result; its operands' check ANDed into the chunk's flag
+        # (where one fails, emit_flat_kernel's element loop takes the chunk, IEEE ops)
+        self.checks += 1
+        if op == "divide":
+            self.line(f"hl_ok &= hl_div_ok({args[0]}, {args[1]});")
+            return self.narrow(f"hl_div_fast({args[0]}, {args[1]})", out)
+        self.line(f"hl_ok &= hl_sqrt_ok({args[0]});")
+        return self.narrow(f"hl_sqrt_fast({args[0]})", out)
 
     def value(self, inst: Instruction, idx) -> str:
         if inst.shape.is_array and _numel(inst) == 1:
@@ -184,9 +242,22 @@ class FlatEmitter(CEmitter):
 
     def _load(self, inst: Instruction, idx, comment: str) -> str:
         n = inst.parameter_number
-        addr = f"p{n}[0]" if not idx else f"in{n}.x[{idx[0]}]"
+        if not idx:
+            addr = f"p{n}[0]"
+        elif idx[0].isdigit():
+            addr = f"in{n}.x[{idx[0]}]"
+        else:                   # the element loop's (emit_flat_kernel): loaded at its top
+            addr = f"ld{n}"
         return self.assign(self.held(inst.shape.dtype), f"param{n}",
                            self.from_stored(addr, inst.shape.dtype), comment)
+
+
+def _fast_ops(comp: Computation, mode: str) -> bool:
+    """Whether ``mode`` ("chunk") gives the kernel fast paths to check: a full-size f32
+    (or bf16/f16, held as float) division or square root (``FlatEmitter``)."""
+    return mode == "chunk" and any(
+        i.opcode in ("divide", "sqrt") and i.shape.is_array and i.shape.dtype.is_float
+        and i.shape.dtype.name != "f64" and _numel(i) > 1 for i in comp.instructions)
 
 
 def flat_fields(fusion: Instruction) -> dict:
@@ -248,7 +319,7 @@ def flat_key(fusion: Instruction, round_narrow_each_op: bool = True) -> Optional
                          tuple(pos.get(id(c), -1) for c in inst.control_predecessors),
                          inst.parameter_number, lit, akey))
         key = ("flat", tuple(rows), pos[id(comp.root)], comp.name.endswith(".finish"),
-               bool(round_narrow_each_op), restrict_inputs(), chunk_bytes(),
+               bool(round_narrow_each_op), restrict_inputs(), chunk_bytes(), divsqrt_mode(),
                _numel(_outputs(comp)[0]) > INDEX32_MAX)
         hash(key)
     except TypeError:           # an attribute value with no hashable form: emit
@@ -282,7 +353,7 @@ def emit_flat_kernel(fusion: Instruction, round_narrow_each_op: bool = True) -> 
     full = [p for p in params if _numel(p) > 1]
     narrowest = min(C_STORED_SIZE[x.shape.dtype.name] for x in full + outs)
     chunk = chunk_bytes() // narrowest
-    em = FlatEmitter(fusion.name, round_narrow_each_op)
+    em = FlatEmitter(fusion.name, round_narrow_each_op, divsqrt_mode())
 
     # One-element values (a step's bias correction: powf of a scalar) once a thread.
     for inst in comp.instructions:
@@ -298,46 +369,104 @@ def emit_flat_kernel(fusion: Instruction, round_narrow_each_op: bool = True) -> 
             "(hl_index)blockDim.x) {")
     em.indent += 1
     em.line(f"const hl_index i = c * {chunk};", f"this chunk's first element of {chunk}")
-    em.line(f"const bool whole = vec && i + {chunk} <= n;")
 
     def words(dtype_name: str) -> int:
         return chunk * C_STORED_SIZE[dtype_name] // VECTOR_BYTES
 
+    def vector_loads() -> None:
+        for p in full:
+            k = p.parameter_number
+            for w in range(words(p.shape.dtype.name)):
+                em.line(f"  in{k}.v[{w}] = ((const uint4*)(p{k} + i))[{w}];")
+
+    def chunk_values() -> None:
+        for k, o in enumerate(outs):
+            em.line(f"union {{ uint4 v[{words(o.shape.dtype.name)}]; "
+                    f"{C_STORED[o.shape.dtype.name]} x[{chunk}]; }} r{k};")
+        for j in range(chunk):
+            em.slot = str(j)
+            em.scopes.append({})
+            for k, o in enumerate(outs):
+                v = em.value(o, (em.slot,))
+                em.line(f"r{k}.x[{j}] = {em.to_stored(v, o.shape.dtype)};",
+                        f"output {k}: %{o.name}")
+            em.scopes.pop()
+
+    def vector_stores() -> None:
+        for k, o in enumerate(outs):
+            for w in range(words(o.shape.dtype.name)):
+                em.line(f"  ((uint4*)(out{k} + i))[{w}] = r{k}.v[{w}];")
+
+    fast = _fast_ops(comp, em.divsqrt)
+    if not fast:        # the kernel as before "chunk" (the same source, the same cubin)
+        em.line(f"const bool whole = vec && i + {chunk} <= n;")
     for p in full:
         k, st = p.parameter_number, C_STORED[p.shape.dtype.name]
         em.line(f"union {{ uint4 v[{words(p.shape.dtype.name)}]; {st} x[{chunk}]; }} in{k};")
-    em.line("if (whole) {")
-    for p in full:
-        k = p.parameter_number
-        for w in range(words(p.shape.dtype.name)):
-            em.line(f"  in{k}.v[{w}] = ((const uint4*)(p{k} + i))[{w}];")
-    em.line("} else {", "a misaligned view or the last chunk: element by element, "
-            "past the end reading element n - 1")
-    for p in full:
-        k = p.parameter_number
-        for j in range(chunk):
-            at = "i" if j == 0 else f"(i + {j} < n ? i + {j} : n - 1)"
-            em.line(f"  in{k}.x[{j}] = p{k}[{at}];")
-    em.line("}")
-    for k, o in enumerate(outs):
-        em.line(f"union {{ uint4 v[{words(o.shape.dtype.name)}]; {C_STORED[o.shape.dtype.name]} "
-                f"x[{chunk}]; }} r{k};")
-    for j in range(chunk):
-        em.slot = str(j)
-        em.scopes.append({})
+    if not fast:
+        em.line("if (whole) {")
+        vector_loads()
+        em.line("} else {", "a misaligned view or the last chunk: element by element, "
+                "past the end reading element n - 1")
+        for p in full:
+            k = p.parameter_number
+            for j in range(chunk):
+                at = "i" if j == 0 else f"(i + {j} < n ? i + {j} : n - 1)"
+                em.line(f"  in{k}.x[{j}] = p{k}[{at}];")
+        em.line("}")
+        chunk_values()
+        em.line("if (whole) {", "every load above came first: an output may share an input's "
+                "buffer")
+        vector_stores()
+        em.line("} else {")
         for k, o in enumerate(outs):
-            v = em.value(o, (em.slot,))
-            em.line(f"r{k}.x[{j}] = {em.to_stored(v, o.shape.dtype)};", f"output {k}: %{o.name}")
+            for j in range(chunk):
+                em.line(f"  {'' if j == 0 else f'if (i + {j} < n) '}out{k}[i + {j}] = "
+                        f"r{k}.x[{j}];")
+        em.line("}")
+    else:
+        # "chunk": an aligned whole chunk through the fast paths; its stores stand where
+        # every operand passed the checks (the same bits as "/" and sqrtf). Anything else
+        # (a misaligned view, the last chunk, a failed check: a zero, subnormal, huge, inf
+        # or NaN operand) takes the element loop below, with "/" and sqrtf. The other
+        # chunks compute on zeros and store nothing: a branch around the loads alone keeps
+        # them in one block, issued together (around the values too, ptxas sank the last
+        # operand's load below the first values: two round trips to memory a chunk).
+        em.line(f"bool hl_ok = vec && i + {chunk} <= n;",
+                "aligned and whole, then every fast division and square root exact")
+        em.line("if (hl_ok) {")
+        vector_loads()
+        em.line("} else {")
+        em.line("  " + " = ".join(f"in{p.parameter_number}.v[{w}]" for p in full
+                                   for w in range(words(p.shape.dtype.name)))
+                + " = uint4{0u, 0u, 0u, 0u};")
+        em.line("}")
+        chunk_values()
+        em.line("if (hl_ok) {", "every load above came first: an output may share an input's "
+                "buffer")
+        vector_stores()
+        em.line("  continue;")
+        em.line("}")
+        # One element a trip of a loop kept rolled: one copy of the element's code and of
+        # each op's slow path (NVRTC time). An element's loads before its stores, element i
+        # of an output written after element i of every input was read (sharing is element
+        # for element).
+        em.line("#pragma unroll 1")
+        em.line(f"for (int hl_j = 0; hl_j < {chunk} && i + hl_j < n; ++hl_j) {{",
+                "rare: element by element, IEEE division and square root")
+        em.indent += 1
+        em.divsqrt, em.slot = "ieee", "hl_j"
+        for p in full:
+            k = p.parameter_number
+            em.line(f"const {C_STORED[p.shape.dtype.name]} ld{k} = p{k}[i + hl_j];")
+        em.scopes.append({})
+        vals = [em.value(o, (em.slot,)) for o in outs]
+        for k, (o, v) in enumerate(zip(outs, vals)):
+            em.line(f"out{k}[i + hl_j] = {em.to_stored(v, o.shape.dtype)};",
+                    f"output {k}: %{o.name}")
         em.scopes.pop()
-    em.line("if (whole) {", "every load above came first: an output may share an input's buffer")
-    for k, o in enumerate(outs):
-        for w in range(words(o.shape.dtype.name)):
-            em.line(f"  ((uint4*)(out{k} + i))[{w}] = r{k}.v[{w}];")
-    em.line("} else {")
-    for k, o in enumerate(outs):
-        for j in range(chunk):
-            em.line(f"  {'' if j == 0 else f'if (i + {j} < n) '}out{k}[i + {j}] = r{k}.x[{j}];")
-    em.line("}")
+        em.indent -= 1
+        em.line("}")
     em.indent -= 1
     em.line("}")
 

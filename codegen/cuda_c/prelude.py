@@ -77,6 +77,85 @@ __device__ __forceinline__ float hl_f64_to_f32_odd(double d) {
 __device__ __forceinline__ float hl_maxf(float a, float b) { return (a != a || a > b) ? a : b; }""",
     "hl_minf": """\
 __device__ __forceinline__ float hl_minf(float a, float b) { return (a != a || a < b) ? a : b; }""",
+    # IEEE f32 division and square root without their slow-path calls (flat.py,
+    # ``DIVSQRT_ENV``): the instruction sequences of the fast paths NVRTC emits for ``a / b``
+    # (div.rn) and ``sqrtf`` (sqrt.rn), correctly rounded wherever the operands pass the
+    # ``_ok`` checks, so a chunk computes every value this way, ANDs the checks, and redoes
+    # the chunk with ``/`` and ``sqrtf`` only where one failed. The host (host.py) has no
+    # approximate reciprocal: there the seeds are exact quotients, which the same
+    # refinement keeps exact.
+    "hl_rcp_seed": """\
+__device__ __forceinline__ float hl_rcp_seed(float b) {
+#ifdef __CUDA_ARCH__
+  float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b)); return r;
+#else
+  return 1.0f / b;
+#endif
+}""",
+    "hl_rsqrt_seed": """\
+__device__ __forceinline__ float hl_rsqrt_seed(float x) {
+#ifdef __CUDA_ARCH__
+  float r; asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
+#else
+  return 1.0f / sqrtf(x);
+#endif
+}""",
+    "hl_mul_rn": """\
+__device__ __forceinline__ float hl_mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);   /* never contracted into an FMA */
+#else
+  return a * b;
+#endif
+}""",
+    # 2^-62 <= |a|, |b| < 2^62: the quotient and every intermediate of hl_div_fast is a
+    # normal float (no overflow, no subnormal), so the sequence rounds as it does for the
+    # operands' significands in [1, 2), where it is NVRTC's own fast path. A zero
+    # numerator passes (hl_div_fast returns a * r's signed zero); a zero divisor,
+    # subnormals, inf and NaN fail.
+    "hl_div_ok": """\
+__device__ __forceinline__ bool hl_div_ok(float a, float b) {
+  return ((fabsf(a) >= 0x1p-62f) | (a == 0.0f)) & (fabsf(a) < 0x1p62f) &
+         (fabsf(b) >= 0x1p-62f) & (fabsf(b) < 0x1p62f);   /* &, |: one predicate chain */
+}""",
+    # 2^-62 <= x < 2^62 (inside sqrt.rn's own fast range, 2^-101 up to the largest float),
+    # or a zero (hl_sqrt_fast returns it).
+    "hl_sqrt_ok": """\
+__device__ __forceinline__ bool hl_sqrt_ok(float x) {
+  return ((x >= 0x1p-62f) | (x == 0.0f)) & (x < 0x1p62f);
+}""",
+    "hl_div_fast": """\
+__device__ __forceinline__ float hl_div_fast(float a, float b) {
+  float r = hl_rcp_seed(b);
+  r = fmaf(r, fmaf(-b, r, 1.0f), r);          /* one Newton step on 1/b */
+  float q = hl_mul_rn(a, r);                  /* a zero: the quotient's signed zero */
+  return a == 0.0f ? q : fmaf(r, fmaf(-b, q, a), q);   /* q + r (a - b q), rounded once */
+}""",
+    "hl_sqrt_fast": """\
+__device__ __forceinline__ float hl_sqrt_fast(float x) {
+  float y = hl_rsqrt_seed(x);
+  float s = hl_mul_rn(x, y), h = hl_mul_rn(y, 0.5f);
+  float r = fmaf(fmaf(-s, s, x), h, s);       /* s + (x - s^2) / (2 sqrt x), rounded once */
+  return x == 0.0f ? x : r;                   /* sqrt(+-0) = +-0 */
+}""",
+    # Triton's f32 division and square root (div.full.f32, sqrt.approx.ftz.f32: ~2 ulp),
+    # for ``DIVSQRT_ENV=approx`` (a measurement: not the CUDA C kernels' numerics).
+    "hl_div_full": """\
+__device__ __forceinline__ float hl_div_full(float a, float b) {
+#ifdef __CUDA_ARCH__
+  float q; asm("div.full.f32 %0, %1, %2;" : "=f"(q) : "f"(a), "f"(b)); return q;
+#else
+  return a / b;
+#endif
+}""",
+    "hl_sqrt_approx": """\
+__device__ __forceinline__ float hl_sqrt_approx(float x) {
+#ifdef __CUDA_ARCH__
+  float r; asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
+#else
+  return sqrtf(x);
+#endif
+}""",
     "hl_max": """\
 __device__ __forceinline__ double hl_max(double a, double b) { return (a != a || a > b) ? a : b; }""",
     "hl_min": """\
