@@ -10,11 +10,12 @@ auto unless they set it) that hold while it compiles and makes its first calls; 
 side's result is checked against jax.jit. Prints one JSON line per program: each side's
 median ms over rounds and each round's ms.
 
-``--staging random``: the replays run on staging buffers filled with |N(0, 1)| * 1e-3 as
-f32 instead of the launcher's zeros (i13-flat-sass: on zeros every IEEE division and square
-root of an Adam step takes its slow path, which Triton's approximate ones never do). Only
-for programs whose buffers are all floats read elementwise (adam_step): an integer index
-read from such a buffer would be garbage."""
+``--staging``: what the replays' argument buffers hold: ``args`` (default) the program's
+own arguments; ``zeros`` (before session 9: on zeros every IEEE division and square root of
+an Adam step takes its slow path, which Triton's approximate ones never do, i13-flat-sass);
+``random`` |N(0, 1)| * 1e-3 as f32 in every buffer (only for programs whose buffers are all
+floats read elementwise, such as adam_step: an integer index read from such a buffer would
+be garbage)."""
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", default="adam_step")
     ap.add_argument("--sides", default="auto;triton", help="';'-separated sides")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--staging", choices=("zeros", "random"), default="zeros")
+    ap.add_argument("--staging", choices=("args", "zeros", "random"), default="args")
     a = ap.parse_args(argv)
     import jax
     import numpy as np
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
         times: dict[str, list[float]] = {s: [] for s in sides}
         for r in range(a.rounds):
             for s in sides[r % len(sides):] + sides[:r % len(sides)]:
-                times[s].append(device_ms(exes[s]))
+                times[s].append(device_ms(exes[s], dev_args if a.staging == "args" else None))
         print(json.dumps({"program": prog[0], "max_rel_err": errs,
                           "median_ms": {s: round(statistics.median(t), 4) for s, t in times.items()},
                           "rounds_ms": {s: [round(x, 4) for x in t] for s, t in times.items()}}))

@@ -316,6 +316,39 @@ def test_graphs_and_no_graphs_agree_bitwise(name):
 
 
 @gpu
+def test_a_replay_on_staging_buffers_computes_on_the_arguments_it_is_given():
+    """gpu_suite's device time replays the native graph on staging buffers: with the
+    call's arguments they hold a copy of them (the result is the program's on them), without
+    they are zeros (benchmarks ran on zeros before session 9: IEEE division's slow path)."""
+    if not _jax_gpu():
+        pytest.skip("JAX has no GPU backend here (set JAX_PLATFORMS=cuda,cpu)")
+    import torch
+
+    def f(x, y):
+        return jnp.sqrt(x) / y + 1.0
+    x = jax.device_put(np.linspace(1.0, 4.0, 4096, dtype=np.float32))
+    y = jax.device_put(np.full(4096, 2.0, np.float32))
+    c = runtime.jit(f, backend="cuda").lower(x, y).compile()
+    for _ in range(2):                   # the first call, then the native graph's build
+        jax.block_until_ready(c(x, y))
+    exe = executable_of(c)
+    if exe.native is None:
+        pytest.skip(f"no native graph: {exe.native_reason}")
+    want = np.asarray(jax.jit(f)(x, y))
+    replay = exe.native.replay_on_staging([x, y])
+    replay()
+    torch.cuda.synchronize()
+    got = replay.buffers[2][:want.nbytes].view(torch.float32).cpu().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    zeros = exe.native.replay_on_staging()
+    zeros()
+    torch.cuda.synchronize()
+    assert np.isnan(zeros.buffers[2][:want.nbytes].view(torch.float32).cpu().numpy()).all()
+    with pytest.raises(runtime.cuda.NativeLauncherError, match="1 arguments for 2"):
+        exe.native.replay_on_staging([x])
+
+
+@gpu
 def test_poison_on_gpu_and_zero_copy_dlpack():
     if not _jax_gpu():
         pytest.skip("JAX has no GPU backend here (set JAX_PLATFORMS=cuda,cpu)")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from hlo.layout_util import is_default
 from passes.dataflow import array_leaves
@@ -328,16 +328,33 @@ class NativeGraph:
         if self.lib.hk_trace_base(stream) < 0:
             raise NativeLauncherError("recording the trace's base event failed")
 
-    def replay_on_staging(self) -> Any:
-        """A function launching the graph on torch's current stream over fresh zeroed
-        staging buffers (device time of the graph alone; the next FFI call patches back)."""
+    def replay_on_staging(self, arguments: Optional[Sequence[Any]] = None) -> Any:
+        """A function launching the graph on torch's current stream over fresh staging
+        buffers (device time of the graph alone; the next FFI call patches back). With
+        ``arguments`` (the entry parameters' arrays, in order: numpy, JAX or torch), the
+        argument buffers hold a copy of their bytes, else zeros. Zeros are not neutral:
+        an IEEE division or square root with a zero operand takes its slow path, which
+        Triton's approximate ones never do (i13-flat-sass), so timings that compare
+        kernels should replay on the call's own data."""
         import torch
         staging = self.staging()
+        if arguments is not None:
+            if len(arguments) != self.num_args:
+                raise NativeLauncherError(f"replay_on_staging: {len(arguments)} arguments for "
+                                          f"{self.num_args} entry parameters")
+            for k, (buf, x) in enumerate(zip(staging, arguments)):
+                raw = _argument_bytes(x)
+                if raw.numel() > self.sizes[k]:
+                    raise NativeLauncherError(
+                        f"replay_on_staging: argument {k} has {raw.numel()} bytes, its "
+                        f"buffer {self.sizes[k]}")
+                buf[:raw.numel()].copy_(raw)
         addresses = [t.data_ptr() for t in staging]
 
         def replay() -> None:
             staging  # noqa: B018  (kept alive with the closure)
             self.launch(addresses, torch.cuda.current_stream(self.exe.device).cuda_stream)
+        replay.buffers = staging    # type: ignore[attr-defined]  (arguments, then results)
         return replay
 
     def stats(self) -> dict[str, float]:
@@ -396,3 +413,14 @@ def ffi_call(exe_id: int, module: Any, aliases: dict[int, int], dry_run: bool = 
                             input_output_aliases=dict(aliases) or None)
     attr = np.int64(exe_id)
     return lambda *leaves: call(*leaves, exe=attr)
+
+
+def _argument_bytes(x: Any) -> Any:
+    """``x``'s bytes in row-major order as a flat uint8 torch tensor (on x's device for a
+    torch tensor, else on the host)."""
+    import numpy as np
+    import torch
+    if isinstance(x, torch.Tensor):
+        return x.detach().contiguous().reshape(-1).view(torch.uint8)
+    arr = np.ascontiguousarray(np.asarray(x))      # JAX arrays come to the host once
+    return torch.from_numpy(arr.reshape(-1).view(np.uint8))
