@@ -206,16 +206,34 @@ def _split_fusion_of(fn, *args) -> Instruction:
     return found[0]
 
 
-@pytest.mark.parametrize("case,warps", [("resid", 4), ("ln", 8), ("relu_bias", 8)])
+@pytest.mark.parametrize("case,warps", [("resid", 4), ("ln", 8), ("relu_bias", 8),
+                                        ("bn_grad", 8)])
 def test_split_partials_warps_follow_the_tile_registers(case, warps):
     # transformer_train's 80 MiB residual gradient (3 bf16 + 1 f32 inputs, two sums: ~144
     # registers a step at 8 warps) runs its partials kernel at 4 warps (35.2 -> 31.5 us on
     # the H200, i14-pdl); the bf16 LN gradients (~96) and mlp_train's ReLU/bias split
-    # (128) stay at 8, where they measured faster.
-    from codegen.triton.reductions import analyze, tile_registers
+    # (128) stay at 8, where they measured faster. conv_bn_grad's batch-norm gradient
+    # (2 bf16 inputs, a bf16 output, four sums: 176) stays at 8 too: at 4 warps its four
+    # lane accumulators alone would take 4 x 64 = 256 registers a thread (it spilled,
+    # and was its program's slowest Triton compile by 3x).
+    from codegen.triton.autotune import ranked_candidates
+    from codegen.triton.reductions import analyze, lane_accumulators, tile_registers
+    from passes.fusion.cost_model import get_device
     z16 = np.zeros((4, 2048, 1024), jnp.bfloat16)
     z32 = np.zeros((4, 2048, 1024), np.float32)
-    if case == "resid":
+    accs = 2
+    if case == "bn_grad":
+        def f(y, res, mean, rs, g):
+            yf = y.astype(jnp.float32)
+            xh = (yf - mean) * rs
+            z = (xh * g).astype(jnp.bfloat16) + res
+            d = jnp.where(z > 0, z * jnp.bfloat16(0.5), jnp.bfloat16(0)).astype(jnp.float32)
+            dims = (0, 1, 2)
+            return (z, d.sum(dims), (xh * d).sum(dims), ((yf - mean) * d * g).sum(dims),
+                    (-(d * g * rs)).sum(dims))
+        y, v = np.zeros((32, 56, 56, 64), jnp.bfloat16), np.zeros((64,), np.float32)
+        args, need, accs = (y, y, v, v, v), 176, 4
+    elif case == "resid":
         def f(a, b, c, d):
             s = ((a + b) + c).astype(jnp.float32)
             return s.sum((0, 1)), (d * s).sum((0, 1))
@@ -231,11 +249,17 @@ def test_split_partials_warps_follow_the_tile_registers(case, warps):
             sel = jnp.where(h + b > 0, g, 0.0)
             return sel, jnp.sum(sel, 0)
         g = np.zeros((2048, 4096), np.float32)
-        args, need = (g, g, np.zeros((4096,), np.float32)), 128
+        args, need, accs = (g, g, np.zeros((4096,), np.float32)), 128, 1
     fusion = _split_fusion_of(f, *args)
     sp = split_of(fusion.attrs["calls"])
     a = analyze(fusion.attrs["calls"])
     assert tile_registers(a, sp.block_m * sp.block_n // 256) == need
+    assert lane_accumulators(a) == accs
     part = compile_fusion(fusion, target="h200", split=sp)
     assert part.config["num_warps"] == warps
-    assert {c["num_warps"] for c in part.plan.candidates} == {4, 8}   # autotuning tries both
+    assert {c["num_warps"] for c in part.plan.candidates} == {4, 8}   # level 2 tries both
+    # Level 1 compiles no candidate with more elements a thread than the default: at 8
+    # warps the 4-warp one (twice the elements) is left out, at 4 warps the 8-warp one is
+    # timed beside it.
+    level1 = ranked_candidates(part, 1, get_device("h200"))
+    assert [c["num_warps"] for c in level1] == ([8] if warps == 8 else [4, 8])

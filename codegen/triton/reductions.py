@@ -538,12 +538,27 @@ def _single(em: Emitter, a: Analysis, big: bool) -> Plan:
 WARP8_REGISTERS = 128
 
 
+# Of the 255 registers a thread of 4 warps may have, at most this many for the lane
+# accumulators: they are read and written every step, so what does not fit spills on every
+# step, and the step's loaded values need the rest. conv_bn_grad's two batch-norm gradient
+# partials (4 sums a lane, 64 elements a thread at 4 warps: 256) compiled for sm_90 to 255
+# registers and 664-688 bytes of stack, and took 0.9-1.2 s of Triton 3.6 compile here
+# (1.9-2.4 s in the H200 host's pool) against 0.32-0.34 s at 8 warps (244-254 registers,
+# no stack); transformer_train's residual gradient (2 sums, 128) fits: 250, no stack.
+WARP4_ACCUMULATOR_REGISTERS = 128
+
+
+def lane_accumulators(a: Analysis) -> int:
+    """Accumulators a column tile keeps per element: one per reduction value."""
+    return sum(len(_reduce_parts(r)[1]) for r in a.reduces)
+
+
 def tile_registers(a: Analysis, per_thread: int) -> float:
     """A rough count of the 32-bit registers one step of a column tile holds per thread,
     ``per_thread`` elements each: one lane accumulator per reduction value, the loaded
     values of every full-shaped input and the values of every full-shaped output (4-byte
     registers hold 2 bf16 or 1 f32)."""
-    accs = sum(len(_reduce_parts(r)[1]) for r in a.reduces)
+    accs = lane_accumulators(a)
     full = math.prod(a.full_dims)
     nbytes = sum(p.shape.dtype.bits // 8 for p in a.params
                  if p.shape.is_array and math.prod(p.shape.dims) == full)
@@ -557,14 +572,18 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
         BN = split.block_n if split else max(16, min(next_pow2(a.R), 8192 // BM))
         warps = 8 if BM * BN >= 8192 else 4
         if split is not None and warps == 8 and \
-                tile_registers(a, BM * BN // (32 * warps)) > WARP8_REGISTERS:
+                tile_registers(a, BM * BN // (32 * warps)) > WARP8_REGISTERS and \
+                lane_accumulators(a) * BM * BN // (32 * 4) <= WARP4_ACCUMULATOR_REGISTERS:
             # A split column tile whose loads and lane accumulators need more registers
             # than a thread of 8 warps has at 2 programs per SM: 4 warps (255 each).
             # transformer_train's 80 MiB residual gradient (3 bf16 + 1 f32 inputs, two
             # sums; ~144 estimated): its partials kernel 35.2 -> 31.5 us at 4 warps, while
             # the bf16 LN gradients (~96) ran 20.7 at 8 warps and 26.5 at 4 (H200 graph
             # replays, i14-pdl); mlp_train's ReLU/bias split (128) measured 8 warps faster
-            # too (34.1 vs 34.5, i14-colred).
+            # too (34.1 vs 34.5, i14-colred). Not where the accumulators alone would
+            # fill a 4-warp thread (WARP4_ACCUMULATOR_REGISTERS): that tile spills every
+            # step and is the slowest Triton compile of its program; it stays at 8 warps,
+            # and level-1 autotuning then compiles no heavier candidate either.
             warps = 4
     else:
         BM, BN = 1, split.block_n if split else ROW_TILE
