@@ -12,6 +12,11 @@ warm-up compile first; registers and spilled bytes as the loaded binary reports 
 timed with ``triton.testing.do_bench`` (median, L2 flushed before each run) on inputs
 |N(0,1)| + 0.1 (never zeros). Every config's outputs are checked against the default's.
 Rows go to ``$OUT/partials_configs.json``.
+
+Caveat (its one H200 run, i13-triton-slow): every tile of conv_bn_grad's two kernels timed
+58-70 us, within the spread of a tile against itself, so the eager launch through
+``TritonKernel.launch`` (Python) may set a floor under do_bench's numbers here; the compile
+seconds, registers and spills are the reliable part. A graph-replay timing is the next step.
 """
 from __future__ import annotations
 
