@@ -202,15 +202,18 @@ def test_ranked_loop_rankings_are_current(monkeypatch, name):
     """Every round, each live group's kept candidate list is its current one, each exact
     priority kept is what scoring the candidate afresh gives, and each bound kept in its
     place is at least that (``FusionState.changed`` names every group whose candidates'
-    priorities may have changed). Fresh scores are computed on a copy of the state's
-    caches (scoring caches estimates, which would change what the loop estimates)."""
+    priorities may have changed); a group whose ranking was deferred (a merge replaced
+    some of its consumers) keeps one value at least every current candidate's priority,
+    and a count at least its consumers'. Fresh scores are computed on a copy of the
+    state's caches (scoring caches estimates, which would change what the loop
+    estimates)."""
     import copy
 
     from passes.fusion import pass_
     from passes.fusion.policy import group_candidates, sibling_candidates
     fn, args = (_adam, _adam_args(name == "adam_big")) if name.startswith("adam") else \
         (by_name(name).fn, by_name(name).args())
-    rounds, stale, bounds, floors, siblings = [], [], [], [], []
+    rounds, stale, bounds, floors, siblings, deferred = [], [], [], [], [], []
     real_run = pass_.run_ranked
 
     def run(state, policy, *a):
@@ -222,9 +225,18 @@ def test_ranked_loop_rankings_are_current(monkeypatch, name):
                 if isinstance(v, (dict, set)):
                     setattr(state, k, copy.copy(v))
             try:
-                for gid, (cands, values, exact, _) in ranked.items():
+                for gid, (cands, values, exact, heap, readers) in ranked.items():
                     now = group_candidates(state, state.groups[gid])
                     fresh = [-policy._priority(c, state) for c in now]
+                    if readers < len(state.consumers(state.groups[gid])):
+                        stale.append(("readers", gid))
+                    if cands is None:
+                        # deferred: one entry, index -1, a bound of them all
+                        deferred.append(gid)
+                        (value, j, ex), = heap
+                        if j != -1 or ex or any(value > f for f in fresh):
+                            stale.append(("deferred", gid))
+                        continue
                     if now is not cands:
                         stale.append(gid)
                     for j, v in enumerate(values):
@@ -248,6 +260,7 @@ def test_ranked_loop_rankings_are_current(monkeypatch, name):
     assert len(rounds) > 3 and stale == []
     if name.startswith("adam"):
         assert any(bounds)        # candidates ranked by a bound, never estimated until needed
+        assert deferred           # groups whose ranking waited for their turn
         assert all(f > float("-inf") for f in floors)   # no dot: siblings listed when needed
     if name == "adam_big":
         assert siblings           # the floor was checked against some

@@ -123,6 +123,7 @@ class FusionState:
         # for the same reason as ``_work``.
         self._facts = KernelFacts(spec, SMALL_CONSTANT_ELEMENTS, self.work_of)
         self._summaries: dict[int, tuple] = {}     # group id -> _summary (contents fixed)
+        self._instance_bytes: dict[int, int] = {}  # group id -> instance_bytes
         self._ceiling: Optional[tuple[Optional[float]]] = None   # kernel_ceiling_us
         # merge candidate key -> (the groups' own estimates it came from, its priority
         # bound) (priority.py)
@@ -441,6 +442,15 @@ class FusionState:
             out = self._summaries[g.id] = (
                 reads, ids, flops, trans, all(facts(i)[0] for i in instances),
                 any(i.opcode == "dot" for i in instances))
+        return out
+
+    def instance_bytes(self, g: Group) -> int:
+        """The bytes of the values of ``g``'s instances (priority.duplicate_bound): the most
+        a kernel reading them saves when they are recomputed in it. Cached by group id (a
+        group's contents never change)."""
+        out = self._instance_bytes.get(g.id)
+        if out is None:
+            out = self._instance_bytes[g.id] = sum(array_bytes(i.shape) for i in g.instances())
         return out
 
     def merged_floor_us(self, a: Group, b: Group) -> float:
