@@ -117,6 +117,26 @@ def test_remove_instructions_is_remove_instruction_for_each():
     hlo.verify(many)
 
 
+def test_unique_name_takes_the_first_free_number_after_removals():
+    """``unique_name`` starts its search where the last one for the base ended, and a
+    removed name is the first free one again (the fusion pass names thousands of
+    "fusion"s; issue 13)."""
+    m = hlo.parse_hlo(REMOVE)
+    assert [m.unique_name("x") for _ in range(4)] == ["x", "x.1", "x.2", "x.3"]
+    m._names.add("x.5")                               # taken some other way
+    assert [m.unique_name("x") for _ in range(2)] == ["x.4", "x.6"]
+    m._discard_name("x.2")
+    assert m.unique_name("x") == "x.2"
+    assert m.unique_name("x") == "x.7"
+    c = m.entry.add_instruction(hlo.Instruction("sine", [m.entry.get("c")],
+                                                m.entry.get("c").shape, name="c"))
+    assert c.name == "c.1"
+    m.entry.remove_instruction(c)
+    assert m.unique_name("c") == "c.1"                # freed by the removal
+    fresh = hlo.parse_hlo(REMOVE)                     # a module of its own
+    assert fresh.unique_name("x") == "x"
+
+
 def test_remove_instructions_refuses_as_remove_instruction_does():
     m = hlo.parse_hlo(REMOVE)
     d, a = m.entry.get("d"), m.entry.get("a")
