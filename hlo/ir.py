@@ -91,6 +91,25 @@ class Instruction:
             if o is old:
                 self.replace_operand(i, new)
 
+    def replace_operands(self, new_for: dict[int, "Instruction"]) -> None:
+        """``replace_operand_with(o, new_for[id(o)])`` for each operand ``o`` whose id is in
+        ``new_for`` (the same operands and users lists), in one pass: a tuple of 600
+        outputs had each replacement scan all its operands (fusion's materialize)."""
+        replaced: dict[int, Instruction] = {}
+        operands = self.operands
+        for i, o in enumerate(operands):
+            new = new_for.get(id(o))
+            if new is not None and new is not o:
+                operands[i] = new
+                replaced[id(o)] = o
+                if self not in new.users:
+                    new.users.append(self)
+        if replaced:
+            still = {id(o) for o in operands}
+            for oid, old in replaced.items():
+                if oid not in still:
+                    old.users.remove(self)
+
     def replace_all_uses_with(self, new: "Instruction") -> None:
         """Every user of self uses ``new`` instead; if self is a root, ``new`` becomes root."""
         if new is self:

@@ -24,34 +24,45 @@ elementwise of the same dims, C the only reader of P but for the output tuple):
     outputs have P's dims; so do C's group's where the component (below) holds only
     instructions of those dims and scalars cannot be outputs beside them (that group
     was legal): every output of the merged group has them;
-  * ``max_size``: until a sibling fusion a group's instances are distinct instructions of
-    one component (rank > 0 fusible instructions joined by data edges) and scalars (only
-    a scalar's broadcast joins two components); the pass runs only where that count is
-    at most ``max_size``;
+  * ``max_size``: the broadcasts this pass copies are in no group afterwards (only
+    copies of them), so until a sibling fusion a group's instances are distinct
+    instructions of one *part* (the component's members but those broadcasts, joined by
+    data edges: the trees one member that stays joins), the broadcasts copied into it,
+    and scalars (only a scalar's broadcast joins two components or parts); the pass runs
+    only where that count is at most ``max_size`` for every part of the component (an
+    optimizer step's same-shape arrays form one component of hundreds of members through
+    the broadcasts of its constants; its parts are single trees);
   * ``max_operands``: bounded for every group made of whole trees (with copies and
-    scalars): its inputs are the component's and the scalars' outside operands and
-    exposed values (tree roots, tree nodes the output tuple reads, scalars) of other
+    scalars): its inputs are the part's, its copies' and the scalars' outside operands
+    and exposed values (tree roots, tree nodes the output tuple reads, scalars) of other
     trees, its outputs its own exposed values, each exposed value on one side only; the
-    pass runs only where outside operands + exposed values are at most ``max_operands``.
+    pass runs only where outside operands + exposed values are at most ``max_operands``
+    for every part.
   * no cycle: trees of a component meet only through broadcasts of scalars and nothing
     but the output tuple reads the component from outside (``_independent``), so a path
     leaving P's group through a broadcast it took in leads only into other trees' groups,
     and from them only to the output tuple, while no group holds parts of two trees.
     A broadcast of a constant or parameter is never merged into a reader (its duplicate
     is legal and at least as profitable as any of its merges, and listed first on ties),
-    so it never joins two trees; the loop copies it too.
-  NOT proven: that a broadcast of a computed scalar (a kernel's value, which this pass
-  leaves to the loop) is never merged into two trees' groups, joining them (the cycle
-  rule could then refuse a tree edge); ``max_operands`` for a group holding part of a
-  tree (each piece may add its top as an output and its children's tops as inputs).
-  Neither happens in any program tested (adam_step's kernels have 9 operands, and the
-  loop copies its bias-correction broadcasts into every parameter's kernel).
+    so it never joins two trees; the loop copies it too. So is a broadcast of a computed
+    scalar (a kernel's value) that other instructions read too (an optimizer's bias
+    correction, broadcast once per shape): the scalar cannot be merged into it first
+    (the merged group would write the scalar beside the array: outputs of other dims).
+  NOT proven: that a broadcast of a computed scalar read by that broadcast alone (left
+  to the loop: the scalar may be merged into it first) is never merged into two trees'
+  groups, joining them (the cycle rule could then refuse a tree edge); that the loop
+  copies a broadcast of a computed scalar read elsewhere before it merges it into a
+  reader (its duplicate saves the broadcast's kernel and write; a merge keeps both);
+  ``max_operands`` for a group holding part of a tree (each piece may add its top as an
+  output and its children's tops as inputs). None happens in any program tested
+  (adam_step's kernels have 9 operands; the loop copied adamw_200's bias-correction
+  broadcasts into every array's kernel in its first rounds).
 - Scalars computed from arrays (a key's element sliced out and bitcast to rank 0) turn the
   pass off: the loop copies such views into their readers in an order the trees change
   (zoo:rng_threefry_exact's kernels differed).
 Merging the trees first changes the order of the loop's other fusions; that it does not
-change the final kernels is checked, not proven: benchmarks/passes_identity.py (65
-programs) and tests/test_fusion_chains.py. The merges are logged with their own reason,
+change the final kernels is checked, not proven: benchmarks/passes_identity.py (75
+programs) and tests/test_fusion_chains.py, tests/test_fusion_scale.py. The merges are logged with their own reason,
 without predicted times (nothing was estimated).
 """
 from __future__ import annotations

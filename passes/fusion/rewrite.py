@@ -762,11 +762,8 @@ def materialize(state: FusionState) -> dict[int, Instruction]:
                  or id(i) in state.dissolved]
     gone = {id(i) for i in originals}
     for inst in list(comp.instructions):
-        if id(inst) in gone:
-            continue
-        for o in list(inst.operands):
-            if id(o) in value:
-                inst.replace_operand_with(o, value[id(o)])
+        if id(inst) not in gone:
+            inst.replace_operands(value)
     if id(comp.root) in value:
         comp.root = value[id(comp.root)]
     comp.remove_instructions(sorted(originals, key=state.pos, reverse=True))
