@@ -354,7 +354,15 @@ def fuse_computation(comp: Computation, policy: FusionPolicy, target: str, repor
                      library_dots: frozenset[str] = frozenset(), attention: bool = True,
                      split_gemms: bool = False, chains: bool = True) -> int:
     spec = get_device(target)
-    may_fuse = library_dot_rule(library_dots)
+    rule = library_dot_rule(library_dots)
+    verdicts: dict[int, Decision] = {}
+
+    def may_fuse(inst: Instruction) -> Decision:
+        # once per instruction: asked for each of its edges and by the state
+        d = verdicts.get(id(inst))
+        if d is None:
+            d = verdicts[id(inst)] = rule(inst)
+        return d
     matches = find_attention(comp.instructions, report, backward=True) if attention else []
     # Dots of an attention are one kernel with it, whatever library_dots says.
     in_attention = {id(i) for m in matches for i in m.members}

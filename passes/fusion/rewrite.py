@@ -496,12 +496,12 @@ class FusionState:
         distinct values of the computation and writes some of its members, so each is at
         most the bytes of all its values; its arithmetic is at most all of theirs."""
         if self._ceiling is None:
-            facts = self._facts.facts
+            work = self.work_of      # (not every instruction's facts: most are never priced)
             total = 0
             flops = trans = 0.0
             ceiling: Optional[float] = None
             for inst in self.comp.instructions:
-                w = facts(inst)[2]
+                w = work(inst)
                 if inst.opcode in ("dot", "convolution") or w.tensor_flops:
                     break
                 total += array_bytes(inst.shape)
