@@ -151,7 +151,8 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
     candidates of equal priority; the round's sibling heap is last round's while
     ``sibling_stamp`` and the state's epoch say the siblings are the same. ``audit``:
     called each round with group id -> (candidate list, exact priority or bound per
-    candidate, which are exact, the group's heap) (tests)."""
+    candidate, which are exact, the group's heap, its consumers when ranked); a deferred
+    group's is (None, None, None, [(-bound, -1, False)], that count) (tests)."""
     from .policy import group_candidates, sibling_candidates, sibling_stamp
     said: dict[tuple, tuple[bool, str]] = {}
     edges_of: dict[tuple, list] = {}
