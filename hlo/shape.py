@@ -68,7 +68,13 @@ class Shape:
 
     @property
     def byte_size(self) -> int:
-        return self.size * self.dtype.itemsize
+        # Made once (a shape is immutable): the fusion pass's cost model asks for the
+        # bytes of every operand of every kernel it prices (issue 13).
+        cached = self.__dict__.get("_bytes")
+        if cached is None:
+            cached = self.size * self.dtype.itemsize
+            object.__setattr__(self, "_bytes", cached)
+        return cached
 
     def with_dtype(self, dtype: DType) -> "Shape":
         return Shape(dtype, self.dims, self.layout)

@@ -117,6 +117,58 @@ def test_remove_instructions_is_remove_instruction_for_each():
     hlo.verify(many)
 
 
+def test_unique_name_takes_the_first_free_number_after_removals():
+    """``unique_name`` starts its search where the last one for the base ended, and a
+    removed name is the first free one again (the fusion pass names thousands of
+    "fusion"s; issue 13)."""
+    m = hlo.parse_hlo(REMOVE)
+    assert [m.unique_name("x") for _ in range(4)] == ["x", "x.1", "x.2", "x.3"]
+    m._names.add("x.5")                               # taken some other way
+    assert [m.unique_name("x") for _ in range(2)] == ["x.4", "x.6"]
+    m._discard_name("x.2")
+    assert m.unique_name("x") == "x.2"
+    assert m.unique_name("x") == "x.7"
+    c = m.entry.add_instruction(hlo.Instruction("sine", [m.entry.get("c")],
+                                                m.entry.get("c").shape, name="c"))
+    assert c.name == "c.1"
+    m.entry.remove_instruction(c)
+    assert m.unique_name("c") == "c.1"                # freed by the removal
+    fresh = hlo.parse_hlo(REMOVE)                     # a module of its own
+    assert fresh.unique_name("x") == "x"
+
+
+def test_replace_operands_is_replace_operand_with_for_each():
+    """The batch replacement (fusion's materialize) leaves operands and users lists as one
+    ``replace_operand_with`` per replaced operand, in operand order, does."""
+    text = """HloModule m
+
+ENTRY e {
+  p = f32[4] parameter(0)
+  a = f32[4] exponential(p)
+  b = f32[4] sine(p)
+  c = f32[4] cosine(p)
+  ROOT t = (f32[4], f32[4], f32[4], f32[4], f32[4]) tuple(a, b, a, c, p)
+}
+"""
+    def run(batch: bool) -> list:
+        m = hlo.parse_hlo(text)
+        e = m.entry
+        a, b, c, p, t = (e.get(n) for n in ("a", "b", "c", "p", "t"))
+        na = e.add_instruction(hlo.Instruction("negate", [p], p.shape, name="na"))
+        nb = e.add_instruction(hlo.Instruction("abs", [p], p.shape, name="nb"))
+        new_for = {id(a): na, id(b): nb, id(p): p}        # p "replaced" by itself: kept
+        if batch:
+            t.replace_operands(new_for)
+        else:
+            for o in list(t.operands):
+                if id(o) in new_for:
+                    t.replace_operand_with(o, new_for[id(o)])
+        return [[o.name for o in t.operands]] + [[u.name for u in i.users]
+                                                  for i in (a, b, c, p, na, nb)]
+    assert run(True) == run(False)
+    assert run(True)[0] == ["na", "nb", "na", "c", "p"]
+
+
 def test_remove_instructions_refuses_as_remove_instruction_does():
     m = hlo.parse_hlo(REMOVE)
     d, a = m.entry.get("d"), m.entry.get("a")

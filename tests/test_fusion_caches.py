@@ -50,6 +50,19 @@ def _adam_args(big: bool = False) -> tuple:
         np.float32(3.0)
 
 
+def _many(n: int) -> tuple:
+    """Adam's arguments over ``n`` arrays of two shapes: its bias corrections (scalars
+    computed from the step) are read by one broadcast per shape and by ``n`` kernels,
+    and the trees of one shape share the broadcasts of the constants (a component of
+    ~15 n / 2 members per shape)."""
+    r = np.random.RandomState(2)
+    shapes = [(64, 128), (32, 256)]
+    tree = lambda s: {f"w{k}": r.standard_normal(shapes[k % 2]).astype(np.float32) * s
+                      for k in range(n)}
+    return tree(0.02), tree(1e-3), tree(1e-4), {k: np.abs(a) for k, a in tree(1e-6).items()}, \
+        np.float32(3.0)
+
+
 def _mlp_train(p, x, labels):
     """gpu_suite's MLP training step (3 layers, log-softmax cross-entropy, SGD) at small
     sizes: its sibling candidates come and go as the loop fuses."""
@@ -197,20 +210,25 @@ def test_a_policy_that_changes_priorities_goes_the_general_way():
     assert not pass_.ranks_by_group(Reversed())
 
 
-@pytest.mark.parametrize("name", ["adam", "adam_big", "transformer_block", "mlp_train_step"])
+@pytest.mark.parametrize("name", ["adam", "adam_big", "adam_many", "transformer_block",
+                                  "mlp_train_step"])
 def test_ranked_loop_rankings_are_current(monkeypatch, name):
     """Every round, each live group's kept candidate list is its current one, each exact
     priority kept is what scoring the candidate afresh gives, and each bound kept in its
     place is at least that (``FusionState.changed`` names every group whose candidates'
-    priorities may have changed). Fresh scores are computed on a copy of the state's
-    caches (scoring caches estimates, which would change what the loop estimates)."""
+    priorities may have changed); a group whose ranking was deferred (a merge replaced
+    some of its consumers) keeps one value at least every current candidate's priority,
+    and a count at least its consumers'. Fresh scores are computed on a copy of the
+    state's caches (scoring caches estimates, which would change what the loop
+    estimates)."""
     import copy
 
     from passes.fusion import pass_
     from passes.fusion.policy import group_candidates, sibling_candidates
-    fn, args = (_adam, _adam_args(name == "adam_big")) if name.startswith("adam") else \
-        (by_name(name).fn, by_name(name).args())
-    rounds, stale, bounds, floors, siblings = [], [], [], [], []
+    fn, args = (_adam, _many(12) if name == "adam_many" else _adam_args(name == "adam_big")) \
+        if name.startswith("adam") else (by_name(name).fn, by_name(name).args())
+    rounds, stale, bounds, floors, siblings, deferred = [], [], [], [], [], []
+    copy_bounds: list = []
     real_run = pass_.run_ranked
 
     def run(state, policy, *a):
@@ -222,13 +240,23 @@ def test_ranked_loop_rankings_are_current(monkeypatch, name):
                 if isinstance(v, (dict, set)):
                     setattr(state, k, copy.copy(v))
             try:
-                for gid, (cands, values, exact, _) in ranked.items():
+                for gid, (cands, values, exact, heap, readers) in ranked.items():
                     now = group_candidates(state, state.groups[gid])
                     fresh = [-policy._priority(c, state) for c in now]
+                    if readers < len(state.consumers(state.groups[gid])):
+                        stale.append(("readers", gid))
+                    if cands is None:
+                        # deferred: one entry, index -1, a bound of them all
+                        deferred.append(gid)
+                        (value, j, ex), = heap
+                        if j != -1 or ex or any(value > f for f in fresh):
+                            stale.append(("deferred", gid))
+                        continue
                     if now is not cands:
                         stale.append(gid)
                     for j, v in enumerate(values):
                         bounds.append(not exact[j])
+                        copy_bounds.append(not exact[j] and cands[j].action == "duplicate")
                         if (exact[j] and v != fresh[j]) or (not exact[j] and v > fresh[j]):
                             stale.append((gid, j))
                 floor = policy.sibling_floor(state)    # below every sibling's key
@@ -248,6 +276,8 @@ def test_ranked_loop_rankings_are_current(monkeypatch, name):
     assert len(rounds) > 3 and stale == []
     if name.startswith("adam"):
         assert any(bounds)        # candidates ranked by a bound, never estimated until needed
+        assert deferred           # groups whose ranking waited for their turn
+        assert any(copy_bounds)   # duplicates ranked by PriorityPolicy.duplicate_bound
         assert all(f > float("-inf") for f in floors)   # no dot: siblings listed when needed
     if name == "adam_big":
         assert siblings           # the floor was checked against some

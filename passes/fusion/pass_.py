@@ -29,7 +29,7 @@ from .kinds import fusion_kind
 from .legality import Decision, can_duplicate, can_fuse_siblings, can_merge, fusible
 from .normalization import form_groups
 from .policy import Candidate, FusionPolicy, estimates, resolve_policy
-from .rewrite import FusionState, materialize
+from .rewrite import FusionState, Group, materialize
 
 # Called computations that are scalar functions (reducers, comparators), not programs.
 _SCALAR_BODIES = ("to_apply", "select", "scatter")
@@ -72,13 +72,14 @@ def check(c: Candidate, state: FusionState, max_operands: int, max_size: int) ->
     return Decision(True, "legal")
 
 
-def apply(c: Candidate, state: FusionState) -> None:
+def apply(c: Candidate, state: FusionState) -> Optional[Group]:
+    """Apply ``c``; the group a merge or sibling fusion made (None for a duplicate)."""
     if c.action == "merge" or c.action == "sibling":
-        state.merge(c.producer, c.consumer)
-    else:
-        # one step for every consumer: what a duplicate per consumer gives, with the
-        # producer's readers forgotten once (rewrite.FusionState.duplicate_all)
-        state.duplicate_all(c.producer, list(c.consumers))
+        return state.merge(c.producer, c.consumer)
+    # one step for every consumer: what a duplicate per consumer gives, with the
+    # producer's readers forgotten once (rewrite.FusionState.duplicate_all)
+    state.duplicate_all(c.producer, list(c.consumers))
+    return None
 
 
 def run_policy(state: FusionState, policy: FusionPolicy, report: FusionReport,
@@ -88,6 +89,7 @@ def run_policy(state: FusionState, policy: FusionPolicy, report: FusionReport,
     if ranks_by_group(policy):
         return run_ranked(state, policy, report, max_operands, max_size)
     said: dict[tuple, tuple[bool, str]] = {}
+    edges_of: dict[tuple, list] = {}
     rejected: dict[tuple, Decision] = {}
     applied = 0
     while True:
@@ -101,7 +103,7 @@ def run_policy(state: FusionState, policy: FusionPolicy, report: FusionReport,
         while scored:
             c = heapq.heappop(scored)[2]
             d = _decide(c, state, policy, rejected, max_operands, max_size)
-            _log(report, said, c, state, d)
+            _log(report, said, c, state, d, edges_of)
             if d:
                 taken = c
                 break
@@ -142,14 +144,18 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
     next one takes its place. A group is ranked again (its heap made anew) when
     ``FusionState.changed`` names it (made, its candidate list dropped, or estimates naming
     it dropped by a duplicate): nothing else changes a priority, so a bound stays valid
-    while its heap lives. Exact entries popped and not taken go back after the round.
+    while its heap lives. Where the last fusion was a merge that only replaced some of the
+    group's consumers, its ranking is deferred: it keeps one entry bounding all its
+    candidates and is ranked when that entry reaches the top (below, ``defer``). Exact entries popped and not taken go back after the round.
     Siblings are ranked the same way in a heap of their own, and come after the groups'
     candidates of equal priority; the round's sibling heap is last round's while
     ``sibling_stamp`` and the state's epoch say the siblings are the same. ``audit``:
     called each round with group id -> (candidate list, exact priority or bound per
-    candidate, which are exact, the group's heap) (tests)."""
+    candidate, which are exact, the group's heap, its consumers when ranked); a deferred
+    group's is (None, None, None, [(-bound, -1, False)], that count) (tests)."""
     from .policy import group_candidates, sibling_candidates, sibling_stamp
     said: dict[tuple, tuple[bool, str]] = {}
+    edges_of: dict[tuple, list] = {}
     rejected: dict[tuple, Decision] = {}
     bound = getattr(policy, "priority_bound", None)
     last_stamp: Optional[tuple] = None
@@ -174,24 +180,55 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
             value, j, exact = entry[3][0]
             heapq.heappush(heap, (value, gid, j, exact, next(seq), entry))
 
+    def rank(gid: int, g: Group) -> None:
+        cands = group_candidates(state, g)
+        values: list[float] = []
+        exact: list[bool] = []
+        for c in cands:
+            ub = bound(c, state) if bound is not None else None
+            values.append(-policy.priority(c, state) if ub is None else -ub)
+            exact.append(ub is None)
+        gheap = [(values[j], j, exact[j]) for j in range(len(cands))]
+        heapq.heapify(gheap)
+        entry = ranked[gid] = [cands, values, exact, gheap, len(state.consumers(g))]
+        push_top(gid, entry)
+
+    # Deferred ranking. After a merge or sibling fusion made group n out of a and b, a
+    # group p feeding them is ranked again (its consumers changed) although only a and b
+    # left its consumers and n came: its other candidates and their values are as they
+    # were (a merge changes no other group's outputs, so no estimate or bound). Its
+    # candidates are then at most its kept top, the bound of merge(p, n) and that of its
+    # duplicate (PriorityPolicy.new_consumer_bound): p keeps one entry of that value
+    # (index -1, before its own candidates on ties) and is ranked when it comes to the
+    # top, if ever (adamw_200: a bias correction read by 200 arrays' kernels, listed anew
+    # whenever one of them fused: ~1,100 rankings of 201 candidates, each a duplicate
+    # estimate over 400 kernels). Its consumers are at most as many as when it was
+    # ranked: if n reads p, a or b did (n holds p's value iff one of them did).
+    new_bound = getattr(policy, "new_consumer_bound", None)
+
+    def defer(gid: int, g: Group, made: Group) -> bool:
+        kept = ranked.get(gid)
+        if kept is None or new_bound is None:
+            return False
+        ub = new_bound(g, made, kept[4], state)
+        if ub is None:
+            return False
+        if kept[3]:
+            ub = max(ub, -kept[3][0][0])
+        entry = ranked[gid] = [None, None, None, [(-ub, -1, False)], kept[4]]
+        push_top(gid, entry)
+        return True
+
     applied = 0
+    made: Optional[Group] = None       # the group the last fusion made (merge, sibling)
     while True:
         for gid in state.take_changed():
             g = state.groups.get(gid)
             if g is None:
                 ranked.pop(gid, None)
                 continue
-            cands = group_candidates(state, g)
-            values: list[float] = []
-            exact: list[bool] = []
-            for c in cands:
-                ub = bound(c, state) if bound is not None else None
-                values.append(-policy.priority(c, state) if ub is None else -ub)
-                exact.append(ub is None)
-            gheap = [(values[j], j, exact[j]) for j in range(len(cands))]
-            heapq.heapify(gheap)
-            entry = ranked[gid] = [cands, values, exact, gheap]
-            push_top(gid, entry)
+            if made is None or gid == made.id or not defer(gid, g, made):
+                rank(gid, g)
         if audit is not None:
             audit(ranked)
         siblings: Optional[list] = None if policy.siblings else []  # type: ignore[attr-defined]
@@ -208,6 +245,9 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
             if heap and not heap[0][3]:
                 # A bound on top: the candidate's priority, in its place.
                 _, gid, j, _, _, entry = heapq.heappop(heap)
+                if j < 0:      # a deferred group's: rank it now
+                    rank(gid, state.groups[gid])
+                    continue
                 heapq.heappop(entry[3])
                 value = entry[1][j] = -policy.priority(entry[0][j], state)
                 entry[2][j] = True
@@ -245,7 +285,7 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
             else:
                 break
             d = _decide(c, state, policy, rejected, max_operands, max_size)
-            _log(report, said, c, state, d)
+            _log(report, said, c, state, d, edges_of)
             if d:
                 taken = c
                 break
@@ -255,7 +295,7 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
             if ranked.get(gid) is entry:
                 heapq.heappush(entry[3], item)
                 push_top(gid, entry)
-        apply(taken, state)
+        made = apply(taken, state)
         applied += 1
 
 
@@ -274,9 +314,20 @@ def _decide(c: Candidate, state: FusionState, policy: Any, rejected: dict,
     return d
 
 
-def _log(report: FusionReport, said: dict, c: Candidate, state: FusionState, d: Decision) -> None:
+def _log(report: FusionReport, said: dict, c: Candidate, state: FusionState, d: Decision,
+         edges_of: Optional[dict] = None) -> None:
+    """Record ``c``'s edges whose last recorded verdict was another. ``edges_of``: candidate
+    key -> its edges, kept by the caller: they depend on the candidate's groups only, which
+    never change (the loop looks at a rejected candidate again every round it comes
+    before the one taken; a GPT training step: ~37,000 looks)."""
     reason = d.reason if not d.ok else f"fused ({c.action})"
-    for pair in _edges(c):
+    if edges_of is None:
+        edges = _edges(c)
+    else:
+        edges = edges_of.get(c.key)
+        if edges is None:
+            edges = edges_of[c.key] = _edges(c)
+    for pair in edges:
         if said.get(pair) == (d.ok, reason):
             continue
         said[pair] = (d.ok, reason)
@@ -306,7 +357,15 @@ def fuse_computation(comp: Computation, policy: FusionPolicy, target: str, repor
                      library_dots: frozenset[str] = frozenset(), attention: bool = True,
                      split_gemms: bool = False, chains: bool = True) -> int:
     spec = get_device(target)
-    may_fuse = library_dot_rule(library_dots)
+    rule = library_dot_rule(library_dots)
+    verdicts: dict[int, Decision] = {}
+
+    def may_fuse(inst: Instruction) -> Decision:
+        # once per instruction: asked for each of its edges and by the state
+        d = verdicts.get(id(inst))
+        if d is None:
+            d = verdicts[id(inst)] = rule(inst)
+        return d
     matches = find_attention(comp.instructions, report, backward=True) if attention else []
     # Dots of an attention are one kernel with it, whatever library_dots says.
     in_attention = {id(i) for m in matches for i in m.members}

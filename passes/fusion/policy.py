@@ -91,14 +91,18 @@ def _group_candidates(state: FusionState, p: Group, duplicates: bool,
         m is state.comp.root for m in p.members)
     if duplicates and only_groups and len(groups) > 1:
         out.append(Candidate("duplicate", p, tuple(groups)))
-    made = state._merges         # the same object for the same pair in every ranking
     for c in groups:
         if multi_output or (only_groups and len(groups) == 1):
-            m = made.get((p.id, c.id))
-            if m is None:
-                m = made[(p.id, c.id)] = Candidate("merge", p, (c,))
-            out.append(m)
+            out.append(merge_candidate(state, p, c))
     return out
+
+
+def merge_candidate(state: FusionState, p: Group, c: Group) -> Candidate:
+    """merge(p, c): the same object for the same pair in every ranking."""
+    m = state._merges.get((p.id, c.id))
+    if m is None:
+        m = state._merges[(p.id, c.id)] = Candidate("merge", p, (c,))
+    return m  # type: ignore[return-value]
 
 
 def sibling_candidates(state: FusionState, min_shared_bytes: int = 1 << 16) -> Iterator[Candidate]:

@@ -16,7 +16,7 @@ from typing import Iterator, Optional
 from .legality import YES, Decision, no
 from .policy import (Candidate, benefit_us, estimates, producer_consumer_candidates,
                      register_policy, sibling_candidates, split_note)
-from .rewrite import FusionState
+from .rewrite import FusionState, Group
 
 SIBLING_PENALTY = 1e9
 
@@ -56,10 +56,12 @@ class PriorityPolicy:
         estimates, which the exact priority sums too) less the fused kernel's, which is at
         least ``FusionState.merged_floor_us``; the other terms of ``_priority`` only lower
         a positive benefit, give 1e-3 (a merge) or subtract the siblings' penalty. Float
-        subtraction is monotonic, so the bound holds as computed."""
-        if c.action == "duplicate" or type(self)._priority is not PriorityPolicy._priority \
-                or c.key in state._candidates:
+        subtraction is monotonic, so the bound holds as computed. A duplicate:
+        ``duplicate_bound``."""
+        if type(self)._priority is not PriorityPolicy._priority or c.key in state._candidates:
             return None
+        if c.action == "duplicate":
+            return self.duplicate_bound(c.producer, len(c.consumers), state)
         p, g = c.producer, c.consumer
         # Kept while both groups' own estimates are the objects it came from: the state
         # drops a group's estimate whenever its readers change, and the bound depends on
@@ -76,6 +78,47 @@ class PriorityPolicy:
             value -= SIBLING_PENALTY
         state.bounds[c.key] = (ep, eg, value)
         return value
+
+    def new_consumer_bound(self, p: Group, made: Group, readers: int,
+                           state: FusionState) -> Optional[float]:
+        """An upper bound of the priorities of the candidates ``p`` has now and did not
+        have before ``made`` (a merge or sibling fusion of two groups, at least one a
+        consumer of ``p``) replaced its consumers: merge(p, made) and the duplicate of
+        ``p`` into its at most ``readers`` consumers (others now), or None
+        (pass_.run_ranked then ranks ``p`` at once)."""
+        from .policy import merge_candidate
+        if type(self)._priority is not PriorityPolicy._priority:
+            return None
+        c = merge_candidate(state, p, made)
+        merge = self.priority(c, state) if c.key in state._candidates else \
+            self.priority_bound(c, state)
+        copy = self.duplicate_bound(p, readers, state)
+        if merge is None or copy is None:
+            return None
+        return max(merge, copy)
+
+    def duplicate_bound(self, p: Group, k: int, state: FusionState) -> Optional[float]:
+        """An upper bound of the priority of duplicating ``p`` into at most ``k``
+        consumers, whoever they are, or None (a dot, convolution or tensor-core op in the computation: a
+        kernel holding one may be priced split, split_gemm.py). O(p's instances): a scalar
+        read by 200 arrays' kernels (an optimizer's bias correction) gets a new duplicate
+        candidate whenever one of them fuses, and its estimate sums 400 kernels.
+
+        benefit = p's kernel + sum(g's kernel) - sum(g's kernel with p recomputed in it).
+        The kernel with p in it writes g's outputs (copy_estimate), reads what g reads but
+        p's values (each at most its bytes, counted once per kernel) and does at least g's
+        arithmetic (integral flop counts: exact sums), so each copy's time is at least g's
+        less (bytes of p's instances) / bandwidth, up to rounding: the benefit is at most
+        p's time + k x that. The sums of k+1 times, each at most ``kernel_ceiling_us``,
+        round by at most (k+1)^2 ulps of it: ``slack`` covers both folds and this sum
+        with room (about 1e-7 us at 200 consumers)."""
+        ceiling = state.kernel_ceiling_us()
+        if ceiling is None:
+            return None
+        n = k + 1
+        saved = k * state.instance_bytes(p) / state.spec.bytes_per_us
+        slack = 8.0 * n * n * ceiling * 2.0 ** -53 + 1e-9
+        return max(state.node_estimate(p).time_us + saved + slack, 1e-3)
 
     def sibling_floor(self, state: FusionState) -> float:
         """A key (-priority) at or below which a candidate comes before every sibling

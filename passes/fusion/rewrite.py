@@ -123,6 +123,7 @@ class FusionState:
         # for the same reason as ``_work``.
         self._facts = KernelFacts(spec, SMALL_CONSTANT_ELEMENTS, self.work_of)
         self._summaries: dict[int, tuple] = {}     # group id -> _summary (contents fixed)
+        self._instance_bytes: dict[int, int] = {}  # group id -> instance_bytes
         self._ceiling: Optional[tuple[Optional[float]]] = None   # kernel_ceiling_us
         # merge candidate key -> (the groups' own estimates it came from, its priority
         # bound) (priority.py)
@@ -443,6 +444,15 @@ class FusionState:
                 any(i.opcode == "dot" for i in instances))
         return out
 
+    def instance_bytes(self, g: Group) -> int:
+        """The bytes of the values of ``g``'s instances (priority.duplicate_bound): the most
+        a kernel reading them saves when they are recomputed in it. Cached by group id (a
+        group's contents never change)."""
+        out = self._instance_bytes.get(g.id)
+        if out is None:
+            out = self._instance_bytes[g.id] = sum(array_bytes(i.shape) for i in g.instances())
+        return out
+
     def merged_floor_us(self, a: Group, b: Group) -> float:
         """A lower bound of the predicted time of one kernel holding the instances of
         ``a`` and ``b`` (``estimate`` of a merge), without estimating it: what it must
@@ -486,12 +496,12 @@ class FusionState:
         distinct values of the computation and writes some of its members, so each is at
         most the bytes of all its values; its arithmetic is at most all of theirs."""
         if self._ceiling is None:
-            facts = self._facts.facts
+            work = self.work_of      # (not every instruction's facts: most are never priced)
             total = 0
             flops = trans = 0.0
             ceiling: Optional[float] = None
             for inst in self.comp.instructions:
-                w = facts(inst)[2]
+                w = work(inst)
                 if inst.opcode in ("dot", "convolution") or w.tensor_flops:
                     break
                 total += array_bytes(inst.shape)
@@ -752,11 +762,8 @@ def materialize(state: FusionState) -> dict[int, Instruction]:
                  or id(i) in state.dissolved]
     gone = {id(i) for i in originals}
     for inst in list(comp.instructions):
-        if id(inst) in gone:
-            continue
-        for o in list(inst.operands):
-            if id(o) in value:
-                inst.replace_operand_with(o, value[id(o)])
+        if id(inst) not in gone:
+            inst.replace_operands(value)
     if id(comp.root) in value:
         comp.root = value[id(comp.root)]
     comp.remove_instructions(sorted(originals, key=state.pos, reverse=True))
