@@ -1,4 +1,4 @@
-"""Device time of gpu_suite programs with each loop emitter, interleaved in one process.
+"""Device time of gpu_suite programs (and held-out ones by name) with each loop emitter, interleaved in one process.
 
     PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda,cpu python3 -m benchmarks.emitter_ab \
         [--only adam_step] [--sides "auto;triton;c32:HLOTK_CUDA_C_FLAT_CHUNK=32"] [--rounds 5]
@@ -45,8 +45,11 @@ def main(argv: list[str] | None = None) -> None:
             env[k.strip()] = v.strip()
         sides.append(label)
         settings[label] = env
-    for prog in programs():
-        if prog[0] not in a.only.split(","):
+    from benchmarks.heldout_programs import NAMES, programs as heldout
+    wanted = a.only.split(",")
+    pool = programs() + (heldout() if any(n in NAMES for n in wanted) else [])
+    for prog in pool:
+        if prog[0] not in wanted:
             continue
         fn, args = prog[2], prog[3]
         dev_args = jax.device_put(args)
