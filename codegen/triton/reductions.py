@@ -634,6 +634,7 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
         wide = split.block_n if split else BN        # the tile before the accumulator bound
     else:
         BM, BN = 1, split.block_n if split else ROW_TILE
+        wide = BN
         warps = 8 if a.width <= 2 else 4
     kept_idx = _rows_prologue(em, a, big)
     if split is not None:
