@@ -548,19 +548,29 @@ WARP8_REGISTERS = 128
 WARP4_ACCUMULATOR_REGISTERS = 128
 
 
-# Of the 128 registers a thread of 8 warps has (WARP8_REGISTERS), at most this many for a
-# split column tile's lane accumulators: a tile with more accumulators a lane gets fewer
-# elements a thread (BLOCK_N halved, 8 warps kept) instead. See split_tile_n.
-SPLIT_ACCUMULATOR_REGISTERS = 64
+# A split column tile at 8 warps whose lane accumulators (``lane_accumulators`` x elements a
+# thread) take more than half of the 128 registers a thread has (WARP8_REGISTERS) gets
+# fewer elements a thread (BLOCK_N halved, 8 warps kept) until they take at most
+# SPLIT_ACCUMULATOR_REGISTERS. conv_bn_grad's two batch-norm gradient partials (four sums a
+# lane; H200, Triton 3.6, i13-split-tiles): 64x128 (32 a thread, 244-254 registers, one
+# program per SM) 27.7 / 24.8 us a graph replay, 0.77-0.88 s the longest job of the cold
+# pool; 64x64 (16, 160-164 registers, still one program per SM, twice the steps) 28.6 /
+# 27.0 us, the program 1.2% slower; 64x32 (8, 102-109 registers: two programs per SM)
+# 25.3 / 24.1 us, the program 0.8% faster (0.3295 -> 0.3269 ms), its pool 0.78-0.89 ->
+# 0.60 s. One or two sums a lane at 32 a thread (64) stay as they were measured
+# (transformer_train, gpt_train_step, mlp_train: i14-pdl, i14-colred, i14-lnsplit).
+SPLIT_ACCUMULATOR_TRIGGER = WARP8_REGISTERS // 2
+SPLIT_ACCUMULATOR_REGISTERS = 32
 SPLIT_ACC_ENV = "HLOTK_SPLIT_ACC_REGISTERS"
 # A split column tile keeps at least this many elements a thread (one 16-byte load of bf16).
 SPLIT_MIN_ELEMENTS_PER_THREAD = 8
 
 
 def split_accumulator_registers() -> int:
-    """``HLOTK_SPLIT_ACC_REGISTERS``: the lane-accumulator registers a split column tile may
-    take at 8 warps (default ``SPLIT_ACCUMULATOR_REGISTERS``; 0: no bound, the tiles before
-    i13-split-tiles), to compare tiles on a GPU in one process."""
+    """``HLOTK_SPLIT_ACC_REGISTERS``: the lane-accumulator registers a split column tile over
+    ``SPLIT_ACCUMULATOR_TRIGGER`` is cut down to at 8 warps (default
+    ``SPLIT_ACCUMULATOR_REGISTERS``; 0: no cut, the tiles before i13-split-tiles), to
+    compare tiles on a GPU in one process."""
     text = os.environ.get(SPLIT_ACC_ENV, "").strip()
     if not text:
         return SPLIT_ACCUMULATOR_REGISTERS
@@ -575,14 +585,17 @@ def split_accumulator_registers() -> int:
 
 
 def split_tile_n(a: "Analysis", block_m: int, block_n: int, warps: int) -> int:
-    """BLOCK_N of a split column tile at ``warps``: ``block_n`` halved while the lane
-    accumulators (``lane_accumulators`` x elements a thread) exceed
-    ``split_accumulator_registers()``, down to ``SPLIT_MIN_ELEMENTS_PER_THREAD``. Halving
-    keeps the part's chunk a multiple of the tile (the chunk is one of block_n)."""
+    """BLOCK_N of a split column tile at ``warps``: ``block_n`` where its lane accumulators
+    (``lane_accumulators`` x elements a thread) take at most ``SPLIT_ACCUMULATOR_TRIGGER``
+    registers; else halved while they exceed ``split_accumulator_registers()``, down to
+    ``SPLIT_MIN_ELEMENTS_PER_THREAD``. Halving keeps the part's chunk a multiple of the
+    tile (the chunk is one of block_n)."""
     budget = split_accumulator_registers()
     accs = lane_accumulators(a)
     threads = 32 * warps
-    while (budget and block_n > 2 and accs * (block_m * block_n // threads) > budget
+    if not budget or accs * (block_m * block_n // threads) <= SPLIT_ACCUMULATOR_TRIGGER:
+        return block_n
+    while (block_n > 2 and accs * (block_m * block_n // threads) > budget
            and block_m * (block_n // 2) // threads >= SPLIT_MIN_ELEMENTS_PER_THREAD):
         block_n //= 2
     return block_n
@@ -627,9 +640,10 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
             warps = 4
         if split is not None and warps == 8:
             # Many sums a lane (conv_bn_grad's batch-norm gradient: four, 64x128 at 8 warps
-            # = 32 elements a thread, 128 accumulator registers, 244-254 in all) make the
-            # partials kernel its program's slowest Triton compile (0.84 / 0.61 s on the
-            # H200 host); 64x64 (16 a thread, 160 registers) compiled in 0.55 / 0.51.
+            # = 32 elements a thread, 128 accumulator registers, 244-254 in all) made the
+            # partials kernel its program's slowest Triton compile and one program per
+            # SM; at 64x32 (8 a thread, 102-109 registers) two fit, and it runs 3-9%
+            # faster (SPLIT_ACCUMULATOR_REGISTERS).
             BN = split_tile_n(a, BM, BN, warps)
         wide = split.block_n if split else BN        # the tile before the accumulator bound
     else:
