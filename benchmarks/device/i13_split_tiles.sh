@@ -2,8 +2,8 @@
 # i13-split-tiles, one device call (run from the lead's checkout root; the branch under
 # .dev/i13-split-tiles): conv_bn_grad's split-partials tiles sized by lane accumulators.
 # 1. device time, interleaved A/B in one process (graph replays on the call's own arguments):
-#    off (HLOTK_SPLIT_ACC_REGISTERS=0: 64x128 w8), r64 (the new default: 64x64 w8), r32
-#    (64x32 w8), 7 rounds, wall ms of each call and of XLA's beside;
+#    off (HLOTK_SPLIT_ACC_REGISTERS=0: 64x128 w8), r64 (64x64 w8, the default when this
+#    ran), r32 (64x32 w8, the default after it), 7 rounds, wall ms of each call and XLA's;
 # 2. cold first call (compile_time --autotune 1 --runs cold, XLA in the same child): off, r64;
 # 3. each BN-partials tile alone (compile s, regs/spills, eager and graph-replay us);
 # 4. test_column_tiles.py on the GPU; 5. more cold rows if the time allows.
