@@ -1,4 +1,5 @@
-"""Device time of gpu_suite programs with each loop emitter, interleaved in one process.
+"""Device time of gpu_suite programs (and held-out ones by name) with each loop emitter,
+interleaved in one process.
 
     PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda,cpu python3 -m benchmarks.emitter_ab \
         [--only adam_step] [--sides "auto;triton;c32:HLOTK_CUDA_C_FLAT_CHUNK=32"] [--rounds 5]
@@ -30,11 +31,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sides", default="auto;triton", help="';'-separated sides")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--staging", choices=("args", "zeros", "random"), default="args")
+    ap.add_argument("--show", default="", help="a kernel template (split_partials): print "
+                    "each side's configs of its kernels")
+    ap.add_argument("--wall", action="store_true", help="also each round's wall ms of one "
+                    "call (gpu_suite.wall_ms), and of jax.jit's compiled call ('xla')")
     a = ap.parse_args(argv)
     import jax
     import numpy as np
     import runtime
-    from benchmarks.gpu_suite import device_ms, programs
+    from benchmarks.gpu_suite import device_ms, programs, wall_ms
     from runtime.cuda import executable_of
     sides, settings = [], {}
     for text in a.sides.split(";"):
@@ -45,13 +50,17 @@ def main(argv: list[str] | None = None) -> None:
             env[k.strip()] = v.strip()
         sides.append(label)
         settings[label] = env
-    for prog in programs():
-        if prog[0] not in a.only.split(","):
+    from benchmarks.heldout_programs import NAMES, programs as heldout
+    wanted = a.only.split(",")
+    pool = programs() + (heldout() if any(n in NAMES for n in wanted) else [])
+    for prog in pool:
+        if prog[0] not in wanted:
             continue
         fn, args = prog[2], prog[3]
         dev_args = jax.device_put(args)
-        want = jax.block_until_ready(jax.jit(fn)(*dev_args))
-        exes, errs = {}, {}
+        xla = jax.jit(fn).lower(*dev_args).compile()
+        want = jax.block_until_ready(xla(*dev_args))
+        exes, errs, calls = {}, {}, {}
         for side in sides:
             saved = {k: os.environ.get(k) for k in settings[side]}
             os.environ.update(settings[side])
@@ -70,15 +79,28 @@ def main(argv: list[str] | None = None) -> None:
                       / max(np.linalg.norm(np.asarray(w, np.float64)), 1e-30))
                 for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)))
             exes[side] = executable_of(c)
+            calls[side] = c
+            if a.show:
+                print(json.dumps({"side": side, a.show: [
+                    [k.name, k.config] for k in exes[side]._triton_kernels()
+                    if k.template == a.show]}), flush=True)
         if a.staging == "random":
             _random_staging()
         times: dict[str, list[float]] = {s: [] for s in sides}
+        walls: dict[str, list[float]] = {s: [] for s in sides + ["xla"]}
         for r in range(a.rounds):
             for s in sides[r % len(sides):] + sides[:r % len(sides)]:
                 times[s].append(device_ms(exes[s], dev_args if a.staging == "args" else None))
-        print(json.dumps({"program": prog[0], "max_rel_err": errs,
-                          "median_ms": {s: round(statistics.median(t), 4) for s, t in times.items()},
-                          "rounds_ms": {s: [round(x, 4) for x in t] for s, t in times.items()}}))
+            if a.wall:
+                for s in sides[r % len(sides):] + sides[:r % len(sides)] + ["xla"]:
+                    call = xla if s == "xla" else calls[s]
+                    walls[s].append(wall_ms(lambda: jax.block_until_ready(call(*dev_args))))
+        row = {"program": prog[0], "max_rel_err": errs,
+               "median_ms": {s: round(statistics.median(t), 4) for s, t in times.items()},
+               "rounds_ms": {s: [round(x, 4) for x in t] for s, t in times.items()}}
+        if a.wall:
+            row["wall_median_ms"] = {s: round(statistics.median(t), 4) for s, t in walls.items()}
+        print(json.dumps(row), flush=True)
 
 
 def _random_staging() -> None:

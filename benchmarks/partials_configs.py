@@ -3,6 +3,8 @@ kernels costs to compile and to run (H200), to choose the default a first call c
 
     PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda,cpu python3 -m benchmarks.partials_configs \
         [--program conv_bn_grad] [--template split_partials] [--min-us 4]
+    (HLOTK_SPLIT_ACC_REGISTERS=0: the tiles before i13-split-tiles' accumulator bound are
+    the defaults the rows start from)
 
 The program is compiled by the CUDA backend (autotuning off: each kernel's default config);
 for each kernel of the template predicted at ``--min-us`` or more, the tiles of its default
@@ -16,7 +18,8 @@ Rows go to ``$OUT/partials_configs.json``.
 Caveat (its one H200 run, i13-triton-slow): every tile of conv_bn_grad's two kernels timed
 58-70 us, within the spread of a tile against itself, so the eager launch through
 ``TritonKernel.launch`` (Python) may set a floor under do_bench's numbers here; the compile
-seconds, registers and spills are the reliable part. A graph-replay timing is the next step.
+seconds, registers and spills are the reliable part. ``graph_us`` (i13-split-tiles): the
+same launch replayed from a CUDA graph (``_graph_us``), without the eager launch's host cost.
 """
 from __future__ import annotations
 
@@ -56,6 +59,27 @@ def _binary_stats(kernel) -> dict:
     except Exception:  # noqa: BLE001  (older Tritons load at the first launch)
         pass
     return {"regs": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None)}
+
+
+def _graph_us(k, outs: list, ins: list, cfg: dict, launches: int = 1) -> float | None:
+    """Median microseconds of one launch of ``k`` at ``cfg`` replayed from a CUDA graph of
+    ``launches`` launches (do_bench over the replays, L2 flushed before each; one launch by
+    default: a second would find part of a 38 MB input in the 50 MB L2): the eager launch's
+    host cost is gone, the graph launch's few microseconds stay, the same for every tile.
+    None where the capture fails."""
+    import torch
+    import triton.testing
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(launches):
+                k.launch(outs, ins, stream=torch.cuda.current_stream(), config=cfg)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        print(f"graph capture failed: {type(e).__name__}: {e}", flush=True)
+        return None
+    ms = triton.testing.do_bench(g.replay, warmup=10, rep=100, return_mode="median")
+    return round(ms * 1e3 / launches, 2)
 
 
 def main() -> None:
@@ -112,15 +136,17 @@ def main() -> None:
                       for g, r in zip(got, ref))
             ms = triton.testing.do_bench(lambda: k.launch(outs, ins, config=cfg), warmup=10,
                                          rep=100, return_mode="median")
+            gus = _graph_us(k, outs, ins, cfg)
             row = {"program": opts.program, "kernel": k.name, "config": cfg,
                    "default": cfg == k.config, "compile_s": round(compile_s, 4),
-                   "us": round(ms * 1e3, 2), "rel_err": err, "predicted_us": k.predicted_us,
+                   "us": round(ms * 1e3, 2), "graph_us": gus, "rel_err": err,
+                   "predicted_us": k.predicted_us,
                    "per_thread": cfg["BLOCK_M"] * cfg["BLOCK_N"] / (32 * warps),
                    **_binary_stats(compiled)}
             rows.append(row)
             print(f"| {k.name} | {json.dumps(cfg)} | {'*' if row['default'] else ''} | "
                   f"{compile_s:.3f} | {row['regs']} / {row['spills']} | {ms * 1e3:.2f} | "
-                  f"{err:.1e} |", flush=True)
+                  f"{gus} | {err:.1e} |", flush=True)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), "partials_configs.json"), "w") as f:
         json.dump(rows, f, indent=1)
     print(f"triton {triton.__version__}, {torch.cuda.get_device_name()}")

@@ -258,8 +258,114 @@ def test_split_partials_warps_follow_the_tile_registers(case, warps):
     part = compile_fusion(fusion, target="h200", split=sp)
     assert part.config["num_warps"] == warps
     assert {c["num_warps"] for c in part.plan.candidates} == {4, 8}   # level 2 tries both
-    # Level 1 compiles no candidate with more elements a thread than the default: at 8
-    # warps the 4-warp one (twice the elements) is left out, at 4 warps the 8-warp one is
-    # timed beside it.
+    # Level 1 compiles no candidate with more elements a thread than the default or 16:
+    # at 8 warps the 4-warp one (twice the elements) is left out, at 4 warps the 8-warp
+    # one is timed beside it; bn_grad's tile is cut to 8 a thread (split_tile_n), so its
+    # 4-warp twin (16) is timed too.
     level1 = ranked_candidates(part, 1, get_device("h200"))
-    assert [c["num_warps"] for c in level1] == ([8] if warps == 8 else [4, 8])
+    assert [c["num_warps"] for c in level1] == \
+        ([8, 4] if case == "bn_grad" else [8] if warps == 8 else [4, 8])
+
+
+def _bn_grad_case():
+    """conv_bn_grad's batch-norm gradient partials (ResNet block, bf16 NHWC C64): two bf16
+    inputs, a bf16 full-shape output and four sums a lane."""
+    def f(y, res, mean, rs, g):
+        yf = y.astype(jnp.float32)
+        xh = (yf - mean) * rs
+        z = (xh * g).astype(jnp.bfloat16) + res
+        d = jnp.where(z > 0, z * jnp.bfloat16(0.5), jnp.bfloat16(0)).astype(jnp.float32)
+        dims = (0, 1, 2)
+        return (z, d.sum(dims), (xh * d).sum(dims), ((yf - mean) * d * g).sum(dims),
+                (-(d * g * rs)).sum(dims))
+    y, v = np.zeros((32, 56, 56, 64), jnp.bfloat16), np.zeros((64,), np.float32)
+    return f, (y, y, v, v, v)
+
+
+@pytest.mark.parametrize("budget,block_n", [("", 32), ("0", 128), ("64", 64), ("32", 32),
+                                            ("8", 32)])
+def test_split_tile_n_bounds_the_lane_accumulators(budget, block_n, monkeypatch):
+    # Four sums a lane at 64x128 and 8 warps are 4 x 32 = 128 accumulator registers a
+    # thread, over half of 128 (244-254 registers in all for sm_90, one program per SM);
+    # the default cuts them to 32: BLOCK_N 32 at 8 warps, 8 elements a thread (102-109
+    # registers, two programs per SM; H200: 0.8% faster, its pool 0.3 s shorter). 0: no
+    # cut (64x128); 64: 64x64; a bound under 4 x 8 stops at 8 elements a thread.
+    from codegen.triton.autotune import ranked_candidates
+    from passes.fusion.cost_model import get_device
+    monkeypatch.setenv("HLOTK_SPLIT_ACC_REGISTERS", budget)
+    f, args = _bn_grad_case()
+    fusion = _split_fusion_of(f, *args)
+    sp = split_of(fusion.attrs["calls"])
+    assert (sp.block_m, sp.block_n) == (64, 128)       # the split itself does not move
+    part = compile_fusion(fusion, target="h200", split=sp)
+    assert (part.config["BLOCK_M"], part.config["BLOCK_N"], part.config["num_warps"]) == \
+        (64, block_n, 8)
+    # Level 1 compiles nothing heavier a thread than the default or 16 (the row tiles'
+    # bound): at the default bound the default alone, at 8 a thread its 4-warp twin too.
+    level1 = ranked_candidates(part, 1, get_device("h200"))
+    assert [(c["BLOCK_N"], c["num_warps"]) for c in level1] == \
+        [(block_n, 8)] + ([(block_n, 4)] if block_n * 64 // 256 < 16 else [])
+    wider = [c for c in part.plan.candidates if c["BLOCK_N"] == 128 and c["num_warps"] == 8]
+    assert len(wider) == 1                   # level 2 still times the unbounded tile
+
+
+@pytest.mark.parametrize("case", ["resid", "ln", "relu_bias"])
+def test_split_tile_n_leaves_two_sums_alone(case, monkeypatch):
+    # Two sums a lane (or one) at 32 elements a thread take at most half of 128 registers:
+    # transformer_train's and the LN/ReLU-bias partials keep the tiles they were measured
+    # with, whatever the bound.
+    monkeypatch.setenv("HLOTK_SPLIT_ACC_REGISTERS", "8")
+    from codegen.triton.reductions import analyze, split_tile_n
+    z16 = np.zeros((4, 2048, 1024), jnp.bfloat16)
+    if case == "resid":
+        def f(a, b, c, d):
+            s = ((a + b) + c).astype(jnp.float32)
+            return s.sum((0, 1)), (d * s).sum((0, 1))
+        args = (z16, z16, z16, np.zeros((4, 2048, 1024), np.float32))
+    elif case == "ln":
+        def f(x, mu, rs, dy):
+            dyf = dy.astype(jnp.float32)
+            return dyf.sum((0, 1)), (((x.astype(jnp.float32) - mu) * rs) * dyf).sum((0, 1))
+        col = np.zeros((4, 2048, 1), np.float32)
+        args = (z16, col, col, z16)
+    else:
+        def f(g, h, b):
+            sel = jnp.where(h + b > 0, g, 0.0)
+            return sel, jnp.sum(sel, 0)
+        g = np.zeros((2048, 4096), np.float32)
+        args = (g, g, np.zeros((4096,), np.float32))
+    fusion = _split_fusion_of(f, *args)
+    sp = split_of(fusion.attrs["calls"])
+    a = analyze(fusion.attrs["calls"])
+    assert split_tile_n(a, sp.block_m, sp.block_n, 8) == sp.block_n
+    part = compile_fusion(fusion, target="h200", split=sp)
+    assert part.config["BLOCK_N"] == sp.block_n
+
+
+@pytest.mark.parametrize("budget,block_n", [("0", 128), ("", 32), ("64", 64)])
+def test_four_sums_a_lane_split_equal_jax_at_each_bound(budget, block_n, monkeypatch):
+    # 4100 rows of 64 f32 channels, four sums a lane: split (17 parts of 256 rows), a
+    # ragged end (4100 % BLOCK_N = 4) in the last part, at each tile the bound gives.
+    monkeypatch.setenv("HLOTK_SPLIT_ACC_REGISTERS", budget)
+
+    def f(x, m):
+        d = x - m
+        return (x.sum(0), (d * d).sum(0), jnp.abs(x).sum(0), (x * m).sum(0))
+    r = np.random.default_rng(13)
+    x = (r.standard_normal((4100, 64)) + 0.5).astype(np.float32)
+    m = r.standard_normal((64,)).astype(np.float32)
+    kernels = run(f, x, m)
+    parts = [k for k in kernels if k.template == "split_partials"]
+    assert [(k.config["BLOCK_M"], k.config["BLOCK_N"], k.config["num_warps"]) for k in parts] \
+        == [(64, block_n, 8)]
+
+
+def test_split_accumulator_bound_rejects_bad_values(monkeypatch):
+    from codegen.triton.elemental import TritonCodegenError
+    from codegen.triton.reductions import split_accumulator_registers
+    for text in ("-1", "lots"):
+        monkeypatch.setenv("HLOTK_SPLIT_ACC_REGISTERS", text)
+        with pytest.raises(TritonCodegenError, match="HLOTK_SPLIT_ACC_REGISTERS"):
+            split_accumulator_registers()
+    monkeypatch.setenv("HLOTK_SPLIT_ACC_REGISTERS", " 96 ")
+    assert split_accumulator_registers() == 96

@@ -41,7 +41,7 @@ from typing import Optional
 from hlo.ir import Computation, Instruction
 from hlo.shape import Shape
 
-from .elemental import Emitter, Index, is_narrow_float, tl_type
+from .elemental import Emitter, Index, TritonCodegenError, is_narrow_float, tl_type
 from .templates import (COLUMN_PROGRAMS, NotTileable, Plan, _merge, _reduce_parts, _store,
                         clamp_if, combine_fn, is_sum_reducer, next_pow2, outputs_of, prev_pow2,
                         reduce_tile_rows, row_tile_limit, row_tile_warps)
@@ -548,6 +548,59 @@ WARP8_REGISTERS = 128
 WARP4_ACCUMULATOR_REGISTERS = 128
 
 
+# A split column tile at 8 warps whose lane accumulators (``lane_accumulators`` x elements a
+# thread) take more than half of the 128 registers a thread has (WARP8_REGISTERS) gets
+# fewer elements a thread (BLOCK_N halved, 8 warps kept) until they take at most
+# SPLIT_ACCUMULATOR_REGISTERS. conv_bn_grad's two batch-norm gradient partials (four sums a
+# lane; H200, Triton 3.6, i13-split-tiles): 64x128 (32 a thread, 244-254 registers, one
+# program per SM) 27.7 / 24.8 us a graph replay, 0.77-0.88 s the longest job of the cold
+# pool; 64x64 (16, 160-164 registers, still one program per SM, twice the steps) 28.6 /
+# 27.0 us, the program 1.2% slower; 64x32 (8, 102-109 registers: two programs per SM)
+# 25.3 / 24.1 us, the program 0.8% faster (0.3295 -> 0.3269 ms), its pool 0.78-0.89 ->
+# 0.60 s. One or two sums a lane at 32 a thread (64) stay as they were measured
+# (transformer_train, gpt_train_step, mlp_train: i14-pdl, i14-colred, i14-lnsplit).
+SPLIT_ACCUMULATOR_TRIGGER = WARP8_REGISTERS // 2
+SPLIT_ACCUMULATOR_REGISTERS = 32
+SPLIT_ACC_ENV = "HLOTK_SPLIT_ACC_REGISTERS"
+# A split column tile keeps at least this many elements a thread (one 16-byte load of bf16).
+SPLIT_MIN_ELEMENTS_PER_THREAD = 8
+
+
+def split_accumulator_registers() -> int:
+    """``HLOTK_SPLIT_ACC_REGISTERS``: the lane-accumulator registers a split column tile over
+    ``SPLIT_ACCUMULATOR_TRIGGER`` is cut down to at 8 warps (default
+    ``SPLIT_ACCUMULATOR_REGISTERS``; 0: no cut, the tiles before i13-split-tiles), to
+    compare tiles on a GPU in one process."""
+    text = os.environ.get(SPLIT_ACC_ENV, "").strip()
+    if not text:
+        return SPLIT_ACCUMULATOR_REGISTERS
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise TritonCodegenError(f"{SPLIT_ACC_ENV}={text!r}: expected a register count >= 0 "
+                                 "(0: no bound)")
+    return value
+
+
+def split_tile_n(a: "Analysis", block_m: int, block_n: int, warps: int) -> int:
+    """BLOCK_N of a split column tile at ``warps``: ``block_n`` where its lane accumulators
+    (``lane_accumulators`` x elements a thread) take at most ``SPLIT_ACCUMULATOR_TRIGGER``
+    registers; else halved while they exceed ``split_accumulator_registers()``, down to
+    ``SPLIT_MIN_ELEMENTS_PER_THREAD``. Halving keeps the part's chunk a multiple of the
+    tile (the chunk is one of block_n)."""
+    budget = split_accumulator_registers()
+    accs = lane_accumulators(a)
+    threads = 32 * warps
+    if not budget or accs * (block_m * block_n // threads) <= SPLIT_ACCUMULATOR_TRIGGER:
+        return block_n
+    while (block_n > 2 and accs * (block_m * block_n // threads) > budget
+           and block_m * (block_n // 2) // threads >= SPLIT_MIN_ELEMENTS_PER_THREAD):
+        block_n //= 2
+    return block_n
+
+
 def lane_accumulators(a: Analysis) -> int:
     """Accumulators a column tile keeps per element: one per reduction value."""
     return sum(len(_reduce_parts(r)[1]) for r in a.reduces)
@@ -585,8 +638,17 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
             # step and is the slowest Triton compile of its program; it stays at 8 warps,
             # and level-1 autotuning then compiles no heavier candidate either.
             warps = 4
+        if split is not None and warps == 8:
+            # Many sums a lane (conv_bn_grad's batch-norm gradient: four, 64x128 at 8 warps
+            # = 32 elements a thread, 128 accumulator registers, 244-254 in all) made the
+            # partials kernel its program's slowest Triton compile and one program per
+            # SM; at 64x32 (8 a thread, 102-109 registers) two fit, and it runs 3-9%
+            # faster (SPLIT_ACCUMULATOR_REGISTERS).
+            BN = split_tile_n(a, BM, BN, warps)
+        wide = split.block_n if split else BN        # the tile before the accumulator bound
     else:
         BM, BN = 1, split.block_n if split else ROW_TILE
+        wide = BN
         warps = 8 if a.width <= 2 else 4
     kept_idx = _rows_prologue(em, a, big)
     if split is not None:
@@ -776,6 +838,8 @@ def _looped(em: Emitter, a: Analysis, big: bool, split: Optional[Split]) -> Plan
         parts = split.parts
         cfg = {"BLOCK_M": BM, "BLOCK_N": BN, "num_warps": warps, "num_stages": 1}
         cands = [cfg] + [dict(cfg, num_warps=w) for w in (4, 8) if w != warps]
+        if wide != BN:        # level 2 also times the wider tile (level 1 leaves it out)
+            cands.append(dict(cfg, BLOCK_N=wide, num_warps=8))
         shapes = shapes + [a.outs[k].shape for k in full_k]
         return Plan("split_partials", ["BLOCK_M", "BLOCK_N"], cfg,
                     lambda c: (max(1, -(-M // c["BLOCK_M"])), parts), cands, output_shapes=shapes)
@@ -860,4 +924,5 @@ def _tl(shape: Shape) -> str:
 
 
 __all__ = ["rows_template", "split_of", "split_outputs", "finish_fusion", "partial_shapes",
-           "legacy", "LEGACY_ENV", "Split", "analyze"]
+           "legacy", "LEGACY_ENV", "Split", "analyze",
+           "split_tile_n", "split_accumulator_registers", "SPLIT_ACC_ENV"]
