@@ -186,6 +186,23 @@ class Instruction:
         return f"<Instruction %{self.name} = {self.shape} {self.opcode}>"
 
 
+def _in_order(insts: list["Instruction"], pos: dict[int, int]) -> bool:
+    """Whether every operand and control predecessor of ``insts[k]`` is ``insts[j]`` for
+    some j < k (``pos``: id -> position of each of ``insts``)."""
+    get = pos.get
+    for k, inst in enumerate(insts):
+        for o in inst.operands:
+            j = get(id(o))
+            if j is None or j >= k:
+                return False
+        if inst.control_predecessors:
+            for o in inst.control_predecessors:
+                j = get(id(o))
+                if j is None or j >= k:
+                    return False
+    return True
+
+
 class Computation:
     """A list of instructions with parameters and a root; the entry or a called body."""
 
@@ -321,7 +338,18 @@ class Computation:
 
     # --- queries ------------------------------------------------------------------------
     def post_order(self) -> list[Instruction]:
-        """Instructions in an order where operands (and control predecessors) come first."""
+        """Instructions in an order where operands (and control predecessors) come first:
+        depth first from each instruction in list order, operands in order."""
+        insts = self.instructions
+        # A list whose every instruction's operands and control predecessors come earlier
+        # in it is its own post order: the walk from each instruction finds every operand
+        # already emitted and emits the instruction at once. Checking that is a third of
+        # the walk, and most lists pass it (the schedule pass orders every fusion body;
+        # layout assignment, inline, the fusion pass walk computations that are in order):
+        # issue 13, ~10k instructions of an AdamW step over 200 arrays.
+        pos = {id(i): k for k, i in enumerate(insts)}
+        if len(pos) == len(insts) and _in_order(insts, pos):
+            return list(insts)
         seen: set[int] = set()
         order: list[Instruction] = []
         for start in self.instructions:

@@ -217,11 +217,14 @@ class Dataflow:
         return out
 
     def sets_of(self, inst: Instruction) -> list[BufferSet]:
-        seen: list[BufferSet] = []
+        """The distinct sets of ``inst``'s leaves, in leaf order."""
+        out: list[BufferSet] = []
+        seen: set[int] = set()      # ids: a list's ``in`` was quadratic in a tuple's leaves
         for _, bs in self.positions(inst):
-            if bs not in seen:
-                seen.append(bs)
-        return seen
+            if bs.id not in seen:
+                seen.add(bs.id)
+                out.append(bs)
+        return out
 
 
 # --- in-place sharing --------------------------------------------------------------------

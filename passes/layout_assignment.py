@@ -557,6 +557,11 @@ class _Assigner:
     def _rejecting_user(self, inst: Instruction, layout: Layout) -> Optional[_Requirement]:
         """The requirement of the first user that does not accept ``layout``, if any."""
         for u in inst.users:
+            if u.opcode not in _LIBRARY_OPS:
+                # operand_requirement is None for all its operands: not walked (issue 13:
+                # the entry's root tuple of an AdamW step over 200 arrays has 600 operands,
+                # each of whose users walked all 600, a third of the pass)
+                continue
             for k, o in enumerate(u.operands):
                 if o is inst:
                     req = self.rules.operand_requirement(u, k)

@@ -45,9 +45,11 @@ class MemoryModel:
             self.defines[inst.uid] = mine
         for inst in insts:
             reads: list[BufferSet] = []
+            seen: set[int] = set()  # set ids (a list's ``in``: quadratic in a tuple's operands)
             for o in inst.operands:
                 for bs in sets.get(o.uid) or flow.sets_of(o):
-                    if bs not in reads:
+                    if bs.id not in seen:
+                        seen.add(bs.id)
                         reads.append(bs)
             self.reads[inst.uid] = reads
         # Buffers that never die inside this computation: the root's, the parameters'.

@@ -394,6 +394,44 @@ def test_buffer_assignment_report_and_timeline():
     assert ba.temp_size >= ba.lower_bound
 
 
+def test_output_index_is_the_first_root_leaf_of_each_output_buffer():
+    """Each output buffer's index is the first leaf of the root holding one of its sets
+    (found from one walk of the root's leaves: issue 13). Copy insertion gives a repeated
+    result and a returned parameter buffers of their own; ``n`` and its copy share one by
+    in-place sharing, so leaf 1 (not 4) is theirs."""
+    m = scheduled("""\
+HloModule o
+ENTRY main {
+  p = f32[4] parameter(0)
+  q = f32[4] parameter(1)
+  n = f32[4] negate(p)
+  e = f32[4] exponential(p)
+  ROOT t = (f32[4], f32[4], f32[4], f32[4], f32[4]) tuple(e, n, e, p, n)
+}
+""")
+    ba = assign_buffers(m)
+    root = m.entry.root
+    assert [ba.buffer(o).output_index for o in root.operands] == [(k,) for k in range(5)]
+    assert ba.buffer(m.entry.get("n")).output_index == (1,)
+    assert ba.buffer(m.entry.get("p")).output_index is None
+    assert ba.buffer(m.entry.get("q")).output_index is None
+    # On an optimizer-like step, as the walk of the root for each group found them.
+    import jax.numpy as jnp
+
+    def step(ps, gs):
+        return [p - 0.1 * g / (jnp.abs(g) + 1.0) for p, g in zip(ps, gs)], list(gs)
+    args = [[np.ones((n,), np.float32) for n in (3, 5, 7)] for _ in range(2)]
+    m = hlo.from_jax(step, *args)
+    Schedule().run(m)
+    ba = assign_buffers(m)
+    leaves = ba.flow.positions(m.entry.root)
+    for b in ba.buffers:
+        want = next((ix for ix, s in leaves if s in b.sets), None)
+        assert b.output_index == want
+    assert sorted(b.output_index for b in ba.buffers if b.output_index is not None) == \
+        [(k,) for k in range(len(leaves))]
+
+
 def test_corrupted_assignment_gives_a_wrong_answer():
     """Two live buffers at the same arena offset must change the result."""
     m = scheduled("""\
