@@ -110,3 +110,28 @@ def test_a_component_over_the_limits_premerges_part_by_part(n):
 def test_a_part_over_the_limits_is_left_to_the_loop():
     """With max_size below one tree and its copies, nothing is pre-merged."""
     assert _same_kernels(_adam, _many(6), max_size=12) == []
+
+
+def test_the_fusion_pass_leaves_no_cyclic_garbage_of_its_state():
+    """The pass's tables (groups, candidates, estimates) point at each other; once it ends
+    reference counting frees them (the state's tables are dropped), so the collector does
+    not walk tens of thousands of them at its next pass (issue 13)."""
+    import gc
+
+    from passes.fusion.rewrite import FusionState
+    from passes.fusion.policy import Candidate
+    args = _many(8)
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        _compile(_adam, args)
+        gc.collect()
+        left = [o for o in gc.garbage if isinstance(o, (FusionState, Candidate))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if was:
+            gc.enable()
+    assert left == []
