@@ -33,17 +33,14 @@ EMITTERS = ("auto", "triton", "cuda")
 # against 212.5 µs per step) and level with Triton on GIOU (8-9 µs). Under 5 µs a kernel is
 # mostly launch and tail, and 8% of it is under half a microsecond per call.
 AUTO_MAX_US = 5.0
-# ``auto`` also takes every loop fusion with a flat form (flat.py) at any size: a trade of
-# device time for compile time. On the H200 an Adam step's flat CUDA C kernels took 199.0
-# µs per step against Triton's 210.4 back to back with their inputs L2-warm (CUPTI; NOTES
-# i13-cudac-flat), but its CUDA graph replayed with L2 flushed took 0.240-0.242 ms against
-# 0.219-0.221 (NOTES session 8, i13-flat-sass). That replay runs on zeroed staging buffers,
-# where every IEEE division and square root takes its slow path (Triton's approximate ones
-# have none: the CUDA C kernels with Triton's instructions replayed in 0.196 ms); on real
-# Adam data, alone with L2 flushed, the CUDA C kernel's numerics cost within a few % (ncu:
-# memory-bound either way). In exchange the cold first call loses its Triton compile
-# (0.16-0.19 s), which put adam_step's under XLA's compile. ``HLOTK_LOOP_EMITTER=triton``
-# takes the other side.
+# ``auto`` also takes every loop fusion with a flat form (flat.py) at any size. On the H200
+# an Adam step's CUDA graph, replayed with L2 flushed on the call's own arguments, took
+# 0.2037 ms with the flat CUDA C kernels against 0.2201 with Triton's (NOTES session 9,
+# final call A; ``chunk`` 0.1978, ``approx`` 0.1974). Session 8's 0.242 against 0.221 ran
+# on zeroed staging buffers, where every IEEE division and square root takes its slow path
+# and Triton's approximate ones have none (i13-flat-sass). So the flat kernels cost no
+# device time, and the cold first call loses its Triton compile (0.16-0.19 s), which put
+# adam_step's under XLA's compile. ``HLOTK_LOOP_EMITTER=triton`` takes Triton's kernels.
 AUTO_FLAT_ANY_SIZE = True
 
 
