@@ -223,16 +223,8 @@ def test_split_partials_warps_follow_the_tile_registers(case, warps):
     z32 = np.zeros((4, 2048, 1024), np.float32)
     accs = 2
     if case == "bn_grad":
-        def f(y, res, mean, rs, g):
-            yf = y.astype(jnp.float32)
-            xh = (yf - mean) * rs
-            z = (xh * g).astype(jnp.bfloat16) + res
-            d = jnp.where(z > 0, z * jnp.bfloat16(0.5), jnp.bfloat16(0)).astype(jnp.float32)
-            dims = (0, 1, 2)
-            return (z, d.sum(dims), (xh * d).sum(dims), ((yf - mean) * d * g).sum(dims),
-                    (-(d * g * rs)).sum(dims))
-        y, v = np.zeros((32, 56, 56, 64), jnp.bfloat16), np.zeros((64,), np.float32)
-        args, need, accs = (y, y, v, v, v), 176, 4
+        f, args = _bn_grad_case()
+        need, accs = 176, 4
     elif case == "resid":
         def f(a, b, c, d):
             s = ((a + b) + c).astype(jnp.float32)

@@ -108,31 +108,33 @@ def applicable(state: FusionState, policy: object) -> bool:
     return True
 
 
-def _components(state: FusionState) -> dict[int, list[Instruction]]:
-    """Fusible instructions of rank > 0 joined by the data edges between them (rank-0
-    values are where the components are cut): root instruction id -> members."""
-    parent: dict[int, int] = {}
+def _joined(nodes: list[Instruction]) -> list[list[Instruction]]:
+    """``nodes`` joined by the data edges between them (union-find), each part in
+    ``nodes``' order."""
+    parent = {id(i): id(i) for i in nodes}
 
     def find(x: int) -> int:
         while parent[x] != x:
             parent[x] = parent[parent[x]]
             x = parent[x]
         return x
-
-    insts = [g.members[0] for g in state.groups.values()]
-    big = [i for i in insts if i.shape.rank > 0]
-    for i in big:
-        parent[id(i)] = id(i)
-    for i in big:
+    for i in nodes:
         for o in i.operands:
             if id(o) in parent:
                 a, b = find(id(i)), find(id(o))
                 if a != b:
                     parent[a] = b
     out: dict[int, list[Instruction]] = {}
-    for i in big:
+    for i in nodes:
         out.setdefault(find(id(i)), []).append(i)
-    return out
+    return list(out.values())
+
+
+def _components(state: FusionState) -> list[list[Instruction]]:
+    """Fusible instructions of rank > 0 joined by the data edges between them (rank-0
+    values are where the components are cut)."""
+    insts = [g.members[0] for g in state.groups.values()]
+    return _joined([i for i in insts if i.shape.rank > 0])
 
 
 def _homogeneous(members: list[Instruction]) -> bool:
@@ -148,25 +150,7 @@ def _parts(members: list[Instruction], copied: set[int]) -> list[list[Instructio
     them: once those broadcasts are copied into their readers, no edge of the graph joins
     two parts but through a scalar (the module docstring), so until a sibling fusion each
     group of the component holds members of one part."""
-    parent = {id(i): id(i) for i in members if id(i) not in copied}
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-    for i in members:
-        if id(i) in parent:
-            for o in i.operands:
-                if id(o) in parent:
-                    a, b = find(id(i)), find(id(o))
-                    if a != b:
-                        parent[a] = b
-    out: dict[int, list[Instruction]] = {}
-    for i in members:
-        if id(i) in parent:
-            out.setdefault(find(id(i)), []).append(i)
-    return list(out.values())
+    return _joined([i for i in members if id(i) not in copied])
 
 
 def _bounded(state: FusionState, part: list[Instruction], copies: list[Instruction],
@@ -244,7 +228,7 @@ def premerge_chains(state: FusionState, policy: object, report: FusionReport,
         return 0
     scalars = [g.members[0] for g in state.groups.values() if g.members[0].shape.rank == 0]
     merged = 0
-    for members in _components(state).values():
+    for members in _components(state):
         if len(members) < 2 or not _homogeneous(members):
             continue
         # Each internal node's tree root: its reader's, walking readers (the members are
