@@ -62,8 +62,8 @@ elementwise of the same dims, C the only reader of P but for the output tuple):
   (zoo:rng_threefry_exact's kernels differed).
 Merging the trees first changes the order of the loop's other fusions; that it does not
 change the final kernels is checked, not proven: benchmarks/passes_identity.py (75
-programs) and tests/test_fusion_chains.py, tests/test_fusion_scale.py. The merges are logged with their own reason,
-without predicted times (nothing was estimated).
+programs) and tests/test_fusion_chains.py, tests/test_fusion_scale.py. The merges are
+logged with their own reason, without predicted times (nothing was estimated).
 """
 from __future__ import annotations
 

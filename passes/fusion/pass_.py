@@ -146,7 +146,8 @@ def run_ranked(state: FusionState, policy: FusionPolicy, report: FusionReport,
     it dropped by a duplicate): nothing else changes a priority, so a bound stays valid
     while its heap lives. Where the last fusion was a merge that only replaced some of the
     group's consumers, its ranking is deferred: it keeps one entry bounding all its
-    candidates and is ranked when that entry reaches the top (below, ``defer``). Exact entries popped and not taken go back after the round.
+    candidates and is ranked when that entry reaches the top (below, ``defer``). Exact
+    entries popped and not taken go back after the round.
     Siblings are ranked the same way in a heap of their own, and come after the groups'
     candidates of equal priority; the round's sibling heap is last round's while
     ``sibling_stamp`` and the state's epoch say the siblings are the same. ``audit``:

@@ -99,10 +99,11 @@ class PriorityPolicy:
 
     def duplicate_bound(self, p: Group, k: int, state: FusionState) -> Optional[float]:
         """An upper bound of the priority of duplicating ``p`` into at most ``k``
-        consumers, whoever they are, or None (a dot, convolution or tensor-core op in the computation: a
-        kernel holding one may be priced split, split_gemm.py). O(p's instances): a scalar
-        read by 200 arrays' kernels (an optimizer's bias correction) gets a new duplicate
-        candidate whenever one of them fuses, and its estimate sums 400 kernels.
+        consumers, whoever they are, or None (a dot, convolution or tensor-core op in the
+        computation: a kernel holding one may be priced split, split_gemm.py). O(p's
+        instances): a scalar read by 200 arrays' kernels (an optimizer's bias correction)
+        gets a new duplicate candidate whenever one of them fuses, and its estimate sums
+        400 kernels.
 
         benefit = p's kernel + sum(g's kernel) - sum(g's kernel with p recomputed in it).
         The kernel with p in it writes g's outputs (copy_estimate), reads what g reads but

@@ -15,8 +15,10 @@
 - Unless ``HLOTK_LOOP_EMITTER=triton``, when the CUDA client is made: NVRTC loaded and a tiny
   kernel compiled in a thread (``codegen/cuda_c/nvrtc.py``: NVRTC's own start-up).
 - ``start_libraries(module, device)`` (when the client's compile of a module with a
-  convolution begins, before its passes): a thread runs a tiny bf16 convolution, so that cuDNN's libraries, a handle and its heuristics are set up while
-  the passes and codegen run (~1 s of cuDNN start-up otherwise on the first call's path;
+  convolution begins, before its passes): a thread runs a tiny bf16 convolution, so that
+  cuDNN's libraries, a handle and its heuristics are set up while the passes and codegen
+  run (H200, conv_bn_grad: the thread took 0.08 s and was never waited for; the first
+  call's library thunks went from 0.016-0.019 s to 0.002 with library_warm.py beside it;
   NOTES "i13-resnet-cold"). Torch keeps cuDNN's execution plans per thread, so the
   program's own shapes are set up later, on the launching thread, while the compile pool
   works (runtime/cuda/library_warm.py); the handle this thread made goes back to torch's
