@@ -269,20 +269,26 @@ def _list_schedule_recomputing(comp, model):
     return order
 
 
+def _optimizer_step(rng, n: int):
+    """A momentum step over ``n`` arrays of random sizes (many ready parameters, buffers
+    read by several instructions), imported."""
+    import jax.numpy as jnp
+    sizes = [int(k) for k in rng.integers(1, 64, n)]
+
+    def step(ps, gs, ms):
+        ms = [0.9 * m + 0.1 * g for m, g in zip(ms, gs)]
+        return [p - 0.01 * m / (jnp.abs(g) + 1.0) for p, m, g in zip(ps, ms, gs)], ms
+    args = [[np.ones((k,), np.float32) for k in sizes] for _ in range(3)]
+    return hlo.from_jax(step, *args)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_list_schedule_keeps_the_order_of_recomputed_priorities(seed):
     """Kept priorities (dropped when a buffer they read loses a reader) give the schedule
     that recomputing every priority at every step gives: on the chains above and on an
     optimizer-like step (many ready parameters, buffers read by several instructions)."""
-    import jax.numpy as jnp
     rng = np.random.default_rng(seed)
-    sizes = [int(n) for n in rng.integers(1, 64, 12)]
-
-    def step(ps, gs, ms):
-        ms = [0.9 * m + 0.1 * g for m, g in zip(ms, gs)]
-        return [p - 0.01 * m / (jnp.abs(g) + 1.0) for p, m, g in zip(ps, ms, gs)], ms
-    args = [[np.ones((n,), np.float32) for n in sizes] for _ in range(3)]
-    for m in (_chains(), hlo.from_jax(step, *args)):
+    for m in (_chains(), _optimizer_step(rng, 12)):
         model = MemoryModel(m.entry, Dataflow(m))
         got = [i.name for i in list_schedule(m.entry, model)]
         assert got == [i.name for i in _list_schedule_recomputing(m.entry, model)]
@@ -317,15 +323,8 @@ def test_peak_equals_the_reference_on_random_orders(seed):
     """peak() from its per-instruction tables equals the direct count, on every scheduler's
     order and on random topological orders of an optimizer-like step (pinned parameters
     and outputs, buffers read by several instructions, tuple views)."""
-    import jax.numpy as jnp
     rng = np.random.default_rng(seed)
-    sizes = [int(n) for n in rng.integers(1, 64, 8)]
-
-    def step(ps, gs, ms):
-        ms = [0.9 * m + 0.1 * g for m, g in zip(ms, gs)]
-        return [p - 0.01 * m / (jnp.abs(g) + 1.0) for p, m, g in zip(ps, ms, gs)], ms
-    args = [[np.ones((n,), np.float32) for n in sizes] for _ in range(3)]
-    m = hlo.from_jax(step, *args)
+    m = _optimizer_step(rng, 8)
     model = MemoryModel(m.entry, Dataflow(m))
     orders = [s(m.entry, model) for s in (post_order_schedule, dfs_schedule, list_schedule)]
     for _ in range(5):                      # random topological orders
